@@ -1,0 +1,44 @@
+"""The one exception family of Bastion.
+
+Every error the library raises on bad input is a :class:`BastionError` subclass whose message
+says what was wrong and what is accepted. The subclasses also derive from the matching builtin
+(``ValueError``, ``KeyError``…) so callers that catch those keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BastionError",
+    "BudgetError",
+    "ConfigError",
+    "CostModelError",
+    "MarginalsError",
+    "UnknownNameError",
+]
+
+
+class BastionError(Exception):
+    """Base class of every error Bastion raises on purpose."""
+
+
+class MarginalsError(BastionError, ValueError):
+    """Drafter marginals that are empty, mis-shaped, not probabilities, or not sorted."""
+
+
+class BudgetError(BastionError, ValueError):
+    """A tree budget or policy parameter outside its accepted range."""
+
+
+class CostModelError(BastionError, ValueError):
+    """A cost model that returned a non-positive, non-finite or mis-shaped cost."""
+
+
+class ConfigError(BastionError, ValueError):
+    """A configuration file or record that is missing fields or holds invalid values."""
+
+
+class UnknownNameError(BastionError, KeyError):
+    """A name (device, model, policy, workload…) that is not known; the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message; show it as written
+        return str(self.args[0]) if self.args else ""

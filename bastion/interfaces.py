@@ -1,0 +1,212 @@
+"""The four protocols of Bastion and the frozen values that cross them.
+
+One decode step is ``Drafter.draft -> TreePolicy.choose -> Verifier.verify``, with a
+``CostModel`` pricing trees for the policy. The real backend (torch) and the simulator implement
+the same protocols, so the engine loop, the policies and the controller never know which one
+runs. Plain fakes satisfy them too, which is how the tests drive the core.
+
+What this module does not do: any computation. It holds types only; ``DraftMarginals`` and
+``DraftTree`` live in :mod:`bastion.tree` with their validation and helpers and are re-exported
+here for convenience.
+
+Units: seconds for time, tokens for sizes and lengths. A tree of size N counts its root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.tree import DraftMarginals, DraftTree
+
+__all__ = [
+    "CostCurve",
+    "CostModel",
+    "DraftContext",
+    "DraftMarginals",
+    "DraftTree",
+    "Drafter",
+    "PolicyContext",
+    "RequestLoad",
+    "StepCost",
+    "StepLoad",
+    "TreeChoice",
+    "TreePolicy",
+    "VerifyResult",
+    "Verifier",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Load: what a verification pass has to process besides this request's tree.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestLoad:
+    """One request's share of a batched verification pass."""
+
+    tree_size: int  # tokens this request verifies (its tree, root included)
+    context_len: int  # tokens already in its KV cache
+
+
+@dataclass(frozen=True)
+class StepLoad:
+    """The situation in which one request's tree is priced.
+
+    ``co_batched`` lists the other requests verified in the same forward pass (empty at batch 1);
+    a batched cost model prices the whole pass, so the marginal cost of this request's nodes
+    rises with the batch.
+    """
+
+    context_len: int  # tokens in this request's KV cache before the tree
+    co_batched: tuple[RequestLoad, ...] = ()
+
+    @property
+    def batch_size(self) -> int:
+        return 1 + len(self.co_batched)
+
+
+# --------------------------------------------------------------------------------------------
+# Cost
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Predicted time of one speculative cycle for one tree size, with its breakdown."""
+
+    draft_s: float  # drafter forward pass
+    prep_s: float  # T_aux: tree building, top-K normalisation, mask preparation
+    verify_s: float  # target forward pass over the tree (the whole batch's pass when batched)
+    breakdown: Mapping[str, float] = field(default_factory=dict)  # seconds per operator/branch
+
+    @property
+    def total_s(self) -> float:
+        return self.draft_s + self.prep_s + self.verify_s
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Ĉ(N) for N = 1 … len(verify_s), plus L_AR, in one vectorised record.
+
+    ``verify_s[n - 1]`` is the predicted verification time of a tree of size n. The controller
+    reads this once per step instead of calling the cost model once per candidate size.
+    """
+
+    draft_s: float
+    prep_s: float
+    verify_s: npt.NDArray[np.float64]  # shape [N_max], seconds
+    ar_step_s: float  # L_AR: one target-only autoregressive step in the same situation
+
+    @property
+    def max_tree_size(self) -> int:
+        return int(self.verify_s.shape[0])
+
+    def total_s(self) -> npt.NDArray[np.float64]:
+        """Ĉ(N) = T_draft + T_aux + T_verify(N) for N = 1 … N_max."""
+        return self.draft_s + self.prep_s + self.verify_s
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Predicts cycle latency; shared by the simulator and the real backend."""
+
+    def step_cost(self, tree_size: int, load: StepLoad) -> StepCost:
+        """The predicted cost of one cycle with a tree of ``tree_size`` nodes, with breakdown."""
+        ...
+
+    def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
+        """Ĉ(N) for every N ≤ ``max_tree_size`` and L_AR, vectorised."""
+        ...
+
+    def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
+        """Feed back a measured verification time (online calibration); may do nothing."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# Policy
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may consult besides the marginals. Static policies ignore it."""
+
+    load: StepLoad
+    cost_model: CostModel | None = None
+
+
+@dataclass(frozen=True)
+class TreeChoice:
+    """A policy's answer: the tree to verify and, for adaptive policies, why that size."""
+
+    tree: DraftTree
+    diagnostics: object | None = None  # e.g. bastion.budget.BudgetDiagnostics
+
+
+@runtime_checkable
+class TreePolicy(Protocol):
+    """Turns drafter marginals into a prefix-closed draft tree."""
+
+    @property
+    def name(self) -> str: ...
+
+    def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice: ...
+
+
+# --------------------------------------------------------------------------------------------
+# Drafter and verifier
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What the drafter sees at the start of a step.
+
+    ``feedback`` is the opaque payload the verifier returned last step (tapped hidden states on
+    the real backend, a position in a trace in the simulator); ``None`` on the first step.
+    """
+
+    request_id: int
+    committed: tuple[int, ...]  # every token of the request so far, prompt included
+    bonus_token: int  # the root of the next tree (last committed token)
+    feedback: object | None = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes per-position marginals for the positions after the bonus token."""
+
+    def draft(self, context: DraftContext) -> DraftMarginals: ...
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The outcome of verifying one tree.
+
+    Accepted tokens are draft tokens the target agreed with; the bonus token is the target's own
+    token at the deepest accepted node (always emitted). Committed length = len(accepted_tokens)
+    + 1, so τ counts the bonus token.
+    """
+
+    accepted_nodes: tuple[int, ...]  # tree node indices on the accepted path, root (0) first
+    accepted_tokens: tuple[int, ...]  # tokens of accepted_nodes[1:]
+    bonus_token: int
+    feedback: object | None = None  # what the drafter needs next step (opaque to the engine)
+
+    @property
+    def committed_len(self) -> int:
+        return len(self.accepted_tokens) + 1
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Runs the target over a tree and applies a lossless acceptance rule."""
+
+    def verify(self, request_id: int, tree: DraftTree) -> VerifyResult: ...

@@ -1,0 +1,366 @@
+"""Draft marginals, draft trees, and best-first construction (paper §3.1–3.3).
+
+``DraftMarginals`` holds a drafter's top-K candidates per future position; ``DraftTree`` is a
+prefix tree over them stored as arrays in expansion order (parents before children, node 0 the
+root). ``best_first_tree`` builds the tree of size N that maximises the surrogate
+Â(T) = Σ_i ρ(i) (Prop. 3.3); because its node order is the best-first order, ``tree.prefix(n)``
+is the optimal tree of size n for every n ≤ N.
+
+Conventions (see DESIGN.md): a tree of size N counts its root; the root has depth 0 and ρ = 1;
+its token is the previous step's bonus token (``-1`` when unknown to the builder).
+
+What this module does not do: choose N (see :mod:`bastion.budget`) or other tree shapes (see
+:mod:`bastion.policies`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.bestfirst import TreeArrays, best_first_batch, best_first_levels
+from bastion.errors import BudgetError, MarginalsError
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+__all__ = [
+    "DraftMarginals",
+    "DraftTree",
+    "ancestor_matrix",
+    "attention_mask",
+    "best_first_tree",
+    "best_first_trees",
+    "path_to",
+    "position_ids",
+    "surrogate_acceptance",
+    "to_networkx",
+]
+
+_SUM_TOLERANCE = 1e-6
+
+
+def _frozen(a: npt.ArrayLike, dtype: type) -> npt.NDArray[Any]:
+    arr = np.array(a, dtype=dtype, copy=True)
+    arr.flags.writeable = False
+    return arr
+
+
+@dataclass(frozen=True, eq=False)
+class DraftMarginals:
+    """A drafter's top-K candidates for each of ``depth`` future positions.
+
+    ``token_ids[k, j]`` is the j-th most likely token at position k + 1 after the root and
+    ``probs[k, j]`` its marginal probability q_k; each row is sorted descending, holds distinct
+    token ids, and sums to at most 1 (the top-K mass of a full-vocabulary softmax).
+    """
+
+    token_ids: npt.NDArray[np.int64]  # [depth, K]
+    probs: npt.NDArray[np.float64]  # [depth, K], rows sorted descending
+
+    def __init__(self, token_ids: npt.ArrayLike, probs: npt.ArrayLike) -> None:
+        try:
+            ids = np.asarray(token_ids)
+            p = np.asarray(probs, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise MarginalsError(f"marginals must be numeric arrays: {exc}") from exc
+        if p.ndim != 2 or ids.ndim != 2:
+            raise MarginalsError(
+                f"token_ids and probs must be 2-D [depth, K]; got shapes {ids.shape} and {p.shape}"
+            )
+        if ids.shape != p.shape:
+            raise MarginalsError(
+                f"token_ids shape {ids.shape} does not match probs shape {p.shape}"
+            )
+        depth, k = p.shape
+        if depth == 0 or k == 0:
+            raise MarginalsError(f"marginals are empty (depth={depth}, K={k}); need depth, K ≥ 1")
+        if ids.dtype.kind not in "iu":
+            if ids.dtype.kind == "f" and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
+                ids = ids.astype(np.int64)
+            else:
+                raise MarginalsError(f"token_ids must be integers; got dtype {ids.dtype}")
+        if np.any(ids < 0):
+            raise MarginalsError("token_ids must be non-negative")
+        if not np.all(np.isfinite(p)):
+            raise MarginalsError("probs contain NaN or infinite values")
+        if np.any(p < 0.0) or np.any(p > 1.0):
+            raise MarginalsError(
+                f"probs must lie in [0, 1]; got min {p.min():.6g}, max {p.max():.6g}"
+            )
+        sums = p.sum(axis=1)
+        if np.any(sums > 1.0 + _SUM_TOLERANCE):
+            row = int(np.argmax(sums))
+            raise MarginalsError(
+                f"row {row} of probs sums to {sums[row]:.9g} > 1 (tolerance {_SUM_TOLERANCE})"
+            )
+        if np.any(np.diff(p, axis=1) > 0.0):
+            row = int(np.flatnonzero(np.any(np.diff(p, axis=1) > 0.0, axis=1))[0])
+            raise MarginalsError(f"row {row} of probs is not sorted in descending order")
+        if k > 1:
+            srt = np.sort(ids, axis=1)
+            dup = np.any(srt[:, 1:] == srt[:, :-1], axis=1)
+            if np.any(dup):
+                raise MarginalsError(f"row {int(np.flatnonzero(dup)[0])} repeats a token id")
+        object.__setattr__(self, "token_ids", _frozen(ids, np.int64))
+        object.__setattr__(self, "probs", _frozen(p, np.float64))
+
+    @property
+    def depth(self) -> int:
+        return int(self.probs.shape[0])
+
+    @property
+    def k(self) -> int:
+        return int(self.probs.shape[1])
+
+    @classmethod
+    def from_distributions(cls, dists: npt.ArrayLike, k: int) -> DraftMarginals:
+        """Top-k of full distributions ``dists`` [depth, vocab] (ties: lower token id first)."""
+        d = np.asarray(dists, dtype=np.float64)
+        if d.ndim != 2 or d.shape[0] == 0 or d.shape[1] == 0:
+            raise MarginalsError(f"dists must be a non-empty [depth, vocab] array; got {d.shape}")
+        if not 1 <= k <= d.shape[1]:
+            raise BudgetError(f"k must be in [1, vocab={d.shape[1]}]; got {k}")
+        ids = np.argsort(-d, axis=1, kind="stable")[:, :k]
+        return cls(ids, np.take_along_axis(d, ids, axis=1))
+
+    def truncate(self, depth: int | None = None, k: int | None = None) -> DraftMarginals:
+        """The first ``depth`` positions and top ``k`` candidates."""
+        d = self.depth if depth is None else depth
+        kk = self.k if k is None else k
+        if not (1 <= d <= self.depth and 1 <= kk <= self.k):
+            raise BudgetError(
+                f"truncate needs 1 ≤ depth ≤ {self.depth} and 1 ≤ k ≤ {self.k}; got {d}, {kk}"
+            )
+        return DraftMarginals(self.token_ids[:d, :kk], self.probs[:d, :kk])
+
+
+@dataclass(frozen=True, eq=False)
+class DraftTree:
+    """A prefix tree stored as arrays in expansion order; node 0 is the root.
+
+    ``ranks[i]`` is the index of node i's token in its position's candidate row (−1 for the
+    root); ``scores[i]`` is ρ(i), the product of marginals along the root-to-i path.
+    """
+
+    parents: npt.NDArray[np.int64]  # [N], parents[0] = -1, parents[i] < i
+    tokens: npt.NDArray[np.int64]  # [N], tokens[0] = root token
+    depths: npt.NDArray[np.int64]  # [N], depths[0] = 0, depths[i] = depths[parents[i]] + 1
+    scores: npt.NDArray[np.float64]  # [N], ρ; scores[0] = 1
+    ranks: npt.NDArray[np.int64]  # [N], ranks[0] = -1
+
+    def __init__(
+        self,
+        parents: npt.ArrayLike,
+        tokens: npt.ArrayLike,
+        depths: npt.ArrayLike,
+        scores: npt.ArrayLike,
+        ranks: npt.ArrayLike | None = None,
+        *,
+        validate: bool = True,
+    ) -> None:
+        par = _frozen(parents, np.int64)
+        n = par.shape[0] if par.ndim == 1 else -1
+        rk = np.full(max(n, 0), -1) if ranks is None else ranks
+        fields = {
+            "parents": par,
+            "tokens": _frozen(tokens, np.int64),
+            "depths": _frozen(depths, np.int64),
+            "scores": _frozen(scores, np.float64),
+            "ranks": _frozen(rk, np.int64),
+        }
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+        if validate:
+            self._validate()
+
+    def _validate(self) -> None:
+        n = self.parents.shape[0] if self.parents.ndim == 1 else 0
+        if n == 0:
+            raise BudgetError("a tree has at least its root (size N ≥ 1)")
+        for name in ("tokens", "depths", "scores", "ranks"):
+            arr = getattr(self, name)
+            if arr.shape != (n,):
+                raise MarginalsError(f"tree field {name} has shape {arr.shape}; expected ({n},)")
+        if self.parents[0] != -1 or self.depths[0] != 0:
+            raise MarginalsError("node 0 must be the root (parent -1, depth 0)")
+        idx = np.arange(1, n)
+        par = self.parents[1:]
+        if np.any(par < 0) or np.any(par >= idx):
+            raise MarginalsError("every non-root node's parent must come before it (prefix-closed)")
+        if np.any(self.depths[1:] != self.depths[par] + 1):
+            raise MarginalsError("depths must equal the parent's depth + 1")
+        if np.any(self.scores[1:] > self.scores[par] * (1 + 1e-12)):
+            raise MarginalsError("a node's score ρ cannot exceed its parent's")
+
+    @property
+    def size(self) -> int:
+        """N, the number of nodes including the root (tokens verified in one pass)."""
+        return int(self.parents.shape[0])
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max())
+
+    def prefix(self, n: int) -> DraftTree:
+        """The first n nodes: for a best-first tree, the optimal tree T_n."""
+        if not 1 <= n <= self.size:
+            raise BudgetError(f"prefix size must be in [1, {self.size}]; got {n}")
+        return DraftTree(
+            self.parents[:n],
+            self.tokens[:n],
+            self.depths[:n],
+            self.scores[:n],
+            self.ranks[:n],
+            validate=False,
+        )
+
+    def with_root_token(self, token: int) -> DraftTree:
+        tokens = self.tokens.copy()
+        tokens[0] = token
+        return DraftTree(self.parents, tokens, self.depths, self.scores, self.ranks, validate=False)
+
+    def children(self, node: int) -> npt.NDArray[np.int64]:
+        return np.flatnonzero(self.parents == node)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DraftTree):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, f), getattr(other, f))
+            for f in ("parents", "tokens", "depths", "scores", "ranks")
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+# --------------------------------------------------------------------------------------------
+# Construction
+# --------------------------------------------------------------------------------------------
+
+
+def _check_budget(budget: int) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+        raise BudgetError(f"budget must be an integer ≥ 1; got {budget!r}")
+    if budget < 1:
+        raise BudgetError(f"budget must be ≥ 1 (the root counts); got {budget}")
+    return int(budget)
+
+
+def _tree_from_arrays(arrays: TreeArrays, marginals: DraftMarginals, root_token: int) -> DraftTree:
+    parents, depths, ranks, scores = arrays
+    tokens = np.empty_like(ranks)
+    tokens[0] = root_token
+    tokens[1:] = marginals.token_ids[depths[1:] - 1, ranks[1:]]
+    return DraftTree(parents, tokens, depths, scores, ranks, validate=False)
+
+
+def best_first_tree(marginals: DraftMarginals, budget: int, root_token: int = -1) -> DraftTree:
+    """The optimal prefix-closed tree of size ``budget`` under Â, in best-first order.
+
+    Its size is ``budget`` unless the lattice has fewer nodes with ρ > 0. Ties are broken by
+    (depth, parent's position, rank), which keeps every prefix prefix-closed.
+    """
+    n = _check_budget(budget)
+    return _tree_from_arrays(best_first_levels(marginals.probs, n), marginals, root_token)
+
+
+def best_first_trees(
+    batch: Sequence[DraftMarginals],
+    budgets: int | Sequence[int],
+    root_tokens: Sequence[int] | None = None,
+) -> list[DraftTree]:
+    """Best-first trees for the requests of one serving step, built together (vectorised).
+
+    All marginals must share one shape [depth, K]; the result equals calling
+    :func:`best_first_tree` on each.
+    """
+    if len(batch) == 0:
+        return []
+    shapes = {m.probs.shape for m in batch}
+    if len(shapes) != 1:
+        raise MarginalsError(f"a batch needs one marginals shape; got {sorted(shapes)}")
+    nb = (
+        [_check_budget(budgets)] * len(batch)
+        if isinstance(budgets, (int, np.integer))
+        else [_check_budget(x) for x in budgets]
+    )
+    if len(nb) != len(batch):
+        raise BudgetError(f"{len(nb)} budgets for {len(batch)} requests")
+    roots = [-1] * len(batch) if root_tokens is None else list(root_tokens)
+    probs = np.stack([m.probs for m in batch])
+    arrays = best_first_batch(probs, np.array(nb))
+    return [_tree_from_arrays(a, m, r) for a, m, r in zip(arrays, batch, roots, strict=True)]
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------------------------
+
+
+def surrogate_acceptance(tree: DraftTree) -> float:
+    """Â(T) = Σ ρ(i) over all nodes, root included: the surrogate of τ (Prop. 3.2)."""
+    return float(tree.scores.sum())
+
+
+def ancestor_matrix(tree: DraftTree) -> npt.NDArray[np.bool_]:
+    """visible[i, j] is True iff node j is node i or one of its ancestors ([N, N])."""
+    n = tree.size
+    vis = np.eye(n, dtype=bool)
+    order = np.argsort(tree.depths, kind="stable")
+    bounds = np.searchsorted(tree.depths[order], np.arange(1, tree.max_depth + 2))
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        nodes = order[a:b]
+        vis[nodes] |= vis[tree.parents[nodes]]
+    return vis
+
+
+def attention_mask(tree: DraftTree, past_len: int, dtype: Any = np.float32) -> npt.NDArray[Any]:
+    """The additive tree mask [N, past_len + N]: 0 where visible, the dtype's minimum elsewhere.
+
+    Every node sees the whole prefix and itself and its ancestors within the tree.
+    """
+    if past_len < 0:
+        raise BudgetError(f"past_len must be ≥ 0; got {past_len}")
+    vis = np.concatenate((np.ones((tree.size, past_len), bool), ancestor_matrix(tree)), axis=1)
+    return np.where(vis, 0.0, np.finfo(dtype).min).astype(dtype)
+
+
+def position_ids(tree: DraftTree, context_len: int) -> npt.NDArray[np.int64]:
+    """Rotary position of each node: the root sits at ``context_len`` and children one deeper."""
+    return context_len + tree.depths
+
+
+def path_to(tree: DraftTree, node: int) -> list[int]:
+    """Node indices from the root to ``node`` inclusive."""
+    if not 0 <= node < tree.size:
+        raise BudgetError(f"node must be in [0, {tree.size}); got {node}")
+    path = [node]
+    while path[-1] != 0:
+        path.append(int(tree.parents[path[-1]]))
+    return path[::-1]
+
+
+def to_networkx(tree: DraftTree) -> nx.DiGraph:
+    """A DiGraph with an edge parent → child and node attributes token, depth, score, rank."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    for i in range(tree.size):
+        g.add_node(
+            i,
+            token=int(tree.tokens[i]),
+            depth=int(tree.depths[i]),
+            score=float(tree.scores[i]),
+            rank=int(tree.ranks[i]),
+        )
+        if i:
+            g.add_edge(int(tree.parents[i]), i)
+    return g

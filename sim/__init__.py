@@ -1,0 +1,1 @@
+"""The SimPy GPU simulator (not built yet)."""
