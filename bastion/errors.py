@@ -38,7 +38,7 @@ class ConfigError(BastionError, ValueError):
 
 
 class UnknownNameError(BastionError, KeyError):
-    """A name (device, model, policy, workload…) that is not known; the message lists the known ones."""
+    """An unknown name (device, model, policy, workload…); the message lists the known ones."""
 
     def __str__(self) -> str:  # KeyError would repr() the message; show it as written
         return str(self.args[0]) if self.args else ""

@@ -36,8 +36,8 @@ __all__ = [
     "StepLoad",
     "TreeChoice",
     "TreePolicy",
-    "VerifyResult",
     "Verifier",
+    "VerifyResult",
 ]
 
 

@@ -15,6 +15,7 @@ What this module does not do: choose N (see :mod:`bastion.budget`) or other tree
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,7 @@ _SUM_TOLERANCE = 1e-6
 
 
 def _frozen(a: npt.ArrayLike, dtype: type) -> npt.NDArray[Any]:
-    arr = np.array(a, dtype=dtype, copy=True)
+    arr: npt.NDArray[Any] = np.array(a, dtype=dtype, copy=True)
     arr.flags.writeable = False
     return arr
 
@@ -316,7 +317,7 @@ def ancestor_matrix(tree: DraftTree) -> npt.NDArray[np.bool_]:
     vis = np.eye(n, dtype=bool)
     order = np.argsort(tree.depths, kind="stable")
     bounds = np.searchsorted(tree.depths[order], np.arange(1, tree.max_depth + 2))
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+    for a, b in itertools.pairwise(bounds):
         nodes = order[a:b]
         vis[nodes] |= vis[tree.parents[nodes]]
     return vis

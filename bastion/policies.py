@@ -1,0 +1,285 @@
+"""Tree policies: how a step's drafter marginals become the tree the target verifies.
+
+Every policy satisfies :class:`bastion.interfaces.TreePolicy` and returns prefix-closed trees in
+an order where parents precede children.
+
+- ``chain``            the single top-1 path (DFlash's greedy block).
+- ``beam(w, d)``       beam search: the w best extensions per depth, a w×d rectangle (§4.3).
+- ``fixed(N)``         best-first at a fixed size N (Bastion-Fixed, DDTree).
+- ``eagle(k, d, N)``   EAGLE-2/3 style: d rounds expanding the k best frontier nodes by their
+                       top-k children, then a global rerank of all candidates by ρ, keeping N.
+- ``bastion``          best-first with N chosen per step by the controller (:mod:`bastion.budget`).
+
+:func:`make_policy` parses the short spec strings the CLI uses (``fixed:64``, ``beam:4x15``,
+``eagle:10,7,60``, ``bastion``, ``chain``).
+
+What this module does not do: price trees or draft; policies are pure functions of their input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.budget import ControllerMode, choose_tree
+from bastion.errors import BudgetError, UnknownNameError
+from bastion.interfaces import PolicyContext, TreeChoice, TreePolicy
+from bastion.tree import DraftMarginals, DraftTree, best_first_tree
+
+__all__ = [
+    "AdaptivePolicy",
+    "BeamPolicy",
+    "ChainPolicy",
+    "EaglePolicy",
+    "FixedPolicy",
+    "make_policy",
+]
+
+
+def _positive_int(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise BudgetError(f"{name} must be an integer ≥ 1; got {value!r}")
+    return int(value)
+
+
+def _tree_from_nodes(
+    marginals: DraftMarginals,
+    parents: list[int],
+    depths: list[int],
+    ranks: list[int],
+    scores: list[float],
+    root_token: int = -1,
+) -> DraftTree:
+    """Build a DraftTree from lists whose entry 0 is the root."""
+    d = np.asarray(depths, dtype=np.int64)
+    r = np.asarray(ranks, dtype=np.int64)
+    tokens = np.empty_like(r)
+    tokens[0] = root_token
+    tokens[1:] = marginals.token_ids[d[1:] - 1, r[1:]]
+    return DraftTree(parents, tokens, d, scores, r)
+
+
+def _sorted_by_key(
+    parents: npt.NDArray[np.int64],
+    depths: npt.NDArray[np.int64],
+    ranks: npt.NDArray[np.int64],
+    scores: npt.NDArray[np.float64],
+    keep: int,
+) -> tuple[list[int], list[int], list[int], list[float]]:
+    """Re-order a parent-closed node set (root at 0) by the best-first key, keeping ``keep``.
+
+    Key: (−ρ, depth, parent's new position, rank) — the order of :mod:`bastion.bestfirst`, so
+    every prefix is prefix-closed. Processing depth by depth makes the parent position known.
+    """
+    n = parents.size
+    new_pos = np.full(n, -1, dtype=np.int64)
+    new_pos[0] = 0
+    order_levels = []
+    for d in range(1, int(depths.max(initial=0)) + 1):
+        idx = np.flatnonzero(depths == d)
+        keys = np.lexsort((ranks[idx], new_pos[parents[idx]], -scores[idx]))
+        idx = idx[keys]
+        new_pos[idx] = np.arange(idx.size)  # provisional within-level rank, used as parent key
+        order_levels.append(idx)
+    if not order_levels:
+        return [-1], [0], [-1], [1.0]
+    level_of = np.concatenate(order_levels)
+    within = np.concatenate([np.arange(x.size) for x in order_levels])
+    final = level_of[np.lexsort((within, depths[level_of], -scores[level_of]))][: keep - 1]
+    pos = np.full(n, -1, dtype=np.int64)
+    pos[0] = 0
+    pos[final] = np.arange(1, final.size + 1)
+    if np.any(pos[parents[final]] < 0):  # pragma: no cover - guarded by the key order
+        raise BudgetError("internal error: rerank dropped a parent")
+    return (
+        [-1, *pos[parents[final]].tolist()],
+        [0, *depths[final].tolist()],
+        [-1, *ranks[final].tolist()],
+        [1.0, *scores[final].tolist()],
+    )
+
+
+@dataclass(frozen=True)
+class ChainPolicy:
+    """The top-1 token at each position: DFlash's single path (``depth`` positions at most)."""
+
+    depth: int | None = None
+
+    @property
+    def name(self) -> str:
+        return "chain" if self.depth is None else f"chain:{self.depth}"
+
+    def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
+        d = marginals.depth if self.depth is None else min(self.depth, marginals.depth)
+        p = marginals.probs[:d, 0]
+        nonzero = int(np.argmin(p > 0.0)) if np.any(p <= 0.0) else d  # stop at a zero marginal
+        scores = np.concatenate(([1.0], np.cumprod(p[:nonzero])))
+        n = scores.size
+        tree = _tree_from_nodes(
+            marginals,
+            list(range(-1, n - 1)),
+            list(range(n)),
+            [-1] + [0] * (n - 1),
+            scores.tolist(),
+        )
+        return TreeChoice(tree)
+
+
+@dataclass(frozen=True)
+class FixedPolicy:
+    """Best-first at a fixed tree size N (Bastion-Fixed; DDTree's construction)."""
+
+    tree_size: int
+
+    def __post_init__(self) -> None:
+        _positive_int("tree_size", self.tree_size)
+
+    @property
+    def name(self) -> str:
+        return f"fixed:{self.tree_size}"
+
+    def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
+        return TreeChoice(best_first_tree(marginals, self.tree_size))
+
+
+@dataclass(frozen=True)
+class BeamPolicy:
+    """Beam search: keep the ``width`` best extensions by ρ at each of ``depth`` positions.
+
+    The tree is the w×d rectangle of §4.3 (size 1 + w·d when the lattice allows it).
+    """
+
+    width: int
+    depth: int
+
+    def __post_init__(self) -> None:
+        _positive_int("width", self.width)
+        _positive_int("depth", self.depth)
+
+    @property
+    def name(self) -> str:
+        return f"beam:{self.width}x{self.depth}"
+
+    def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
+        parents, depths, ranks, scores = [-1], [0], [-1], [1.0]
+        beam = np.array([0])  # node indices of the current beam
+        beam_scores = np.array([1.0])
+        for d in range(min(self.depth, marginals.depth)):
+            p = marginals.probs[d]
+            cand = (beam_scores[:, None] * p[None, :]).ravel()  # (beam index, rank) order
+            order = np.argsort(-cand, kind="stable")[: self.width]
+            order = order[cand[order] > 0.0]
+            if order.size == 0:
+                break
+            start = len(parents)
+            parents.extend(beam[order // p.size].tolist())
+            ranks.extend((order % p.size).tolist())
+            depths.extend([d + 1] * order.size)
+            scores.extend(cand[order].tolist())
+            beam = np.arange(start, start + order.size)
+            beam_scores = cand[order]
+        return TreeChoice(_tree_from_nodes(marginals, parents, depths, ranks, scores))
+
+
+@dataclass(frozen=True)
+class EaglePolicy:
+    """EAGLE-2/3 style dynamic tree: frontier expansion, then a global rerank by ρ.
+
+    Round 1 takes the root's ``top_k`` children; each later round expands the ``top_k`` best
+    nodes of the previous round by their ``top_k`` children (``depth`` rounds in all). All
+    generated nodes are then reranked by ρ and the best ``total − 1`` kept with the root, so
+    the tree has at most ``total`` nodes. With block-diffusion marginals a node's children are
+    the top-k tokens of the next position, whatever the path.
+    """
+
+    top_k: int = 10
+    depth: int = 7
+    total: int = 60
+
+    def __post_init__(self) -> None:
+        for field_name in ("top_k", "depth", "total"):
+            _positive_int(field_name, getattr(self, field_name))
+
+    @property
+    def name(self) -> str:
+        return f"eagle:{self.top_k},{self.depth},{self.total}"
+
+    def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
+        k = min(self.top_k, marginals.k)
+        parents, depths, ranks, scores = [-1], [0], [-1], [1.0]
+        frontier = np.array([0])
+        frontier_scores = np.array([1.0])
+        for d in range(min(self.depth, marginals.depth)):
+            p = marginals.probs[d, :k]
+            cand = (frontier_scores[:, None] * p[None, :]).ravel()
+            valid = np.flatnonzero(cand > 0.0)
+            if valid.size == 0:
+                break
+            start = len(parents)
+            parents.extend(frontier[valid // k].tolist())
+            ranks.extend((valid % k).tolist())
+            depths.extend([d + 1] * valid.size)
+            scores.extend(cand[valid].tolist())
+            best = np.argsort(-cand[valid], kind="stable")[:k]
+            frontier = start + best
+            frontier_scores = cand[valid][best]
+        arrays = _sorted_by_key(
+            np.asarray(parents),
+            np.asarray(depths),
+            np.asarray(ranks),
+            np.asarray(scores),
+            self.total,
+        )
+        return TreeChoice(_tree_from_nodes(marginals, *arrays))
+
+
+@dataclass(frozen=True)
+class AdaptivePolicy:
+    """Bastion: best-first with the tree size chosen each step by the budget controller."""
+
+    n_max: int = 1024
+    mode: ControllerMode = "auto"
+    initial_budget: int = 64
+
+    def __post_init__(self) -> None:
+        _positive_int("n_max", self.n_max)
+        _positive_int("initial_budget", self.initial_budget)
+
+    @property
+    def name(self) -> str:
+        return "bastion"
+
+    def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
+        if context.cost_model is None:
+            raise BudgetError("the bastion policy needs a cost model in its PolicyContext")
+        curve = context.cost_model.cost_curve(self.n_max, context.load)
+        tree, diag = choose_tree(marginals, curve, self.n_max, self.mode, self.initial_budget)
+        return TreeChoice(tree, diag)
+
+
+_SPECS = "chain[:D], fixed:N, beam:WxD, eagle:K,D,N, bastion[:N_MAX]"
+
+
+def make_policy(spec: str) -> TreePolicy:
+    """Parse a spec: ``chain``, ``fixed:64``, ``beam:4x15``, ``eagle:10,7,60``, ``bastion``."""
+    name, _, arg = spec.strip().partition(":")
+    try:
+        if name == "chain":
+            return ChainPolicy(int(arg) if arg else None)
+        if name == "fixed":
+            return FixedPolicy(int(arg))
+        if name == "beam":
+            width, depth = arg.lower().split("x")
+            return BeamPolicy(int(width), int(depth))
+        if name == "eagle":
+            if not arg:
+                return EaglePolicy()
+            k, d, n = (int(x) for x in arg.split(","))
+            return EaglePolicy(k, d, n)
+        if name in ("bastion", "adaptive"):
+            return AdaptivePolicy(int(arg)) if arg else AdaptivePolicy()
+    except ValueError as exc:
+        raise BudgetError(f"bad policy spec {spec!r} ({exc}); accepted: {_SPECS}") from exc
+    raise UnknownNameError(f"unknown policy {spec!r}; known: {_SPECS}")
