@@ -1,0 +1,15 @@
+"""Shared pytest setup: Hypothesis profiles.
+
+``ci`` (chosen when the environment variable CI is set, as on the CI runner) runs at least 200
+examples per property; ``dev`` runs 50 for a quick local loop. ``HYPOTHESIS_PROFILE`` overrides.
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", max_examples=50, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
