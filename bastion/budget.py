@@ -27,9 +27,10 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from bastion.bestfirst import best_first
 from bastion.errors import BudgetError, CostModelError
 from bastion.interfaces import CostCurve
-from bastion.tree import DraftMarginals, DraftTree, best_first_tree
+from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 
 __all__ = [
     "BudgetDiagnostics",
@@ -141,10 +142,10 @@ def choose_tree(
 
     budget = n_max if rule == "exhaustive" else min(initial_budget, n_max)
     while True:
-        tree = best_first_tree(marginals, budget, root_token)
-        n = tree.size
+        arrays = best_first(marginals.probs, budget)
+        n = arrays[3].size
         exhausted = n < budget
-        a_hat = np.cumsum(tree.scores)
+        a_hat = np.cumsum(arrays[3])
         s_hat = speedup_curve(a_hat, c_all[:n], curve.ar_step_s)
         if rule == "exhaustive":
             chosen = int(np.argmax(s_hat)) + 1
@@ -168,4 +169,5 @@ def choose_tree(
         exhausted=exhausted,
         capped=(rule == "first-decrease" and chosen == n == n_max),
     )
-    return tree.prefix(chosen), diag
+    tree = tree_from_arrays(tuple(a[:chosen] for a in arrays), marginals, root_token)  # type: ignore[arg-type]
+    return tree, diag

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from bastion.bestfirst import TreeArrays, best_first_batch, best_first_levels
+from bastion.bestfirst import TreeArrays, best_first, best_first_many
 from bastion.errors import BudgetError, MarginalsError
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ __all__ = [
     "position_ids",
     "surrogate_acceptance",
     "to_networkx",
+    "tree_from_arrays",
 ]
 
 _SUM_TOLERANCE = 1e-6
@@ -255,7 +256,10 @@ def _check_budget(budget: int) -> int:
     return int(budget)
 
 
-def _tree_from_arrays(arrays: TreeArrays, marginals: DraftMarginals, root_token: int) -> DraftTree:
+def tree_from_arrays(
+    arrays: TreeArrays, marginals: DraftMarginals, root_token: int = -1
+) -> DraftTree:
+    """Wrap a builder's (parents, depths, ranks, scores) arrays as a DraftTree with tokens."""
     parents, depths, ranks, scores = arrays
     tokens = np.empty_like(ranks)
     tokens[0] = root_token
@@ -270,7 +274,7 @@ def best_first_tree(marginals: DraftMarginals, budget: int, root_token: int = -1
     (depth, parent's position, rank), which keeps every prefix prefix-closed.
     """
     n = _check_budget(budget)
-    return _tree_from_arrays(best_first_levels(marginals.probs, n), marginals, root_token)
+    return tree_from_arrays(best_first(marginals.probs, n), marginals, root_token)
 
 
 def best_first_trees(
@@ -278,7 +282,7 @@ def best_first_trees(
     budgets: int | Sequence[int],
     root_tokens: Sequence[int] | None = None,
 ) -> list[DraftTree]:
-    """Best-first trees for the requests of one serving step, built together (vectorised).
+    """Best-first trees for the requests of one serving step, built in one compiled call.
 
     All marginals must share one shape [depth, K]; the result equals calling
     :func:`best_first_tree` on each.
@@ -297,8 +301,8 @@ def best_first_trees(
         raise BudgetError(f"{len(nb)} budgets for {len(batch)} requests")
     roots = [-1] * len(batch) if root_tokens is None else list(root_tokens)
     probs = np.stack([m.probs for m in batch])
-    arrays = best_first_batch(probs, np.array(nb))
-    return [_tree_from_arrays(a, m, r) for a, m, r in zip(arrays, batch, roots, strict=True)]
+    arrays = best_first_many(probs, np.array(nb))
+    return [tree_from_arrays(a, m, r) for a, m, r in zip(arrays, batch, roots, strict=True)]
 
 
 # --------------------------------------------------------------------------------------------

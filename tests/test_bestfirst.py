@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bastion.bestfirst import best_first_batch, best_first_heap, best_first_levels
+from bastion.bestfirst import COMPILED, best_first, best_first_heap, best_first_many
 from bastion.tree import DraftMarginals, best_first_tree, best_first_trees, surrogate_acceptance
 from tests.strategies import marginals
 
@@ -121,13 +122,21 @@ def test_size_is_budget_unless_lattice_runs_out(m: DraftMarginals, budget: int) 
     assert best_first_tree(m, budget).size == min(budget, positive)
 
 
+needs_kernel = pytest.mark.skipif(not COMPILED, reason="compiled kernel not built")
+
+
+@needs_kernel
 @given(marginals(max_depth=15, max_k=12), st.integers(1, 300))
-def test_vectorised_builder_equals_heap(m: DraftMarginals, budget: int) -> None:
-    """The level-wise builder reproduces the reference heap node for node, ties included."""
-    for a, b in zip(
-        best_first_heap(m.probs, budget), best_first_levels(m.probs, budget), strict=True
-    ):
+def test_compiled_builder_equals_heap(m: DraftMarginals, budget: int) -> None:
+    """The compiled kernel reproduces the reference heap node for node, ties included."""
+    for a, b in zip(best_first_heap(m.probs, budget), best_first(m.probs, budget), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(not os.environ.get("CI"), reason="only CI promises a C compiler")
+def test_compiled_kernel_is_built_in_ci() -> None:
+    """CI installs with a compiler: the fast path must be the one under test there."""
+    assert COMPILED
 
 
 @given(
@@ -157,7 +166,7 @@ def test_builders_agree_on_large_random_inputs() -> None:
         raw = rng.dirichlet(np.full(k + 1, 0.3), size=15)[:, :k]
         probs = -np.sort(-raw, axis=1)
         ref = best_first_heap(probs, n)
-        for got in (best_first_levels(probs, n), best_first_batch(probs[None], n)[0]):
+        for got in (best_first(probs, n), best_first_many(probs[None], n)[0]):
             for x, y in zip(ref, got, strict=True):
                 np.testing.assert_array_equal(x, y)
 
