@@ -82,7 +82,7 @@ class PassShape:
     tokens: Array  # T = Σ s_i
     attn_pairs: Array  # Σ s_i · (c_i + s_i): (query, key) pairs the attention kernel computes
     kv_tokens: Array  # Σ (c_i + s_i): cached + new keys/values read per layer
-    mask_elems: Array  # Σ s_i · (c_i + s_i) over requests with s_i > 1 (additive mask read)
+    mask_elems: Array  # Σ s_i · (c_i + s_i): the additive tree mask read (0 when unmasked)
 
     @classmethod
     def of(cls, requests: Iterable[tuple[ArrayLike, ArrayLike]], masked: bool = True) -> PassShape:
@@ -102,7 +102,7 @@ class PassShape:
             pairs = pairs + s * (c + s)
             kv = kv + c + s
             if masked:
-                mask = mask + np.where(s > 1, s * (c + s), 0.0)
+                mask = mask + s * (c + s)
         if not any_request:
             raise ConfigError("a pass needs at least one request")
         return cls(tokens=tokens, attn_pairs=pairs, kv_tokens=kv, mask_elems=mask)
@@ -362,14 +362,17 @@ def verify_pass(
     hw: HardwareProfile,
     requests: Iterable[tuple[ArrayLike, ArrayLike]],
     options: RooflineOptions | None = None,
+    masked: bool = True,
 ) -> RooflineBreakdown:
     """Roofline of one target pass over ``requests`` = ``[(s_i, c_i), …]`` (arrays allowed).
 
     Every request's s_i tokens produce logits (tree verification needs all of them).
+    ``masked``: the pass reads a 4-D tree mask (every tree verification, even of the root alone,
+    so that the cost stays convex in s); a plain autoregressive step does not.
     """
     opt = options or RooflineOptions()
     _check_layers(model)
-    shape = PassShape.of(requests)
+    shape = PassShape.of(requests, masked=masked)
     t = shape.tokens
     tp = _pad(t, opt.tile_tokens)
     zero = np.zeros(())
@@ -379,7 +382,7 @@ def verify_pass(
     else:  # gathered rows only: T·h elements read, T·h written
         embed = ("embedding", zero, zero, zero, 2.0 * t * h, 1)
     raws: list[tuple[_Raw, int]] = [(embed, 1)]
-    raws += [(op, model.layers) for op in _layer_ops(model, shape, opt, masked=True)]
+    raws += [(op, model.layers) for op in _layer_ops(model, shape, opt, masked=masked)]
     raws.append((("final_norm", 4.0 * t * h, np.asarray(float(h)), zero, 2.0 * t * h, 1), 1))
     raws.append((_gemm("lm_head", t, tp, h, v), 1))
     return RooflineBreakdown(_price(raws, hw, opt), meta={"layers": float(model.layers)})
@@ -392,7 +395,7 @@ def ar_step(
     options: RooflineOptions | None = None,
 ) -> RooflineBreakdown:
     """L_AR: one target-only autoregressive step (s = 1) over ``context`` cached tokens."""
-    return verify_pass(model, hw, [(1, context)], options)
+    return verify_pass(model, hw, [(1, context)], options, masked=False)
 
 
 def drafter_pass(
