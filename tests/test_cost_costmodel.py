@@ -103,3 +103,16 @@ def test_curve_is_fast_enough_for_every_decode_step() -> None:
     start = time.perf_counter()
     cm.cost_curve(1024, StepLoad(9000))  # a miss: one vectorised evaluation
     assert time.perf_counter() - start < 2e-2
+
+
+def test_cost_modules_import_without_torch_or_matplotlib() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, bastion.cost.costmodel, bastion.cost.calibration, bastion.cost.backends, "
+        "bastion.cost.validation, bastion.cli.cost_cmd, bastion.cli.hw_cmd; "
+        "print(any(m in sys.modules for m in ('torch', 'matplotlib')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -228,7 +228,8 @@ def profile_dirs() -> list[Path]:
     """
     dirs = [Path(d) for d in os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep) if d]
     installed = Path(str(resources.files("bastion"))) / "hwprofiles"
-    checkout = Path(__file__).resolve().parents[2] / "hwprofiles"
+    root = Path(__file__).resolve().parents[2]
+    checkout = root / "hwprofiles" if (root / "pyproject.toml").is_file() else installed
     for d in (installed, checkout):
         if d.is_dir() and d not in dirs:
             dirs.append(d)
