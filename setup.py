@@ -1,12 +1,30 @@
-"""Build hook for the optional compiled best-first kernel (all metadata is in pyproject.toml).
+"""Build hooks; all other packaging metadata lives in pyproject.toml.
 
-``optional=True``: where no C compiler is available the install still succeeds and Bastion
-falls back to the pure-Python heap, which gives identical trees, only slower.
+- The optional compiled best-first kernel ``bastion._bestfirst``. ``optional=True``: where no C
+  compiler is available the install still succeeds and Bastion falls back to the pure-Python
+  heap, which gives identical trees, only slower.
+- The top-level ``hwprofiles/`` directory ships in the wheel as ``bastion/hwprofiles``.
 """
 
+from pathlib import Path
+
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+
+class BuildPyWithProfiles(build_py):
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return  # an editable checkout reads hwprofiles/ in place
+        target = Path(self.build_lib) / "bastion" / "hwprofiles"
+        target.mkdir(parents=True, exist_ok=True)
+        for src in sorted(Path(__file__).parent.joinpath("hwprofiles").glob("*.toml")):
+            self.copy_file(str(src), str(target / src.name))
+
 
 setup(
+    cmdclass={"build_py": BuildPyWithProfiles},
     ext_modules=[
         Extension(
             "bastion._bestfirst",
@@ -14,5 +32,5 @@ setup(
             extra_compile_args=["-O2"],
             optional=True,
         )
-    ]
+    ],
 )

@@ -17,7 +17,11 @@ from collections.abc import Sequence
 from bastion.errors import BastionError
 
 # Modules that contribute sub-commands, in help order.
-COMMAND_MODULES: tuple[str, ...] = ("bastion.cli.tree_cmd",)
+COMMAND_MODULES: tuple[str, ...] = (
+    "bastion.cli.tree_cmd",
+    "bastion.cli.hw_cmd",
+    "bastion.cli.cost_cmd",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,180 @@
+"""``bastion cost`` (predict verification latency) and ``bastion calibrate`` (fit and store)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from bastion.errors import ConfigError
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="bundled model name or path to config.json")
+    p.add_argument("--gpu", required=True, help="hardware profile name or path to a .toml")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
+    p.add_argument(
+        "--expert-touch", default="saturating", choices=["saturating", "uniform"], help="MoE U(s)"
+    )
+    p.add_argument("--cache-dir", help="calibration records directory")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("cost", help="predicted verification latency and its breakdown")
+    _common(p)
+    p.add_argument("--tokens", type=_int_list, default=[1, 16, 64, 256], help="e.g. 1,16,64")
+    p.add_argument("--context", type=int, default=1024, help="tokens already cached")
+    p.add_argument("--batch", type=int, default=1, help="requests in the pass (same s, c)")
+    p.add_argument(
+        "--mode", default="bare", choices=["bare", "static"], help="static: use a calibration"
+    )
+    p.add_argument("--backend", default="synthetic", help="calibration record's backend")
+    p.add_argument("--no-drafter", action="store_true", help="leave out the DFlash drafter")
+    p.add_argument("--json", action="store_true", help="one JSON record per token count")
+    p.set_defaults(func=_cost)
+
+    p = subparsers.add_parser("calibrate", help="profile a backend over a grid and fit")
+    _common(p)
+    p.add_argument("--backend", default="synthetic", help="verification backend to time")
+    p.add_argument("--tokens", type=_int_list, help="token grid (default: the paper's 14)")
+    p.add_argument("--contexts", type=_int_list, help="context grid (default: 64,256,1024)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tiles", type=_int_list, default=None, help="tile candidates, e.g. 64,128")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--refit", action="store_true", help="ignore a stored record")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_calibrate)
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from bastion.cost.roofline import RooflineOptions
+
+    return RooflineOptions(dtype=args.dtype, expert_touch=args.expert_touch)
+
+
+def _cost(args: argparse.Namespace) -> int:
+    from bastion.cost.calibration import CalibrationCache
+    from bastion.cost.costmodel import RooflineCostModel
+    from bastion.cost.hardware import get_profile
+    from bastion.cost.models import DrafterSpec, get_model
+    from bastion.interfaces import RequestLoad, StepLoad
+
+    if args.batch < 1 or args.context < 0:
+        raise ConfigError("--batch must be ≥ 1 and --context ≥ 0")
+    hw = get_profile(args.gpu)
+    model = get_model(args.model)
+    record = None
+    if args.mode == "static":
+        cache = CalibrationCache(args.cache_dir)
+        key = (hw.name, model.name, args.dtype, args.backend)
+        record = cache.load(key)
+        if record is None:
+            raise ConfigError(
+                f"no calibration stored for {key} in {cache.directory}; run `bastion calibrate`"
+            )
+    drafter = None if args.no_drafter else DrafterSpec.dflash_for(model)
+    cm = RooflineCostModel(
+        hw, model, drafter=drafter, calibration=record, mode=args.mode, options=_options(args),
+        context_bucket=1,
+    )  # fmt: skip
+    records = []
+    for s in args.tokens:
+        load = StepLoad(
+            args.context, tuple(RequestLoad(s, args.context) for _ in range(args.batch - 1))
+        )
+        step = cm.step_cost(s, load)
+        rb = cm.roofline(s, load)
+        records.append(
+            {
+                "model": model.name,
+                "gpu": hw.name,
+                "mode": args.mode,
+                "tokens": s,
+                "context": args.context,
+                "batch": args.batch,
+                "total_s": step.verify_s,
+                "draft_s": step.draft_s,
+                "prep_s": step.prep_s,
+                "cycle_s": step.total_s,
+                "branches": {
+                    "compute_s": float(rb.compute_s),
+                    "memory_s": float(rb.memory_s),
+                    "launch_s": rb.launch_s,
+                },
+                "breakdown": rb.to_records(),
+            }
+        )
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    print(f"{model.name} on {hw.name}, context {args.context}, batch {args.batch}, {args.mode}")
+    print(f"{'tokens':>7} {'verify ms':>10} {'draft ms':>9} {'compute ms':>11} {'memory ms':>10}"
+          f"  top operators")  # fmt: skip
+    for r in records:
+        ops = sorted(r["breakdown"], key=lambda o: -float(o["time_s"]))[:3]
+        top = ", ".join(f"{o['op']} {float(o['time_s']) * 1e3:.2f}" for o in ops)
+        print(
+            f"{r['tokens']:>7} {r['total_s'] * 1e3:>10.3f} {r['draft_s'] * 1e3:>9.3f} "
+            f"{r['branches']['compute_s'] * 1e3:>11.3f} {r['branches']['memory_s'] * 1e3:>10.3f}"
+            f"  {top}"
+        )
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from bastion.cost.backends import get_backend
+    from bastion.cost.calibration import (
+        DEFAULT_CONTEXTS,
+        DEFAULT_TOKENS,
+        CalibrationCache,
+        calibrate_or_load,
+    )
+    from bastion.cost.hardware import get_profile
+    from bastion.cost.models import get_model
+
+    hw = get_profile(args.gpu)
+    model = get_model(args.model)
+    verify = get_backend(args.backend)(model, hw, args.seed)
+    cache = CalibrationCache(args.cache_dir)
+    record = calibrate_or_load(
+        model,
+        hw,
+        verify,
+        backend=args.backend,
+        dtype=args.dtype,
+        cache=cache,
+        refit=args.refit,
+        sweep_kwargs={
+            "tokens": args.tokens or DEFAULT_TOKENS,
+            "contexts": args.contexts or DEFAULT_CONTEXTS,
+            "repeats": args.repeats,
+        },
+        options=_options(args),
+        tile_candidates=tuple(args.tiles) if args.tiles else (0, 64, 128),
+    )
+    path = cache.path_for(record.key)
+    if args.json:
+        print(json.dumps({"path": str(path), **record.to_dict()}, indent=2))
+        return 0
+    cal = record.calibration
+    print(f"calibration {path}")
+    print(f"  points {len(record.points)}, tile {cal.tile_tokens or 'off'}")
+    print(f"  compute: {cal.compute.alpha:.4f}·R_c + {cal.compute.beta * 1e3:.4f} ms")
+    print(f"  memory:  {cal.memory.alpha:.4f}·R_m + {cal.memory.beta * 1e3:.4f} ms")
+    print(
+        f"  RMSE bare {record.rmse_bare_s * 1e3:.3f} ms -> calibrated "
+        f"{record.rmse_calibrated_s * 1e3:.3f} ms"
+    )
+    return 0

@@ -1,0 +1,493 @@
+"""Calibration of the roofline against measured latencies (paper §5.2, Appendix G.3).
+
+Three corrections, as in the paper:
+
+- **Static** (offline, linear): a scale and an offset per roofline branch, fitted from measured
+  ``(s, c, seconds)`` points, prediction = max(α_c·R_c + β_c, α_m·R_m + β_m), where R_c and R_m
+  are the bare compute and memory branches (FLOPs/(η_c·peak), bytes/(η_m·bandwidth)). An
+  optional step term evaluates R_c on the token count padded to a tile (64/128 tokens), for the
+  latency jumps of tile and wave quantisation that a linear fit cannot follow.
+- **EMA**: γ ← (1 − α)·γ + α·observed/predicted on the bare roofline; prediction γ·R(N).
+- **EMA+Calib**: the same EMA, as a residual on the calibrated curve.
+
+A profiling sweep times any ``verify(s, c)`` callable over a grid (the paper's 42 points, three
+repeats each), and the fit is stored as a JSON record keyed by (device, model, dtype, backend) so
+it is reused without refitting.
+
+What this module does not do: pick a cost-model mode (see :mod:`bastion.cost.costmodel`) or
+know any backend (see :mod:`bastion.cost.backends`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.cost.hardware import HardwareProfile
+from bastion.cost.models import ModelSpec
+from bastion.cost.roofline import RooflineOptions, verify_pass
+from bastion.errors import ConfigError
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "DEFAULT_CONTEXTS",
+    "DEFAULT_TOKENS",
+    "MIN_POINTS",
+    "Branch",
+    "CalibrationCache",
+    "CalibrationRecord",
+    "EmaCorrection",
+    "LinearCalibration",
+    "Measurement",
+    "calibrate",
+    "calibrate_or_load",
+    "fit_linear",
+    "profile_sweep",
+    "raw_branches",
+    "rmse",
+]
+
+log = logging.getLogger(__name__)
+
+Array = npt.NDArray[np.float64]
+Weighting = Literal["relative", "absolute"]
+VerifyFn = Callable[[int, int], "float | None"]
+
+#: The paper's grid: 14 token counts × 3 contexts = 42 points (Appendix G.3, Figure 7).
+DEFAULT_TOKENS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 1024)
+DEFAULT_CONTEXTS: tuple[int, ...] = (64, 256, 1024)
+#: Fewest points a fit accepts (four parameters, and one to spare).
+MIN_POINTS = 5
+#: Where calibration records are stored (default: $XDG_CACHE_HOME/bastion/calibration).
+CACHE_DIR_ENV = "BASTION_CALIBRATION_DIR"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured point: a pass of ``tokens`` tokens over ``context`` cached ones."""
+
+    tokens: int  # s
+    context: int  # c
+    seconds: float  # measured verification time
+
+
+@dataclass(frozen=True)
+class Branch:
+    """α·raw + β for one roofline branch."""
+
+    alpha: float  # scale (dimensionless)
+    beta: float  # offset (seconds)
+
+
+@dataclass(frozen=True)
+class LinearCalibration:
+    """The static calibration: max over the two calibrated branches (+ the tile step)."""
+
+    compute: Branch
+    memory: Branch
+    tile_tokens: int = 0  # > 0: R_c is evaluated on tokens padded to this multiple
+
+    def predict(self, compute_raw: npt.ArrayLike, memory_raw: npt.ArrayLike) -> Array:
+        rc = np.asarray(compute_raw, dtype=np.float64)
+        rm = np.asarray(memory_raw, dtype=np.float64)
+        return np.maximum(
+            self.compute.alpha * rc + self.compute.beta, self.memory.alpha * rm + self.memory.beta
+        )
+
+
+def rmse(predicted: npt.ArrayLike, measured: npt.ArrayLike) -> float:
+    """Root-mean-square error, in the units of the inputs."""
+    p = np.asarray(predicted, dtype=np.float64)
+    m = np.asarray(measured, dtype=np.float64)
+    return float(np.sqrt(np.mean((p - m) ** 2)))
+
+
+def _validate_measured(measured: Array, n_min: int = MIN_POINTS) -> None:
+    if measured.size < n_min:
+        raise ConfigError(
+            f"calibration needs at least {n_min} measured points, got {measured.size}"
+        )
+    if not np.all(np.isfinite(measured)) or np.any(measured <= 0):
+        raise ConfigError("calibration times must be positive finite seconds")
+
+
+def fit_linear(
+    compute_raw: npt.ArrayLike,
+    memory_raw: npt.ArrayLike,
+    measured: npt.ArrayLike,
+    weighting: Weighting = "relative",
+    tile_tokens: int = 0,
+) -> LinearCalibration:
+    """Fit α_c, β_c, α_m, β_m so that max(α_c·R_c + β_c, α_m·R_m + β_m) ≈ measured.
+
+    ``relative`` weighting minimises Σ((pred − y)/y)², which keeps small passes (a decode step)
+    as important as large ones; ``absolute`` minimises Σ(pred − y)². The max is piecewise
+    linear: we alternate (assign each point to its active branch, solve that branch's
+    least-squares line) from several starts, then polish with ``scipy.optimize.least_squares``.
+    """
+    from scipy.optimize import least_squares
+
+    rc = np.asarray(compute_raw, dtype=np.float64).ravel()
+    rm = np.asarray(memory_raw, dtype=np.float64).ravel()
+    y = np.asarray(measured, dtype=np.float64).ravel()
+    _validate_measured(y)
+    if rc.shape != y.shape or rm.shape != y.shape:
+        raise ConfigError("compute_raw, memory_raw and measured must have the same length")
+    if np.any(rc < 0) or np.any(rm <= 0):
+        raise ConfigError("roofline branches must be non-negative (memory positive)")
+    if weighting not in ("relative", "absolute"):
+        raise ConfigError(f"weighting {weighting!r}; accepted: 'relative', 'absolute'")
+    scale = float(np.median(y))  # fit in units of the typical time so that α and β are O(1)
+    rc, rm, y = rc / scale, rm / scale, y / scale
+    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
+
+    def predict(x: Array) -> Array:
+        out: Array = np.maximum(x[0] * rc + x[1], x[2] * rm + x[3])
+        return out
+
+    def residual(x: Array) -> Array:
+        return (predict(x) - y) * w
+
+    def jacobian(x: Array) -> Array:
+        on_c = (x[0] * rc + x[1] >= x[2] * rm + x[3]).astype(np.float64)
+        jac = np.stack([on_c * rc, on_c, (1 - on_c) * rm, 1 - on_c], axis=1)
+        out: Array = jac * w[:, None]
+        return out
+
+    def line(
+        r: Array, sel: npt.NDArray[np.bool_], fallback: tuple[float, float]
+    ) -> tuple[float, float]:
+        if sel.sum() < 2 or np.ptp(r[sel]) == 0:
+            return fallback
+        a = np.stack([r[sel], np.ones(int(sel.sum()))], axis=1) * w[sel, None]
+        sol, *_ = np.linalg.lstsq(a, y[sel] * w[sel], rcond=None)
+        return (max(float(sol[0]), 1e-6), float(sol[1]))
+
+    starts = [np.array([1.0, 0.0, 1.0, 0.0])]
+    for split in (0.25, 0.5, 0.75):  # memory branch for the smallest passes, compute after
+        cut = np.quantile(rc / rm, split)
+        sel_c = rc / rm >= cut
+        c_line = line(rc, sel_c, (1.0, 0.0))
+        m_line = line(rm, ~sel_c, (1.0, 0.0))
+        starts.append(np.array([*c_line, *m_line]))
+    best: Array | None = None
+    best_cost = math.inf
+    floor = -0.5 * float(y.min())
+    lower = np.array([1e-6, floor, 1e-6, floor])
+    upper = np.array([1e6, float(y.max()), 1e6, float(y.max())])
+    candidates = []
+    for x0 in starts:
+        x = np.clip(x0, lower + 1e-12, upper - 1e-12)
+        candidates.append(x)
+        for _ in range(20):  # alternate: active branch → per-branch line
+            sel_c = x[0] * rc + x[1] >= x[2] * rm + x[3]
+            new = np.array([*line(rc, sel_c, (x[0], x[1])), *line(rm, ~sel_c, (x[2], x[3]))])
+            new = np.clip(new, lower + 1e-12, upper - 1e-12)
+            if np.allclose(new, x):
+                break
+            x = new
+        candidates.append(x)
+    for x in candidates:  # polish every start, raw and alternated; keep the best
+        sol = least_squares(
+            residual, x, jac=jacobian, bounds=(lower, upper), method="trf", max_nfev=400
+        )
+        cost = float(np.sum(residual(sol.x) ** 2))
+        if cost < best_cost:
+            best, best_cost = sol.x, cost
+    assert best is not None
+    return LinearCalibration(
+        compute=Branch(float(best[0]), float(best[1]) * scale),
+        memory=Branch(float(best[2]), float(best[3]) * scale),
+        tile_tokens=tile_tokens,
+    )
+
+
+def raw_branches(
+    model: ModelSpec,
+    hw: HardwareProfile,
+    tokens: npt.ArrayLike,
+    contexts: npt.ArrayLike,
+    options: RooflineOptions | None = None,
+    tile_tokens: int = 0,
+) -> tuple[Array, Array, Array]:
+    """(R_c, R_m, bare roofline) in seconds for single-request passes of (s, c) pairs."""
+    opt = options or RooflineOptions()
+    s = np.asarray(tokens, dtype=np.float64)
+    c = np.asarray(contexts, dtype=np.float64)
+    bare = verify_pass(model, hw, [(s, c)], opt)
+    if tile_tokens:
+        tiled = RooflineOptions(**{**asdict(opt), "tile_tokens": tile_tokens})
+        rc = verify_pass(model, hw, [(s, c)], tiled).compute_s
+    else:
+        rc = bare.compute_s
+    return (
+        np.broadcast_to(rc, s.shape).astype(np.float64),
+        np.broadcast_to(bare.memory_s, s.shape).astype(np.float64),
+        np.broadcast_to(bare.total_s, s.shape).astype(np.float64),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# EMA
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EmaCorrection:
+    """γ ← (1 − α)·γ + α·observed/predicted; predictions are multiplied by γ.
+
+    ``clip`` bounds one observation's ratio so that a single outlier (a page fault, a context
+    switch) cannot move γ by more than α·clip.
+    """
+
+    alpha: float = 0.1  # EMA weight of the newest observation, in (0, 1]
+    gamma: float = 1.0  # current multiplicative correction
+    clip: tuple[float, float] = (0.1, 10.0)
+    updates: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha <= 1:
+            raise ConfigError(f"EMA alpha must be in (0, 1], got {self.alpha}")
+        if not self.gamma > 0:
+            raise ConfigError(f"EMA gamma must be positive, got {self.gamma}")
+
+    def update(self, observed_s: float, predicted_s: float) -> float:
+        """Fold one observation in (``predicted_s`` is the uncorrected prediction)."""
+        if not (math.isfinite(observed_s) and observed_s > 0):
+            raise ConfigError(f"observed time must be positive finite seconds, got {observed_s}")
+        if not (math.isfinite(predicted_s) and predicted_s > 0):
+            raise ConfigError(f"predicted time must be positive, got {predicted_s}")
+        ratio = min(max(observed_s / predicted_s, self.clip[0]), self.clip[1])
+        self.gamma = (1.0 - self.alpha) * self.gamma + self.alpha * ratio
+        self.updates += 1
+        return self.gamma
+
+
+# --------------------------------------------------------------------------------------------
+# Records, cache, sweep
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CalibrationRecord:
+    """A fitted static calibration for one (device, model, dtype, backend)."""
+
+    device: str
+    model: str
+    dtype: str
+    backend: str
+    calibration: LinearCalibration
+    prep_s: float = 0.0  # T_aux, a constant
+    rmse_bare_s: float = float("nan")  # bare roofline vs the sweep
+    rmse_calibrated_s: float = float("nan")  # calibrated vs the sweep (in-sample)
+    points: tuple[Measurement, ...] = ()
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.device, self.model, self.dtype, self.backend)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "model": self.model,
+            "dtype": self.dtype,
+            "backend": self.backend,
+            "compute": asdict(self.calibration.compute),
+            "memory": asdict(self.calibration.memory),
+            "tile_tokens": self.calibration.tile_tokens,
+            "prep_s": self.prep_s,
+            "rmse_bare_s": self.rmse_bare_s,
+            "rmse_calibrated_s": self.rmse_calibrated_s,
+            "points": [asdict(p) for p in self.points],
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str = "<record>") -> CalibrationRecord:
+        try:
+            cal = LinearCalibration(
+                compute=Branch(float(data["compute"]["alpha"]), float(data["compute"]["beta"])),
+                memory=Branch(float(data["memory"]["alpha"]), float(data["memory"]["beta"])),
+                tile_tokens=int(data.get("tile_tokens", 0)),
+            )
+            points = tuple(
+                Measurement(int(p["tokens"]), int(p["context"]), float(p["seconds"]))
+                for p in data.get("points", ())
+            )
+            record = cls(
+                device=str(data["device"]),
+                model=str(data["model"]),
+                dtype=str(data["dtype"]),
+                backend=str(data["backend"]),
+                calibration=cal,
+                prep_s=float(data.get("prep_s", 0.0)),
+                rmse_bare_s=float(data.get("rmse_bare_s", float("nan"))),
+                rmse_calibrated_s=float(data.get("rmse_calibrated_s", float("nan"))),
+                points=points,
+                created=str(data.get("created", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{origin}: not a calibration record ({exc!r})") from None
+        if cal.compute.alpha <= 0 or cal.memory.alpha <= 0 or record.prep_s < 0:
+            raise ConfigError(f"{origin}: calibration scales must be positive, prep_s ≥ 0")
+        return record
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+
+class CalibrationCache:
+    """JSON records on disk, one file per (device, model, dtype, backend)."""
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+        if directory is None:
+            directory = os.environ.get(CACHE_DIR_ENV) or (
+                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                / "bastion"
+                / "calibration"
+            )
+        self.directory = Path(directory)
+
+    def path_for(self, key: tuple[str, str, str, str]) -> Path:
+        return self.directory / ("__".join(_slug(k) for k in key) + ".json")
+
+    def load(self, key: tuple[str, str, str, str]) -> CalibrationRecord | None:
+        path = self.path_for(key)
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+        return CalibrationRecord.from_dict(data, origin=str(path))
+
+    def save(self, record: CalibrationRecord) -> Path:
+        path = self.path_for(record.key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record.to_dict(), indent=2) + "\n")
+        return path
+
+
+def profile_sweep(
+    verify: VerifyFn,
+    tokens: Sequence[int] = DEFAULT_TOKENS,
+    contexts: Sequence[int] = DEFAULT_CONTEXTS,
+    repeats: int = 3,
+    warmup: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[Measurement]:
+    """Time ``verify(s, c)`` at every grid point; the median of ``repeats`` runs per point.
+
+    ``verify`` may return the time itself (a simulated backend) or ``None``, in which case the
+    wall time around the call is used (a real backend must synchronise its device inside).
+    """
+    if repeats < 1:
+        raise ConfigError(f"repeats must be ≥ 1, got {repeats}")
+    out = []
+    for c in contexts:
+        for s in tokens:
+            for _ in range(warmup):
+                verify(s, c)
+            runs = []
+            for _ in range(repeats):
+                start = clock()
+                reported = verify(s, c)
+                elapsed = clock() - start
+                runs.append(float(reported) if reported is not None else elapsed)
+            out.append(Measurement(int(s), int(c), statistics.median(runs)))
+    return out
+
+
+def calibrate(
+    model: ModelSpec,
+    hw: HardwareProfile,
+    points: Iterable[Measurement],
+    *,
+    backend: str = "unknown",
+    dtype: str = "bf16",
+    options: RooflineOptions | None = None,
+    tile_candidates: Sequence[int] = (0,),
+    weighting: Weighting = "relative",
+    prep_s: float = 0.0,
+) -> CalibrationRecord:
+    """Fit the static calibration to ``points``; with several ``tile_candidates`` keep the best.
+
+    Logs and records the RMSE of the bare roofline and of the calibrated curve on the points.
+    """
+    pts = tuple(points)
+    y = np.array([p.seconds for p in pts], dtype=np.float64)
+    _validate_measured(y)
+    s = np.array([p.tokens for p in pts], dtype=np.float64)
+    c = np.array([p.context for p in pts], dtype=np.float64)
+    if np.any(s < 1) or np.any(c < 0):
+        raise ConfigError("calibration points need tokens ≥ 1 and context ≥ 0")
+    best: tuple[float, LinearCalibration] | None = None
+    bare = np.zeros_like(y)
+    for tile in tile_candidates:
+        rc, rm, bare = raw_branches(model, hw, s, c, options, tile_tokens=tile)
+        cal = fit_linear(rc, rm, y, weighting=weighting, tile_tokens=tile)
+        err = rmse(cal.predict(rc, rm), y)
+        if best is None or err < best[0]:
+            best = (err, cal)
+    assert best is not None
+    record = CalibrationRecord(
+        device=hw.name,
+        model=model.name,
+        dtype=dtype,
+        backend=backend,
+        calibration=best[1],
+        prep_s=prep_s,
+        rmse_bare_s=rmse(bare, y),
+        rmse_calibrated_s=best[0],
+        points=pts,
+    )
+    log.info(
+        "calibrated %s on %s: RMSE %.3f ms bare -> %.3f ms calibrated (%d points)",
+        model.name,
+        hw.name,
+        record.rmse_bare_s * 1e3,
+        record.rmse_calibrated_s * 1e3,
+        len(pts),
+    )
+    return record
+
+
+def calibrate_or_load(
+    model: ModelSpec,
+    hw: HardwareProfile,
+    verify: VerifyFn,
+    *,
+    backend: str,
+    dtype: str = "bf16",
+    cache: CalibrationCache | None = None,
+    refit: bool = False,
+    sweep_kwargs: Mapping[str, Any] | None = None,
+    **calibrate_kwargs: Any,
+) -> CalibrationRecord:
+    """The cached record for (device, model, dtype, backend), or sweep, fit and store one."""
+    store = cache or CalibrationCache()
+    key = (hw.name, model.name, dtype, backend)
+    if not refit:
+        found = store.load(key)
+        if found is not None:
+            log.info("reusing calibration %s", store.path_for(key))
+            return found
+    points = profile_sweep(verify, **(sweep_kwargs or {}))
+    record = calibrate(model, hw, points, backend=backend, dtype=dtype, **calibrate_kwargs)
+    store.save(record)
+    return record

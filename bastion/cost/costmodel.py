@@ -1,0 +1,241 @@
+"""The roofline ``CostModel`` shared by the simulator and the real backend (paper §3.4, §5.2).
+
+``RooflineCostModel`` prices one speculative cycle, Ĉ(N) = T_draft + T_aux + T_verify(N), from a
+hardware profile and a model spec, corrected in one of four modes:
+
+- ``bare``: the per-operator roofline with the profile's default efficiencies;
+- ``static``: the offline linear calibration (the paper's default);
+- ``ema``: γ·bare, γ tracked online from ``observe``;
+- ``ema+calib``: γ·static, the EMA as a residual on the calibrated curve.
+
+For a batched load, T_verify is the time of the whole batched pass (this request's tree plus the
+co-batched requests' trees). T_draft is the DFlash drafter's bare roofline over the batch (0 when
+no drafter is given); T_aux is a constant (``prep_s``, or the calibration record's). L_AR is the
+same correction applied to a target-only step of one token (no tree mask) in the same situation.
+
+What this module does not do: choose N (the controller does), or measure anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import replace
+from typing import Literal, get_args
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.cost.calibration import CalibrationRecord, EmaCorrection, LinearCalibration
+from bastion.cost.hardware import HardwareProfile
+from bastion.cost.models import DrafterSpec, ModelSpec
+from bastion.cost.roofline import RooflineBreakdown, RooflineOptions, drafter_pass, verify_pass
+from bastion.errors import BudgetError, ConfigError, CostModelError
+from bastion.interfaces import CostCurve, StepCost, StepLoad
+
+__all__ = ["CostMode", "RooflineCostModel"]
+
+CostMode = Literal["bare", "static", "ema", "ema+calib"]
+Array = npt.NDArray[np.float64]
+_CacheKey = tuple[int, int, tuple[tuple[int, int], ...]]
+_Base = tuple[
+    Array, Array, Array, Array
+]  # bare, calibrated (verify curve); bare, calibrated (L_AR)
+
+
+class RooflineCostModel:
+    """Hardware-aware Ĉ(N); implements :class:`bastion.interfaces.CostModel`."""
+
+    def __init__(
+        self,
+        hardware: HardwareProfile,
+        model: ModelSpec,
+        drafter: DrafterSpec | None = None,
+        calibration: CalibrationRecord | LinearCalibration | None = None,
+        mode: CostMode | None = None,
+        *,
+        options: RooflineOptions | None = None,
+        prep_s: float | None = None,
+        ema_alpha: float = 0.1,
+        context_bucket: int = 64,
+        cache_size: int = 256,
+    ) -> None:
+        if mode is None:
+            mode = "static" if calibration is not None else "bare"
+        if mode not in get_args(CostMode):
+            raise ConfigError(f"cost mode {mode!r}; accepted: {', '.join(get_args(CostMode))}")
+        if mode in ("static", "ema+calib") and calibration is None:
+            raise ConfigError(f"cost mode {mode!r} needs a calibration; run `bastion calibrate`")
+        record = calibration if isinstance(calibration, CalibrationRecord) else None
+        self.hardware = hardware
+        self.model = model
+        self.drafter = drafter
+        self.mode: CostMode = mode
+        self.options = options or RooflineOptions()
+        self.calibration: LinearCalibration | None = (
+            record.calibration if record is not None else calibration  # type: ignore[assignment]
+        )
+        self.prep_s = float(prep_s if prep_s is not None else (record.prep_s if record else 0.0))
+        if not (math.isfinite(self.prep_s) and self.prep_s >= 0):
+            raise ConfigError(f"prep_s must be a finite number ≥ 0, got {self.prep_s}")
+        self.ema = EmaCorrection(alpha=ema_alpha)
+        self._tiled = (
+            replace(self.options, tile_tokens=self.calibration.tile_tokens)
+            if self.calibration is not None and self.calibration.tile_tokens
+            else None
+        )
+        self._cache: OrderedDict[_CacheKey, _Base] = OrderedDict()
+        self._draft_cache: OrderedDict[tuple[int, ...], float] = OrderedDict()
+        self._cache_size = cache_size
+        if context_bucket < 1:
+            raise ConfigError(f"context_bucket must be ≥ 1, got {context_bucket}")
+        self.context_bucket = context_bucket
+
+    # ---------------------------------------------------------------------------------------
+    # Pieces
+    # ---------------------------------------------------------------------------------------
+
+    def bucket(self, context_len: int) -> int:
+        """The context length priced: rounded up to a multiple of ``context_bucket``.
+
+        Rounding up keeps the estimate on the safe side and lets one cached curve serve about
+        ``context_bucket / τ`` consecutive decode steps.
+        """
+        if context_len < 0:
+            raise BudgetError(f"context_len must be ≥ 0, got {context_len}")
+        b = self.context_bucket
+        return -(-context_len // b) * b
+
+    def _requests(
+        self, tokens: npt.ArrayLike, load: StepLoad
+    ) -> list[tuple[npt.ArrayLike, npt.ArrayLike]]:
+        out: list[tuple[npt.ArrayLike, npt.ArrayLike]] = [(tokens, self.bucket(load.context_len))]
+        for r in load.co_batched:
+            if r.tree_size < 1:
+                raise BudgetError(f"a co-batched request needs tree_size ≥ 1, got {r.tree_size}")
+            out.append((r.tree_size, self.bucket(r.context_len)))
+        return out
+
+    def roofline(self, tree_size: npt.ArrayLike, load: StepLoad) -> RooflineBreakdown:
+        """The bare per-operator breakdown of the verification pass (arrays allowed)."""
+        return verify_pass(self.model, self.hardware, self._requests(tree_size, load), self.options)
+
+    def _base(self, tokens: Array, load: StepLoad, masked: bool = True) -> tuple[Array, Array]:
+        """(bare, calibrated-or-bare) verification seconds for ``tokens`` (uncorrected by γ)."""
+        reqs = self._requests(tokens, load)
+        bare = verify_pass(self.model, self.hardware, reqs, self.options, masked=masked)
+        bare_s = np.broadcast_to(bare.total_s, tokens.shape).astype(np.float64)
+        if self.calibration is None:
+            return bare_s, bare_s
+        rc = bare.compute_s
+        if self._tiled is not None:
+            rc = verify_pass(self.model, self.hardware, reqs, self._tiled, masked=masked).compute_s
+        cal = np.broadcast_to(self.calibration.predict(rc, bare.memory_s), tokens.shape)
+        return bare_s, cal.astype(np.float64)
+
+    def _correct(self, bare_s: Array, cal_s: Array) -> Array:
+        if self.mode == "bare":
+            return bare_s
+        if self.mode == "static":
+            return cal_s
+        if self.mode == "ema":
+            return self.ema.gamma * bare_s
+        return self.ema.gamma * cal_s
+
+    def _uncorrected(self, bare_s: Array, cal_s: Array) -> Array:
+        return bare_s if self.mode in ("bare", "ema") else cal_s
+
+    def draft_s(self, load: StepLoad) -> float:
+        """T_draft: the drafter's pass over every request of the batch (0 without a drafter)."""
+        if self.drafter is None:
+            return 0.0
+        key = (
+            self.bucket(load.context_len),
+            *(self.bucket(r.context_len) for r in load.co_batched),
+        )
+        hit = self._draft_cache.get(key)
+        if hit is None:
+            hit = float(drafter_pass(self.drafter, self.hardware, key, self.options).total_s)
+            self._draft_cache[key] = hit
+            if len(self._draft_cache) > self._cache_size:
+                self._draft_cache.popitem(last=False)
+        return hit
+
+    def draft_breakdown(self, load: StepLoad) -> RooflineBreakdown | None:
+        if self.drafter is None:
+            return None
+        contexts = (
+            self.bucket(load.context_len),
+            *(self.bucket(r.context_len) for r in load.co_batched),
+        )
+        return drafter_pass(self.drafter, self.hardware, contexts, self.options)
+
+    @staticmethod
+    def _check(values: Array, what: str) -> Array:
+        if not np.all(np.isfinite(values)) or np.any(values <= 0):
+            raise CostModelError(
+                f"{what}: predicted times must be positive and finite; check the calibration"
+            )
+        return values
+
+    # ---------------------------------------------------------------------------------------
+    # CostModel protocol
+    # ---------------------------------------------------------------------------------------
+
+    def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
+        """Ĉ(N) for N = 1 … ``max_tree_size``, one vectorised roofline evaluation (cached)."""
+        if max_tree_size < 1:
+            raise BudgetError(f"max_tree_size must be ≥ 1, got {max_tree_size}")
+        key: _CacheKey = (
+            max_tree_size,
+            self.bucket(load.context_len),
+            tuple((r.tree_size, self.bucket(r.context_len)) for r in load.co_batched),
+        )
+        cached = self._cache.get(key)
+        if cached is None:
+            n = np.arange(1, max_tree_size + 1, dtype=np.float64)
+            cached = (*self._base(n, load), *self._base(np.ones(1), load, masked=False))
+            self._cache[key] = cached
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        verify = self._check(self._correct(cached[0], cached[1]), "verify")
+        ar = self._check(self._correct(cached[2], cached[3]), "L_AR")
+        return CostCurve(
+            draft_s=self.draft_s(load), prep_s=self.prep_s, verify_s=verify, ar_step_s=float(ar[0])
+        )
+
+    def step_cost(self, tree_size: int, load: StepLoad) -> StepCost:
+        """One cycle's predicted cost, with per-operator seconds in ``breakdown``.
+
+        Operator entries (``verify.<op>``) are the bare roofline's shares rescaled to sum to
+        ``verify_s``; ``roofline.*`` entries are the bare totals and branches before correction.
+        """
+        if tree_size < 1:
+            raise BudgetError(f"tree_size must be ≥ 1, got {tree_size}")
+        tokens = np.array([float(tree_size)])
+        bare_s, cal_s = self._base(tokens, load)
+        verify = float(self._check(self._correct(bare_s, cal_s), "verify")[0])
+        rb = self.roofline(tree_size, load)
+        scale = verify / float(rb.total_s)
+        breakdown: dict[str, float] = {
+            f"verify.{op.name}": float(op.time_s) * scale for op in rb.operators
+        }
+        breakdown["roofline.bare_s"] = float(rb.total_s)
+        breakdown["roofline.compute_s"] = float(rb.compute_s)
+        breakdown["roofline.memory_s"] = float(rb.memory_s)
+        breakdown["roofline.launch_s"] = rb.launch_s
+        db = self.draft_breakdown(load)
+        if db is not None:
+            breakdown.update({f"draft.{op.name}": float(op.time_s) for op in db.operators})
+        return StepCost(
+            draft_s=self.draft_s(load), prep_s=self.prep_s, verify_s=verify, breakdown=breakdown
+        )
+
+    def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
+        """Fold a measured verification time into γ (modes ``ema`` and ``ema+calib`` only)."""
+        if self.mode not in ("ema", "ema+calib"):
+            return
+        bare_s, cal_s = self._base(np.array([float(tree_size)]), load)
+        self.ema.update(verify_s, float(self._uncorrected(bare_s, cal_s)[0]))

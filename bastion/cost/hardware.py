@@ -1,0 +1,263 @@
+"""Hardware profiles: the numbers a roofline needs about one device, read from TOML.
+
+A profile is one TOML file in the repository's top-level ``hwprofiles/`` directory (shipped in
+the wheel as ``bastion/hwprofiles``), with peak numbers in ``[peak]``, default achievable
+fractions in ``[efficiency]`` and, in ``[sources]``, where every number comes from. Units are
+the library's: FLOP/s, bytes/s, bytes, seconds.
+
+What this module does not do: hold any hardware number itself (they live only in the TOML files),
+or measure a machine (see :mod:`bastion.cost.probe`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from bastion.errors import ConfigError, UnknownNameError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+__all__ = [
+    "PROFILE_DIR_ENV",
+    "HardwareProfile",
+    "get_profile",
+    "known_profiles",
+    "load_profile",
+    "profile_dirs",
+    "profile_to_toml",
+]
+
+#: Extra directories (``os.pathsep``-separated) searched before the bundled profiles.
+PROFILE_DIR_ENV = "BASTION_HWPROFILES"
+
+_PEAK_REQUIRED = ("bf16_flops", "memory_bandwidth", "memory_bytes", "l2_bytes", "sm_count")
+_PEAK_OPTIONAL = ("fp8_flops",)
+_EFFICIENCY_REQUIRED = ("compute", "memory", "launch_overhead_s")
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One device's peak numbers and default achievable efficiencies."""
+
+    name: str  # profile name, e.g. "a100-sxm-80gb"
+    description: str
+    bf16_flops: float  # FLOP/s, dense BF16/FP16 tensor throughput
+    memory_bandwidth: float  # bytes/s, peak DRAM/HBM bandwidth
+    memory_bytes: float  # bytes of device memory
+    l2_bytes: float  # bytes of last-level (L2) cache
+    sm_count: int  # streaming multiprocessors (CPU: cores)
+    compute_efficiency: float  # achievable fraction of bf16_flops, in (0, 1]
+    memory_efficiency: float  # achievable fraction of memory_bandwidth, in (0, 1]
+    launch_overhead_s: float  # seconds added per kernel launch
+    fp8_flops: float | None = None  # FLOP/s, dense FP8 tensor throughput where it exists
+    sources: Mapping[str, str] = field(default_factory=dict)  # field -> where the number is from
+    path: str | None = None  # file it was read from
+
+    def peak_flops(self, dtype: str = "bf16") -> float:
+        """Dense peak FLOP/s for ``dtype`` ("bf16", "fp16" or "fp8")."""
+        if dtype in ("bf16", "fp16", "bfloat16", "float16"):
+            return self.bf16_flops
+        if dtype in ("fp8", "float8"):
+            if self.fp8_flops is None:
+                raise ConfigError(f"profile {self.name!r} has no fp8_flops; accepted: bf16, fp16")
+            return self.fp8_flops
+        raise ConfigError(f"unknown dtype {dtype!r}; accepted: bf16, fp16, fp8")
+
+    def with_efficiency(
+        self,
+        compute: float | None = None,
+        memory: float | None = None,
+        launch_overhead_s: float | None = None,
+    ) -> HardwareProfile:
+        """A copy with other default efficiencies (validated like a file)."""
+        data = profile_to_dict(self)
+        eff = data["efficiency"]
+        if compute is not None:
+            eff["compute"] = compute
+        if memory is not None:
+            eff["memory"] = memory
+        if launch_overhead_s is not None:
+            eff["launch_overhead_s"] = launch_overhead_s
+        return profile_from_dict(data, origin=f"{self.name} (modified)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return profile_to_dict(self)
+
+
+def _positive(value: Any, where: str, origin: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{origin}: {where} must be a positive number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{origin}: {where} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def _table(data: Mapping[str, Any], key: str, origin: str) -> Mapping[str, Any]:
+    table = data.get(key)
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{origin}: missing table [{key}]")
+    return table
+
+
+def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> HardwareProfile:
+    """Validate a parsed profile (the TOML layout) and build a :class:`HardwareProfile`."""
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{origin}: missing field 'name' (a non-empty string)")
+    peak = _table(data, "peak", origin)
+    eff = _table(data, "efficiency", origin)
+    sources = _table(data, "sources", origin)
+    values: dict[str, float] = {}
+    for key in _PEAK_REQUIRED:
+        if key not in peak:
+            raise ConfigError(
+                f"{origin}: missing field [peak].{key}; required: {', '.join(_PEAK_REQUIRED)}"
+            )
+        values[key] = _positive(peak[key], f"[peak].{key}", origin)
+    for key in _PEAK_OPTIONAL:
+        if key in peak:
+            values[key] = _positive(peak[key], f"[peak].{key}", origin)
+    for key in _EFFICIENCY_REQUIRED:
+        if key not in eff:
+            raise ConfigError(
+                f"{origin}: missing field [efficiency].{key}; "
+                f"required: {', '.join(_EFFICIENCY_REQUIRED)}"
+            )
+        values[key] = _positive(eff[key], f"[efficiency].{key}", origin)
+    for key in ("compute", "memory"):
+        if values[key] > 1.0:
+            raise ConfigError(f"{origin}: [efficiency].{key} must be in (0, 1], got {values[key]}")
+    for key in values:
+        if not isinstance(sources.get(key), str) or not sources[key].strip():
+            raise ConfigError(f"{origin}: [sources].{key} missing; every number needs a source")
+    if values["sm_count"] != int(values["sm_count"]):
+        raise ConfigError(f"{origin}: [peak].sm_count must be an integer")
+    return HardwareProfile(
+        name=name,
+        description=str(data.get("description", name)),
+        bf16_flops=values["bf16_flops"],
+        memory_bandwidth=values["memory_bandwidth"],
+        memory_bytes=values["memory_bytes"],
+        l2_bytes=values["l2_bytes"],
+        sm_count=int(values["sm_count"]),
+        compute_efficiency=values["compute"],
+        memory_efficiency=values["memory"],
+        launch_overhead_s=values["launch_overhead_s"],
+        fp8_flops=values.get("fp8_flops"),
+        sources={str(k): str(v) for k, v in sources.items()},
+        path=None if origin.startswith("<") else origin,
+    )
+
+
+def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
+    """The TOML layout of ``profile`` as nested dicts (inverse of :func:`profile_from_dict`)."""
+    peak: dict[str, Any] = {
+        "bf16_flops": profile.bf16_flops,
+        "memory_bandwidth": profile.memory_bandwidth,
+        "memory_bytes": profile.memory_bytes,
+        "l2_bytes": profile.l2_bytes,
+        "sm_count": profile.sm_count,
+    }
+    if profile.fp8_flops is not None:
+        peak["fp8_flops"] = profile.fp8_flops
+    return {
+        "name": profile.name,
+        "description": profile.description,
+        "peak": peak,
+        "efficiency": {
+            "compute": profile.compute_efficiency,
+            "memory": profile.memory_efficiency,
+            "launch_overhead_s": profile.launch_overhead_s,
+        },
+        "sources": dict(profile.sources),
+    }
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def profile_to_toml(profile: HardwareProfile) -> str:
+    """Serialise ``profile`` in the ``hwprofiles/*.toml`` layout."""
+    data = profile_to_dict(profile)
+    lines = [
+        f"name = {_toml_value(data['name'])}",
+        f"description = {_toml_value(data['description'])}",
+    ]
+    for table in ("peak", "efficiency", "sources"):
+        lines.append("")
+        lines.append(f"[{table}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in data[table].items())
+    return "\n".join(lines) + "\n"
+
+
+def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
+    """Read and validate one profile file."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"hardware profile file not found: {p}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    return profile_from_dict(data, origin=str(p))
+
+
+def profile_dirs() -> list[Path]:
+    """Where profiles are looked up, first match wins.
+
+    1. directories in ``$BASTION_HWPROFILES``;
+    2. the profiles installed with the package (``bastion/hwprofiles`` in a wheel);
+    3. the repository's top-level ``hwprofiles/`` (an editable checkout).
+    """
+    dirs = [Path(d) for d in os.environ.get(PROFILE_DIR_ENV, "").split(os.pathsep) if d]
+    installed = Path(str(resources.files("bastion"))) / "hwprofiles"
+    root = Path(__file__).resolve().parents[2]
+    checkout = root / "hwprofiles" if (root / "pyproject.toml").is_file() else installed
+    for d in (installed, checkout):
+        if d.is_dir() and d not in dirs:
+            dirs.append(d)
+    return dirs
+
+
+def _index() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in profile_dirs():
+        for p in sorted(d.glob("*.toml")):
+            found.setdefault(p.stem, p)
+    return found
+
+
+def known_profiles() -> list[str]:
+    """Names of every profile found on the search path, sorted."""
+    return sorted(_index())
+
+
+def get_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
+    """A profile by name (``a100-sxm-80gb``) or by path to a TOML file."""
+    text = os.fspath(name_or_path)
+    if text.endswith(".toml") or os.sep in text:
+        return load_profile(text)
+    index = _index()
+    if text not in index:
+        raise UnknownNameError(
+            f"unknown hardware profile {text!r}; known: {', '.join(sorted(index)) or '(none)'}"
+            f" (or give a path to a .toml file)"
+        )
+    return load_profile(index[text])

@@ -1,0 +1,250 @@
+"""Model shapes for the cost model, read from Hugging Face ``config.json`` files.
+
+:class:`ModelSpec` holds what the roofline needs about a decoder-only transformer: widths,
+layers, attention heads, FFN or mixture-of-experts shape, vocabulary. It is built from a
+``config.json`` (dense Llama / Qwen3, and Qwen3-MoE); the five targets of the paper ship as
+package data under short names (``qwen3-8b``…). :class:`DrafterSpec` adds what a DFlash
+block-diffusion drafter needs on top of its (Qwen3-format) config.
+
+What this module does not do: hold any model dimension itself (they live only in the configs),
+or load weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from bastion.errors import ConfigError, UnknownNameError
+
+__all__ = ["DrafterSpec", "ModelSpec", "get_model", "known_models"]
+
+_CONFIG_PACKAGE = "bastion.cost"
+_CONFIG_DIR = "configs"
+_MOE_TYPES = ("qwen3_moe", "qwen2_moe")
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+
+
+def _int_field(cfg: Mapping[str, Any], key: str, origin: str, *, minimum: int = 1) -> int:
+    if key not in cfg:
+        raise ConfigError(f"{origin}: config.json is missing required key {key!r}")
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{origin}: {key!r} must be an integer ≥ {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a decoder-only transformer (per the paper's Table 11 notation)."""
+
+    name: str
+    model_type: str  # HF model_type ("llama", "qwen3", "qwen3_moe")
+    hidden: int  # h: residual-stream width
+    layers: int  # L
+    q_heads: int  # n_q
+    kv_heads: int  # n_kv
+    head_dim: int  # d; h_q = n_q·d may differ from h
+    ffn: int  # dense FFN width (intermediate_size); unused by an all-MoE model
+    vocab: int  # V
+    tied_embeddings: bool
+    experts: int = 0  # E (0 for a dense model)
+    experts_per_token: int = 0  # K
+    expert_ffn: int = 0  # FFN width of one expert
+    qk_norm: bool = False  # Qwen3's per-head RMSNorm on q and k
+
+    @property
+    def h_q(self) -> int:
+        return self.q_heads * self.head_dim
+
+    @property
+    def h_kv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def moe_saturation_tokens(self) -> float:
+        """s = E/K, where the saturating expert-touch count reaches every expert."""
+        return self.experts / self.experts_per_token if self.is_moe else float("inf")
+
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (norm weights included)."""
+        attn = self.hidden * (self.h_q + 2 * self.h_kv) + self.h_q * self.hidden
+        if self.is_moe:
+            ffn = self.hidden * self.experts + self.experts * 3 * self.hidden * self.expert_ffn
+        else:
+            ffn = 3 * self.hidden * self.ffn
+        norms = 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        return attn + ffn + norms
+
+    def param_count(self) -> int:
+        """All parameters; a tied embedding table counts once."""
+        table = self.vocab * self.hidden
+        return (
+            self.layers * self.layer_params()
+            + self.hidden
+            + table * (1 if self.tied_embeddings else 2)
+        )
+
+    @classmethod
+    def from_hf_config(
+        cls, path_or_dict: str | os.PathLike[str] | Mapping[str, Any], name: str | None = None
+    ) -> ModelSpec:
+        """Build a spec from a ``config.json`` path (or a directory holding one) or a dict."""
+        if isinstance(path_or_dict, Mapping):
+            cfg: Mapping[str, Any] = path_or_dict
+            origin = name or "<config dict>"
+        else:
+            p = Path(path_or_dict)
+            if p.is_dir():
+                p = p / "config.json"
+            try:
+                cfg = json.loads(p.read_text())
+            except FileNotFoundError:
+                raise ConfigError(f"model config not found: {p}") from None
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{p}: not valid JSON ({exc})") from None
+            if not isinstance(cfg, Mapping):
+                raise ConfigError(f"{p}: expected a JSON object")
+            origin = str(p)
+            name = name or (p.parent.name if p.name == "config.json" else p.stem)
+        model_type = str(cfg.get("model_type", ""))
+        hidden = _int_field(cfg, "hidden_size", origin)
+        layers = _int_field(cfg, "num_hidden_layers", origin)
+        q_heads = _int_field(cfg, "num_attention_heads", origin)
+        kv_heads = int(cfg.get("num_key_value_heads") or q_heads)
+        if kv_heads < 1 or q_heads % kv_heads:
+            raise ConfigError(
+                f"{origin}: num_key_value_heads ({kv_heads}) must divide "
+                f"num_attention_heads ({q_heads})"
+            )
+        if cfg.get("head_dim") is not None:
+            head_dim = _int_field(cfg, "head_dim", origin)
+        elif hidden % q_heads:
+            raise ConfigError(f"{origin}: no head_dim and hidden_size % num_attention_heads != 0")
+        else:
+            head_dim = hidden // q_heads
+        vocab = _int_field(cfg, "vocab_size", origin)
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        is_moe = model_type in _MOE_TYPES or experts > 0
+        if is_moe:
+            experts = _int_field(cfg, "num_experts", origin)
+            k = _int_field(cfg, "num_experts_per_tok", origin)
+            expert_ffn = _int_field(cfg, "moe_intermediate_size", origin)
+            if k > experts:
+                raise ConfigError(f"{origin}: num_experts_per_tok {k} > num_experts {experts}")
+            if cfg.get("shared_expert_intermediate_size") or cfg.get("mlp_only_layers"):
+                raise ConfigError(
+                    f"{origin}: shared experts and dense-only layers are not modelled; accepted:"
+                    " Qwen3-MoE with every layer MoE and no shared expert"
+                )
+            if int(cfg.get("decoder_sparse_step", 1)) != 1:
+                raise ConfigError(f"{origin}: decoder_sparse_step must be 1 (every layer MoE)")
+            ffn = int(cfg.get("intermediate_size") or 0)
+        else:
+            k, expert_ffn = 0, 0
+            ffn = _int_field(cfg, "intermediate_size", origin)
+        return cls(
+            name=name or model_type or "model",
+            model_type=model_type,
+            hidden=hidden,
+            layers=layers,
+            q_heads=q_heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            ffn=ffn,
+            vocab=vocab,
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            experts=experts if is_moe else 0,
+            experts_per_token=k,
+            expert_ffn=expert_ffn,
+            qk_norm=model_type in _QK_NORM_TYPES,
+        )
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """A DFlash block-diffusion drafter: a small transformer over one block of tokens.
+
+    Its K/V come from the block and from the target's tapped hidden states ("context features"),
+    projected by ``fc`` (``taps·hidden → hidden``) and cached across steps; it shares the
+    target's embedding table and LM head.
+    """
+
+    model: ModelSpec  # the drafter's own layers (widths usually equal to the target's)
+    block_size: int = 16  # tokens per block: the bonus token + block_size − 1 masked slots
+    taps: int = 5  # target layers whose hidden states feed ``fc``
+
+    @classmethod
+    def dflash_for(
+        cls, target: ModelSpec, layers: int = 5, block_size: int = 16, taps: int | None = None
+    ) -> DrafterSpec:
+        """The published DFlash layout for ``target``: its widths, ``layers`` layers."""
+        if layers < 1 or block_size < 2:
+            raise ConfigError("a DFlash drafter needs layers ≥ 1 and block_size ≥ 2")
+        dense = ModelSpec(
+            name=f"{target.name}-dflash-b{block_size}",
+            model_type="qwen3",
+            hidden=target.hidden,
+            layers=layers,
+            q_heads=target.q_heads,
+            kv_heads=target.kv_heads,
+            head_dim=target.head_dim,
+            ffn=target.ffn if not target.is_moe else target.expert_ffn * target.experts_per_token,
+            vocab=target.vocab,
+            tied_embeddings=False,
+            qk_norm=True,
+        )
+        return cls(model=dense, block_size=block_size, taps=layers if taps is None else taps)
+
+    @classmethod
+    def from_hf_config(
+        cls, path_or_dict: str | os.PathLike[str] | Mapping[str, Any]
+    ) -> DrafterSpec:
+        """Read a DFlash ``config.json`` (``block_size``, ``dflash_config.target_layer_ids``)."""
+        if isinstance(path_or_dict, Mapping):
+            cfg: Mapping[str, Any] = path_or_dict
+        else:
+            p = Path(path_or_dict)
+            p = p / "config.json" if p.is_dir() else p
+            try:
+                cfg = json.loads(p.read_text())
+            except (FileNotFoundError, json.JSONDecodeError) as exc:
+                raise ConfigError(f"cannot read drafter config {p}: {exc}") from None
+        model = ModelSpec.from_hf_config(cfg, name="dflash-drafter")
+        inner = cfg.get("dflash_config") or {}
+        taps_ids = inner.get("target_layer_ids", cfg.get("target_layer_ids"))
+        taps = len(taps_ids) if taps_ids else model.layers
+        return cls(model=model, block_size=int(cfg.get("block_size", 16)), taps=taps)
+
+
+def _bundled() -> dict[str, Any]:
+    root = resources.files(_CONFIG_PACKAGE) / _CONFIG_DIR
+    return {p.name[: -len(".json")]: p for p in root.iterdir() if p.name.endswith(".json")}
+
+
+def known_models() -> list[str]:
+    """Short names of the bundled model configs, sorted."""
+    return sorted(_bundled())
+
+
+def get_model(name_or_path: str | os.PathLike[str]) -> ModelSpec:
+    """A bundled model by short name (``qwen3-8b``) or any ``config.json`` path / directory."""
+    text = os.fspath(name_or_path)
+    bundled = _bundled()
+    if text in bundled:
+        return ModelSpec.from_hf_config(json.loads(bundled[text].read_text()), name=text)
+    if text.endswith(".json") or os.sep in text or Path(text).is_dir():
+        return ModelSpec.from_hf_config(text)
+    raise UnknownNameError(
+        f"unknown model {text!r}; known: {', '.join(sorted(bundled))} "
+        "(or give a path to a config.json)"
+    )

@@ -1,0 +1,450 @@
+"""Per-operator roofline of one forward pass (paper Appendix G), dense and Qwen3-MoE.
+
+A verification pass processes a batch of requests; request i verifies s_i tokens (its tree, root
+included) over c_i tokens already in its KV cache. For every operator of the target — norms,
+q/k/v/o projections, RoPE, attention scores and values, the FFN (or router and active experts),
+the LM head — we count the FLOPs and the bytes moved (weights, KV-cache reads and writes,
+activations) and price it as
+
+    t_op = max(FLOPs / (η_c · peak_flops), bytes / (η_m · bandwidth)) + kernels · launch_overhead.
+
+All counts are written out below with the notation of the paper's Table 11: h (hidden), h_q = n_q·d,
+h_kv = n_kv·d, f (FFN width, one expert's width for MoE), V (vocabulary), E experts, K active
+per token, bp bytes per element. T = Σ s_i is the number of tokens in the pass.
+
+Attention: a tree token sees the prefix and its ancestors, but the kernel the real backend runs
+(SDPA with a 4-D additive mask) computes every (query, key) pair of its s_i × (c_i + s_i) block
+and reads the mask, so that is what we count; the count is quadratic in s_i (Prop. 3.4's convex
+premise). Every argument may be a numpy array: the whole curve N = 1 … N_max is one call.
+
+What this module does not do: calibration (:mod:`bastion.cost.calibration`) or the
+``CostModel`` protocol (:mod:`bastion.cost.costmodel`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.cost.hardware import HardwareProfile
+from bastion.cost.models import DrafterSpec, ModelSpec
+from bastion.errors import ConfigError
+
+__all__ = [
+    "OperatorCost",
+    "PassShape",
+    "RooflineBreakdown",
+    "RooflineOptions",
+    "ar_step",
+    "drafter_pass",
+    "experts_touched",
+    "verify_pass",
+    "weight_bytes",
+]
+
+Array = npt.NDArray[np.float64]
+ArrayLike = npt.ArrayLike
+ExpertTouch = Literal["saturating", "uniform"]
+
+
+@dataclass(frozen=True)
+class RooflineOptions:
+    """Counting choices; the defaults follow the paper (bp = 2, whole embedding table read)."""
+
+    bytes_per_param: float = 2.0  # bp for weights (bf16)
+    bytes_per_act: float = 2.0  # bp for activations and the KV cache
+    dtype: str = "bf16"  # which peak FLOP/s column of the profile
+    full_embedding_table: bool = True  # paper: count the whole table; False: gathered rows only
+    fused_qkv: bool = False  # one q/k/v GEMM (vLLM) instead of three (transformers)
+    fused_gate_up: bool = False  # one gate+up GEMM instead of two
+    expert_touch: ExpertTouch = "saturating"  # U(T): paper's min(E, K·T) or uniform routing
+    tile_tokens: int = 0  # pad the GEMM token count to a multiple of this (0: off)
+
+    def __post_init__(self) -> None:
+        if self.bytes_per_param <= 0 or self.bytes_per_act <= 0:
+            raise ConfigError("bytes_per_param and bytes_per_act must be positive")
+        if self.expert_touch not in ("saturating", "uniform"):
+            raise ConfigError(
+                f"expert_touch {self.expert_touch!r}; accepted: 'saturating', 'uniform'"
+            )
+        if self.tile_tokens < 0:
+            raise ConfigError(f"tile_tokens must be ≥ 0, got {self.tile_tokens}")
+
+
+@dataclass(frozen=True)
+class PassShape:
+    """Aggregate token counts of one batched pass (each field may be an array over N)."""
+
+    tokens: Array  # T = Σ s_i
+    attn_pairs: Array  # Σ s_i · (c_i + s_i): (query, key) pairs the attention kernel computes
+    kv_tokens: Array  # Σ (c_i + s_i): cached + new keys/values read per layer
+    mask_elems: Array  # Σ s_i · (c_i + s_i): the additive tree mask read (0 when unmasked)
+
+    @classmethod
+    def of(cls, requests: Iterable[tuple[ArrayLike, ArrayLike]], masked: bool = True) -> PassShape:
+        """From ``(s_i, c_i)`` pairs; ``masked=False`` for non-causal passes without a mask."""
+        tokens: Array = np.zeros(())
+        pairs: Array = np.zeros(())
+        kv: Array = np.zeros(())
+        mask: Array = np.zeros(())
+        any_request = False
+        for s_raw, c_raw in requests:
+            any_request = True
+            s = np.asarray(s_raw, dtype=np.float64)
+            c = np.asarray(c_raw, dtype=np.float64)
+            if np.any(s < 1) or np.any(c < 0):
+                raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
+            tokens = tokens + s
+            pairs = pairs + s * (c + s)
+            kv = kv + c + s
+            if masked:
+                mask = mask + s * (c + s)
+        if not any_request:
+            raise ConfigError("a pass needs at least one request")
+        return cls(tokens=tokens, attn_pairs=pairs, kv_tokens=kv, mask_elems=mask)
+
+
+@dataclass(frozen=True)
+class OperatorCost:
+    """One operator summed over the pass (all layers); fields are floats or arrays over N."""
+
+    name: str
+    flops: Array  # FLOPs
+    weight_bytes: Array  # bytes of weights read
+    kv_bytes: Array  # bytes of KV cache read and written
+    act_bytes: Array  # bytes of activations (and masks) read and written
+    kernels: int  # kernel launches
+    compute_s: Array  # flops / (η_c · peak)
+    memory_s: Array  # bytes / (η_m · bandwidth)
+    launch_s: float  # kernels · launch overhead
+
+    @property
+    def bytes(self) -> Array:
+        return self.weight_bytes + self.kv_bytes + self.act_bytes
+
+    @property
+    def time_s(self) -> Array:
+        return np.maximum(self.compute_s, self.memory_s) + self.launch_s
+
+    def at(self, index: int) -> OperatorCost:
+        def pick(a: Array) -> Array:
+            arr = np.asarray(a)
+            return arr if arr.ndim == 0 else arr[index]
+
+        return replace(
+            self,
+            flops=pick(self.flops),
+            weight_bytes=pick(self.weight_bytes),
+            kv_bytes=pick(self.kv_bytes),
+            act_bytes=pick(self.act_bytes),
+            compute_s=pick(self.compute_s),
+            memory_s=pick(self.memory_s),
+        )
+
+
+@dataclass(frozen=True)
+class RooflineBreakdown:
+    """Per-operator costs of one pass, with totals per branch (compute, memory, launch)."""
+
+    operators: tuple[OperatorCost, ...]
+    meta: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def total_s(self) -> Array:
+        """Σ_op max(compute, memory) + launches: the roofline prediction."""
+        return sum((op.time_s for op in self.operators), np.zeros(()))
+
+    @property
+    def compute_s(self) -> Array:
+        """The compute branch: Σ_op FLOPs / (η_c · peak)."""
+        return sum((op.compute_s for op in self.operators), np.zeros(()))
+
+    @property
+    def memory_s(self) -> Array:
+        """The memory branch: Σ_op bytes / (η_m · bandwidth)."""
+        return sum((op.memory_s for op in self.operators), np.zeros(()))
+
+    @property
+    def launch_s(self) -> float:
+        return float(sum(op.launch_s for op in self.operators))
+
+    @property
+    def flops(self) -> Array:
+        return sum((op.flops for op in self.operators), np.zeros(()))
+
+    @property
+    def bytes(self) -> Array:
+        return sum((op.bytes for op in self.operators), np.zeros(()))
+
+    @property
+    def weight_bytes(self) -> Array:
+        return sum((op.weight_bytes for op in self.operators), np.zeros(()))
+
+    def op(self, name: str) -> OperatorCost:
+        for op in self.operators:
+            if op.name == name:
+                return op
+        known = ", ".join(o.name for o in self.operators)
+        raise KeyError(f"no operator {name!r}; known: {known}")
+
+    def at(self, index: int) -> RooflineBreakdown:
+        """The scalar breakdown of entry ``index`` of a vectorised one."""
+        return RooflineBreakdown(tuple(op.at(index) for op in self.operators), self.meta)
+
+    def seconds(self) -> dict[str, float]:
+        """Operator name → seconds (scalar breakdowns only), plus the branch totals."""
+        out = {op.name: float(op.time_s) for op in self.operators}
+        out["branch.compute"] = float(self.compute_s)
+        out["branch.memory"] = float(self.memory_s)
+        out["branch.launch"] = self.launch_s
+        return out
+
+    def to_records(self) -> list[dict[str, float | str]]:
+        """One JSON-ready row per operator (scalar breakdowns only)."""
+        return [
+            {
+                "op": op.name,
+                "time_s": float(op.time_s),
+                "compute_s": float(op.compute_s),
+                "memory_s": float(op.memory_s),
+                "launch_s": op.launch_s,
+                "flops": float(op.flops),
+                "bytes": float(op.bytes),
+                "weight_bytes": float(op.weight_bytes),
+                "kv_bytes": float(op.kv_bytes),
+                "act_bytes": float(op.act_bytes),
+                "bound": "compute" if float(op.compute_s) >= float(op.memory_s) else "memory",
+            }
+            for op in self.operators
+        ]
+
+
+def experts_touched(tokens: ArrayLike, experts: int, per_token: int, form: ExpertTouch) -> Array:
+    """Expected distinct experts U(s) that ``tokens`` tokens route to in one layer.
+
+    ``saturating`` (the paper's): U = min(E, K·s), which saturates at s = E/K;
+    ``uniform``: the expectation under independent uniform top-K routing, E·(1 − (1 − K/E)^s).
+    """
+    s = np.asarray(tokens, dtype=np.float64)
+    if form == "saturating":
+        return np.minimum(float(experts), per_token * s)
+    if form == "uniform":
+        return experts * (1.0 - (1.0 - per_token / experts) ** s)
+    raise ConfigError(f"expert_touch {form!r}; accepted: 'saturating', 'uniform'")
+
+
+# (name, flops, weight elements, kv elements, activation elements, kernels) for one layer or pass
+_Raw = tuple[str, Array, Array, Array, Array, int]
+
+
+def _pad(tokens: Array, tile: int) -> Array:
+    return np.ceil(tokens / tile) * tile if tile > 0 else tokens
+
+
+def _gemm(name: str, t: Array, tp: Array, k_in: int, n_out: int, kernels: int = 1) -> _Raw:
+    """y[T, n_out] = x[T, k_in] · W[k_in, n_out]: 2·T·k·n FLOPs; reads W and x, writes y."""
+    zero = np.zeros(())
+    return (
+        name,
+        2.0 * tp * k_in * n_out,
+        np.asarray(float(k_in * n_out)),
+        zero,
+        t * (k_in + n_out),
+        kernels,
+    )
+
+
+def _layer_ops(m: ModelSpec, shape: PassShape, opt: RooflineOptions, masked: bool) -> list[_Raw]:
+    t = shape.tokens
+    tp = _pad(t, opt.tile_tokens)
+    h, hq, hkv = m.hidden, m.h_q, m.h_kv
+    zero = np.zeros(())
+    ops: list[_Raw] = [("input_norm", 4.0 * t * h, np.asarray(float(h)), zero, 2.0 * t * h, 1)]
+    if opt.fused_qkv:
+        ops.append(_gemm("qkv_proj", t, tp, h, hq + 2 * hkv))
+    else:
+        ops += [
+            _gemm("q_proj", t, tp, h, hq),
+            _gemm("k_proj", t, tp, h, hkv),
+            _gemm("v_proj", t, tp, h, hkv),
+        ]
+    if m.qk_norm:
+        ops.append(
+            (
+                "qk_norm",
+                4.0 * t * (hq + hkv),
+                np.asarray(2.0 * m.head_dim),
+                zero,
+                2.0 * t * (hq + hkv),
+                2,
+            )
+        )
+    ops.append(("rope", 3.0 * t * (hq + hkv), zero, zero, 2.0 * t * (hq + hkv), 1))
+    ops.append(("kv_cache_write", zero, zero, 2.0 * t * hkv, 2.0 * t * hkv, 1))
+    # scores: Q·Kᵀ over s_i × (c_i + s_i) pairs per head (2·d FLOPs each) + softmax (~5 per score)
+    n_q = m.q_heads
+    mask = shape.mask_elems if masked else zero
+    score_flops = (2.0 * hq + 5.0 * n_q) * shape.attn_pairs
+    ops.append(("attn_scores", score_flops, zero, shape.kv_tokens * hkv, t * hq + mask, 1))
+    ops.append(
+        ("attn_values", 2.0 * hq * shape.attn_pairs, zero, shape.kv_tokens * hkv, t * hq, 0)
+    )  # kernel shared with the scores
+    ops.append(_gemm("o_proj", t, tp, hq, h))
+    ops.append(("post_attn_norm", 4.0 * t * h, np.asarray(float(h)), zero, 2.0 * t * h, 1))
+    if m.is_moe:
+        e, k, f = m.experts, m.experts_per_token, m.expert_ffn
+        u = experts_touched(t, e, k, opt.expert_touch)
+        tk = t * k
+        ops.append(
+            (
+                "router",
+                2.0 * tp * h * e + 5.0 * t * e,
+                np.asarray(float(h * e)),
+                zero,
+                t * (h + 2 * e),
+                2,
+            )
+        )
+        ops.append(
+            ("experts_gate_up", 2.0 * tk * h * 2 * f, u * h * 2 * f, zero, tk * (h + 2 * f), 1)
+        )
+        ops.append(("experts_act", 5.0 * tk * f, zero, zero, 3.0 * tk * f, 1))
+        ops.append(("experts_down", 2.0 * tk * f * h, u * f * h, zero, tk * (f + 2 * h), 1))
+    else:
+        f = m.ffn
+        if opt.fused_gate_up:
+            ops.append(_gemm("gate_up_proj", t, tp, h, 2 * f))
+        else:
+            ops += [_gemm("gate_proj", t, tp, h, f), _gemm("up_proj", t, tp, h, f)]
+        ops.append(("act", 5.0 * t * f, zero, zero, 3.0 * t * f, 1))  # SiLU(gate)·up, fused
+        ops.append(_gemm("down_proj", t, tp, f, h))
+    ops.append(("residual_add", 2.0 * t * h, zero, zero, 6.0 * t * h, 2))
+    return ops
+
+
+def _price(
+    raws: list[tuple[_Raw, int]], hw: HardwareProfile, opt: RooflineOptions
+) -> tuple[OperatorCost, ...]:
+    peak = hw.peak_flops(opt.dtype) * hw.compute_efficiency
+    bandwidth = hw.memory_bandwidth * hw.memory_efficiency
+    bw_, ba_ = opt.bytes_per_param, opt.bytes_per_act
+    out = []
+    for (name, flops, w, kv, act, kernels), times in raws:
+        f = flops * times
+        wb, kb, ab = w * bw_ * times, kv * ba_ * times, act * ba_ * times
+        out.append(
+            OperatorCost(
+                name=name,
+                flops=f,
+                weight_bytes=wb,
+                kv_bytes=kb,
+                act_bytes=ab,
+                kernels=kernels * times,
+                compute_s=f / peak,
+                memory_s=(wb + kb + ab) / bandwidth,
+                launch_s=kernels * times * hw.launch_overhead_s,
+            )
+        )
+    return tuple(out)
+
+
+def _check_layers(model: ModelSpec) -> None:
+    if model.layers < 1:
+        raise ConfigError(f"model {model.name!r} has no layers")
+
+
+def verify_pass(
+    model: ModelSpec,
+    hw: HardwareProfile,
+    requests: Iterable[tuple[ArrayLike, ArrayLike]],
+    options: RooflineOptions | None = None,
+    masked: bool = True,
+) -> RooflineBreakdown:
+    """Roofline of one target pass over ``requests`` = ``[(s_i, c_i), …]`` (arrays allowed).
+
+    Every request's s_i tokens produce logits (tree verification needs all of them).
+    ``masked``: the pass reads a 4-D tree mask (every tree verification, even of the root alone,
+    so that the cost stays convex in s); a plain autoregressive step does not.
+    """
+    opt = options or RooflineOptions()
+    _check_layers(model)
+    shape = PassShape.of(requests, masked=masked)
+    t = shape.tokens
+    tp = _pad(t, opt.tile_tokens)
+    zero = np.zeros(())
+    h, v = model.hidden, model.vocab
+    if opt.full_embedding_table:
+        embed: _Raw = ("embedding", zero, np.asarray(float(v * h)), zero, t * h, 1)
+    else:  # gathered rows only: T·h elements read, T·h written
+        embed = ("embedding", zero, zero, zero, 2.0 * t * h, 1)
+    raws: list[tuple[_Raw, int]] = [(embed, 1)]
+    raws += [(op, model.layers) for op in _layer_ops(model, shape, opt, masked=masked)]
+    raws.append((("final_norm", 4.0 * t * h, np.asarray(float(h)), zero, 2.0 * t * h, 1), 1))
+    raws.append((_gemm("lm_head", t, tp, h, v), 1))
+    return RooflineBreakdown(_price(raws, hw, opt), meta={"layers": float(model.layers)})
+
+
+def ar_step(
+    model: ModelSpec,
+    hw: HardwareProfile,
+    context: ArrayLike,
+    options: RooflineOptions | None = None,
+) -> RooflineBreakdown:
+    """L_AR: one target-only autoregressive step (s = 1) over ``context`` cached tokens."""
+    return verify_pass(model, hw, [(1, context)], options, masked=False)
+
+
+def drafter_pass(
+    drafter: DrafterSpec,
+    hw: HardwareProfile,
+    contexts: Iterable[ArrayLike],
+    options: RooflineOptions | None = None,
+    new_context_tokens: int | None = None,
+) -> RooflineBreakdown:
+    """One DFlash draft for each request of a batch (``contexts`` = their cached lengths).
+
+    Per request: ``fc`` projects the newly committed tokens' tapped features (``taps·h → h``,
+    default: a full block of new tokens, an upper bound) and each layer appends their K/V to the
+    drafter cache; then the block of ``block_size`` tokens runs through the drafter's layers,
+    attending (non-causally, no mask) to the cached context and to the block; the target's LM head
+    produces logits for the ``block_size − 1`` masked slots. Embedding: gathered rows only.
+    """
+    opt = options or RooflineOptions()
+    m = drafter.model
+    _check_layers(m)
+    b = drafter.block_size
+    new = b if new_context_tokens is None else new_context_tokens
+    ctx = list(contexts)
+    n_req = float(len(ctx))
+    shape = PassShape.of(((b, c) for c in ctx), masked=False)
+    t = shape.tokens
+    zero = np.zeros(())
+    h, v = m.hidden, m.vocab
+    new_t = np.asarray(n_req * new)
+    fc_in = drafter.taps * h
+    raws: list[tuple[_Raw, int]] = [
+        (("embedding", zero, zero, zero, 2.0 * t * h, 1), 1),
+        (_gemm("ctx_fc", new_t, new_t, fc_in, h), 1),
+        (("ctx_norm", 4.0 * new_t * h, np.asarray(float(h)), zero, 2.0 * new_t * h, 1), 1),
+        # K/V of the new context tokens; weights are those of k_proj/v_proj, counted there
+        (
+            ("ctx_kv_proj", 2.0 * new_t * h * 2 * m.h_kv, zero, 2.0 * new_t * m.h_kv, new_t * h, 2),
+            m.layers,
+        ),
+    ]
+    raws += [(op, m.layers) for op in _layer_ops(m, shape, opt, masked=False)]
+    logit_rows = np.asarray(n_req * (b - 1))
+    raws.append((("final_norm", 4.0 * t * h, np.asarray(float(h)), zero, 2.0 * t * h, 1), 1))
+    raws.append((_gemm("lm_head", logit_rows, logit_rows, h, v), 1))
+    return RooflineBreakdown(_price(raws, hw, opt), meta={"layers": float(m.layers)})
+
+
+def weight_bytes(
+    model: ModelSpec, hw: HardwareProfile, tokens: int = 1, options: RooflineOptions | None = None
+) -> float:
+    """Bytes of weights one pass of ``tokens`` tokens reads (s = 1: a decode step)."""
+    return float(verify_pass(model, hw, [(tokens, 0)], options).weight_bytes)

@@ -1,0 +1,169 @@
+"""Synthetic workloads: drafter marginals and the target's tokens, with tunable alignment.
+
+A synthetic request is a stream of speculative steps. At each step the drafter proposes a row of
+top-K marginals q_k for each of ``depth`` future positions, and the target's token at each of
+those positions is drawn *relative to the drafter's row*:
+
+    P(target token = the drafter's rank-r candidate at position k) = λ · q_k[r],
+    P(target token is outside the drafter's top-K)                 = 1 − λ · Σ_r q_k[r].
+
+λ (``alignment``) is the miscalibration knob: λ = 1 is a perfectly calibrated drafter (the
+self-verification model of Prop. 3.2, where Â is exact), λ < 1 an over-confident one. The
+drafter's rows are shaped by the top-1 confidence at position 1 (``top1``), its decay per
+position (``decay``), how the remaining mass spreads over the runners-up (``concentration``, a
+Dirichlet parameter: small = peaky, large = flat, i.e. the entropy knob), and a per-request
+difficulty (a normal shift of the top-1 log-odds with standard deviation ``difficulty_sd``).
+
+Temperature: at T > 0 the target samples, so it agrees less with any fixed proposal; the model
+multiplies λ by ``exp(−temperature_penalty · T)``. Otherwise T = 0 and T > 0 are treated alike:
+each step draws the target's tokens afresh relative to that step's rows, which is exactly the
+acceptance law of sample-and-match verification under this model. (Exact replay of a fixed
+target sequence is what traces are for; see sim.trace_replay.)
+
+The presets ``math``, ``code`` and ``chat`` are set so that the DFlash chain (block 16) reaches
+the acceptance lengths the paper and DFlash report on Qwen3-8B — chain τ ≈ 6.5 on math, ≈ 5.5
+on code, ≈ 3.5 on chat — see docs/simulator.md for how they were tuned and what they give.
+
+What this module does not do: time anything (sim.gpu) or run policies (the engine does).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.errors import ConfigError, UnknownNameError
+from bastion.tree import DraftMarginals
+
+__all__ = ["PRESETS", "SyntheticRequest", "Workload", "get_workload"]
+
+# Token ids: the drafter's candidates are drawn from [0, VOCAB); a target token outside the
+# drafter's row is given an id from [VOCAB, 2·VOCAB) so it can never match a tree node.
+VOCAB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Parameters of a synthetic drafter–target pair on one kind of task."""
+
+    name: str
+    top1: float  # drafter's mean top-1 probability at position 1
+    decay: float  # multiplicative decay of top-1 confidence per position
+    concentration: float  # Dirichlet parameter of the runner-up mass (entropy knob)
+    alignment: float  # λ: target agreement per unit of drafter probability
+    difficulty_sd: float = 0.5  # per-request spread of the top-1 log-odds
+    temperature_penalty: float = 0.08  # λ_T = λ · exp(−penalty · T)
+    tail_alpha: float = 2.0  # Dirichlet weight of the mass outside the top-K
+    output_len: int = 512  # tokens generated per request
+    prompt_len: int = 256  # context before the first step
+    depth: int = 15  # drafted positions per step (block size 16 → 15)
+    k: int = 16  # candidates kept per position
+    extra: dict[str, float] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        checks = {
+            "top1": 0 < self.top1 < 1,
+            "decay": 0 < self.decay <= 1,
+            "concentration": self.concentration > 0,
+            "alignment": 0 < self.alignment <= 1,
+            "difficulty_sd": self.difficulty_sd >= 0,
+            "temperature_penalty": self.temperature_penalty >= 0,
+            "tail_alpha": self.tail_alpha > 0,
+            "output_len": self.output_len >= 1,
+            "prompt_len": self.prompt_len >= 1,
+            "depth": self.depth >= 1,
+            "k": self.k >= 1,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            values = ", ".join(f"{b}={getattr(self, b)!r}" for b in bad)
+            raise ConfigError(f"workload {self.name!r} has out-of-range parameters: {values}")
+
+    def with_(self, **changes: object) -> Workload:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+PRESETS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("math", top1=0.93, decay=0.985, concentration=0.4, alignment=0.97),
+        Workload("code", top1=0.91, decay=0.98, concentration=0.5, alignment=0.96),
+        Workload("chat", top1=0.80, decay=0.97, concentration=0.8, alignment=0.93),
+    )
+}
+
+
+def get_workload(name: str) -> Workload:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UnknownNameError(
+            f"unknown workload {name!r}; known: {', '.join(sorted(PRESETS))} (or a trace path)"
+        ) from None
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+class SyntheticRequest:
+    """One request's drafter and target, drawn from a seeded generator.
+
+    ``draft()`` returns the marginals at the current root and, hidden from the policy, the
+    target's tokens at those positions; ``commit(n)`` advances the root by n tokens.
+    """
+
+    def __init__(
+        self, workload: Workload, rng: np.random.Generator, temperature: float = 0.0
+    ) -> None:
+        if temperature < 0 or not math.isfinite(temperature):
+            raise ConfigError(f"temperature must be a finite number ≥ 0; got {temperature}")
+        self.workload = workload
+        self.rng = rng
+        self.temperature = temperature
+        self.alignment = workload.alignment * math.exp(-workload.temperature_penalty * temperature)
+        self.shift = rng.normal(0.0, workload.difficulty_sd) if workload.difficulty_sd else 0.0
+        self.position = workload.prompt_len  # sequence index of the current root
+        self._pending: npt.NDArray[np.int64] | None = None  # target tokens for the open step
+
+    def _top1(self) -> npt.NDArray[np.float64]:
+        w = self.workload
+        base = np.array([w.top1 * w.decay**k for k in range(w.depth)])
+        logits = np.log(base / (1.0 - base)) + self.shift
+        return 1.0 / (1.0 + np.exp(-logits))
+
+    def draft(self) -> tuple[DraftMarginals, npt.NDArray[np.int64]]:
+        """The drafter's marginals at the current root, and the target's tokens there."""
+        w, rng = self.workload, self.rng
+        top1 = self._top1()
+        # runner-up mass: Dirichlet over K−1 candidates plus the outside-top-K bucket
+        alpha = np.full(w.k, w.concentration)
+        alpha[-1] = w.tail_alpha
+        spread = rng.dirichlet(alpha, size=w.depth)  # [depth, K]; last column = outside mass
+        rest = (1.0 - top1)[:, None] * spread[:, :-1]
+        probs = np.concatenate((top1[:, None], rest), axis=1)
+        probs = -np.sort(-probs, axis=1)
+        ids = np.stack([rng.choice(VOCAB, size=w.k, replace=False) for _ in range(w.depth)])
+        # the target's token at each position: rank r with prob λ·q[r], else outside the row
+        p_match = self.alignment * probs
+        cdf = np.cumsum(p_match, axis=1)
+        u = rng.random((w.depth, 1))
+        rank = (u > cdf).sum(axis=1)  # K means "outside"
+        outside = VOCAB + rng.integers(0, VOCAB, size=w.depth)
+        inside = ids[np.arange(w.depth), np.minimum(rank, w.k - 1)]
+        target = np.where(rank < w.k, inside, outside).astype(np.int64)
+        self._pending = target
+        return DraftMarginals(ids, probs), target
+
+    def bonus_after(self, accepted: int, target: npt.NDArray[np.int64]) -> int:
+        """The target's token after ``accepted`` matched positions (a fresh one past the row)."""
+        if accepted < target.size:
+            return int(target[accepted])
+        return int(VOCAB + self.rng.integers(0, VOCAB))
+
+    def commit(self, n: int) -> None:
+        self.position += n
+        self._pending = None
