@@ -40,6 +40,7 @@ __all__ = [
     "RooflineBreakdown",
     "RooflineOptions",
     "ar_step",
+    "price_pass",
     "drafter_pass",
     "experts_touched",
     "verify_pass",
@@ -106,6 +107,27 @@ class PassShape:
         if not any_request:
             raise ConfigError("a pass needs at least one request")
         return cls(tokens=tokens, attn_pairs=pairs, kv_tokens=kv, mask_elems=mask)
+
+    @classmethod
+    def of_batch(cls, tokens: ArrayLike, contexts: ArrayLike, masked: bool = True) -> PassShape:
+        """The same aggregates from two equal-length 1-D arrays, summed in one numpy pass.
+
+        For pricing one batched pass of many requests quickly (the simulator does this once per
+        serving step); ``of`` is the general form that also accepts per-request arrays.
+        """
+        s = np.asarray(tokens, dtype=np.float64)
+        c = np.asarray(contexts, dtype=np.float64)
+        if s.ndim != 1 or s.shape != c.shape or s.size == 0:
+            raise ConfigError("of_batch needs two equal-length, non-empty 1-D arrays")
+        if np.any(s < 1) or np.any(c < 0):
+            raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
+        pairs = float(np.dot(s, c + s))
+        return cls(
+            tokens=np.asarray(float(s.sum())),
+            attn_pairs=np.asarray(pairs),
+            kv_tokens=np.asarray(float((c + s).sum())),
+            mask_elems=np.asarray(pairs if masked else 0.0),
+        )
 
 
 @dataclass(frozen=True)
@@ -370,9 +392,19 @@ def verify_pass(
     ``masked``: the pass reads a 4-D tree mask (every tree verification, even of the root alone,
     so that the cost stays convex in s); a plain autoregressive step does not.
     """
+    return price_pass(model, hw, PassShape.of(requests, masked=masked), options, masked)
+
+
+def price_pass(
+    model: ModelSpec,
+    hw: HardwareProfile,
+    shape: PassShape,
+    options: RooflineOptions | None = None,
+    masked: bool = True,
+) -> RooflineBreakdown:
+    """Roofline of one target pass with the aggregate ``shape`` (see :func:`verify_pass`)."""
     opt = options or RooflineOptions()
     _check_layers(model)
-    shape = PassShape.of(requests, masked=masked)
     t = shape.tokens
     tp = _pad(t, opt.tile_tokens)
     zero = np.zeros(())
