@@ -278,7 +278,8 @@ _SPECS = "ar, chain[:D], fixed:N, beam:WxD, eagle:K,D,N, bastion[:N_MAX]"
 
 
 def make_policy(spec: str) -> TreePolicy:
-    """Parse a spec: ``ar``, ``chain``, ``fixed:64``, ``beam:4x15``, ``eagle:10,7,60``, ``bastion``."""
+    """Parse a spec: ``ar``, ``chain``, ``fixed:64``, ``beam:4x15``, ``eagle:10,7,60``, ``bastion``
+    (``ar``: the root alone)."""
     name, _, arg = spec.strip().partition(":")
     try:
         if name == "ar" and not arg:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from bastion.errors import BastionError
 
 # Modules that contribute sub-commands, in help order.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("bastion.cli.generate_cmd",)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -57,7 +57,7 @@ def default_target_layer_ids(num_draft_layers: int, num_target_layers: int) -> l
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
     step = (end - start) / (num_draft_layers - 1)
-    return [int(math.floor(start + i * step + 0.5)) for i in range(num_draft_layers)]
+    return [math.floor(start + i * step + 0.5) for i in range(num_draft_layers)]
 
 
 @dataclass(frozen=True)
