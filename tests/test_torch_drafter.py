@@ -154,7 +154,7 @@ def test_missing_and_corrupt_checkpoint_files(drafter, target, tmp_path) -> None
     with pytest.raises(CheckpointError, match="safetensors"):
         read_checkpoint(tmp_path / "d")
     (tmp_path / "d" / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="lacks model.safetensors"):
+    with pytest.raises(CheckpointError, match=r"lacks model\.safetensors"):
         read_checkpoint(tmp_path / "d")
     drafter.save_pretrained(tmp_path / "e")
     (tmp_path / "e" / "config.json").write_text("{not json")
@@ -164,7 +164,7 @@ def test_missing_and_corrupt_checkpoint_files(drafter, target, tmp_path) -> None
     state = safetensors_torch.load_file(str(tmp_path / "f" / "model.safetensors"))
     del state["fc.weight"]
     safetensors_torch.save_file(state, str(tmp_path / "f" / "model.safetensors"))
-    with pytest.raises(CheckpointError, match="fc.weight"):
+    with pytest.raises(CheckpointError, match=r"fc\.weight"):
         read_checkpoint(tmp_path / "f")
 
 
@@ -185,5 +185,5 @@ def test_uncroppable_cache_and_long_prompt_and_missing_cuda(target) -> None:
     if not torch.cuda.is_available():
         with pytest.raises(BackendError, match="CUDA"):
             resolve_device("cuda")
-    with pytest.raises(CheckpointError, match="config.json"):
+    with pytest.raises(CheckpointError, match=r"config\.json"):
         load_target("/nonexistent/target")

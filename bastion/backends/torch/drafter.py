@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -42,7 +43,7 @@ __all__ = ["DFlashDraftModel", "DFlashDrafter"]
 log = logging.getLogger(__name__)
 
 
-def _qwen3_config(cfg: DFlashConfig) -> object:
+def _qwen3_config(cfg: DFlashConfig) -> Any:
     """A transformers Qwen3Config for the rotary embedding and MLP (handles every RoPE type)."""
     from transformers import Qwen3Config
 
@@ -111,18 +112,20 @@ class _DraftAttention(nn.Module):
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(1, b, self.heads * self.head_dim))
+        return cast(
+            torch.Tensor, self.o_proj(out.transpose(1, 2).reshape(1, b, self.heads * self.head_dim))
+        )
 
 
 class _DraftLayer(nn.Module):
-    def __init__(self, cfg: DFlashConfig, qcfg: object) -> None:
+    def __init__(self, cfg: DFlashConfig, qcfg: Any) -> None:
         super().__init__()
         from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
 
         self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = _DraftAttention(cfg)
         self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.mlp = Qwen3MLP(qcfg)
+        self.mlp = Qwen3MLP(qcfg)  # type: ignore[no-untyped-call]  # transformers lacks hints
 
     def forward(
         self,
@@ -133,7 +136,7 @@ class _DraftLayer(nn.Module):
         ctx_v: torch.Tensor,
     ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return cast(torch.Tensor, h + self.mlp(self.post_attention_layernorm(h)))
 
 
 class DFlashDraftModel(nn.Module):
@@ -171,7 +174,7 @@ class DFlashDrafter:
     ``top_k`` candidates are kept per position (capped at the vocabulary size).
     """
 
-    def __init__(self, model: DFlashDraftModel, target: nn.Module, *, top_k: int = 16) -> None:
+    def __init__(self, model: DFlashDraftModel, target: Any, *, top_k: int = 16) -> None:
         cfg, tcfg = model.cfg, target.config
         n_target = int(tcfg.num_hidden_layers)
         checks = [
@@ -217,7 +220,7 @@ class DFlashDrafter:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike[str], target: nn.Module, *, top_k: int = 16
+        cls, path: str | os.PathLike[str], target: Any, *, top_k: int = 16
     ) -> DFlashDrafter:
         """Load a DFlash checkpoint directory (no remote code)."""
         cfg, state = read_checkpoint(path)
@@ -228,7 +231,7 @@ class DFlashDrafter:
     @classmethod
     def random_init(
         cls,
-        target: nn.Module,
+        target: Any,
         *,
         num_layers: int = 1,
         block_size: int = 16,
@@ -295,7 +298,7 @@ class DFlashDrafter:
         ctx = self.model.hidden_norm(self.model.fc(feedback.features.to(self.device)[None]))
         positions = torch.arange(feedback.start, feedback.start + m, device=self.device)
         cos, sin = self.model.cos_sin(ctx, positions)
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(cast(list[_DraftLayer], self.model.layers)):
             k, v = layer.self_attn.key_values(ctx, cos, sin)
             if i < len(ctx_state.kv):
                 old_k, old_v = ctx_state.kv[i]

@@ -90,10 +90,14 @@ def check_croppable(cache: Any) -> None:
             )
 
 
-def _cache_kwarg(model: torch.nn.Module) -> str:
+def _cache_kwarg(model: Any) -> str:
     """transformers 5.x calls the cache argument ``cache``; 4.x calls it ``past_key_values``."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+# A transformers PreTrainedModel: its config attributes are dynamic, so it is typed as Any.
+HFModel = Any
 
 
 class TorchVerifier:
@@ -105,7 +109,7 @@ class TorchVerifier:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: HFModel,
         *,
         tap_layer_ids: Sequence[int] = (),
         sampling: SamplingParams | None = None,
