@@ -8,8 +8,10 @@ says what was wrong and what is accepted. The subclasses also derive from the ma
 from __future__ import annotations
 
 __all__ = [
+    "BackendError",
     "BastionError",
     "BudgetError",
+    "CheckpointError",
     "ConfigError",
     "CostModelError",
     "MarginalsError",
@@ -42,3 +44,11 @@ class UnknownNameError(BastionError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message; show it as written
         return str(self.args[0]) if self.args else ""
+
+
+class CheckpointError(BastionError, ValueError):
+    """A model checkpoint directory with missing, corrupt or mis-named files."""
+
+
+class BackendError(BastionError, RuntimeError):
+    """A model backend that cannot do what was asked (absent device, uncroppable KV cache…)."""

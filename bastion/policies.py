@@ -3,6 +3,7 @@
 Every policy satisfies :class:`bastion.interfaces.TreePolicy` and returns prefix-closed trees in
 an order where parents precede children.
 
+- ``ar``               the root alone (N = 1): target-only autoregressive decoding, the baseline.
 - ``chain``            the single top-1 path (DFlash's greedy block).
 - ``beam(w, d)``       beam search: the w best extensions per depth, a w×d rectangle (§4.3).
 - ``fixed(N)``         best-first at a fixed size N (Bastion-Fixed, DDTree).
@@ -30,6 +31,7 @@ from bastion.tree import DraftMarginals, DraftTree, best_first_tree
 
 __all__ = [
     "AdaptivePolicy",
+    "AutoregressivePolicy",
     "BeamPolicy",
     "ChainPolicy",
     "EaglePolicy",
@@ -99,6 +101,19 @@ def _sorted_by_key(
         [-1, *ranks[final].tolist()],
         [1.0, *scores[final].tolist()],
     )
+
+
+@dataclass(frozen=True)
+class AutoregressivePolicy:
+    """The root alone (N = 1): the target verifies only the bonus token and emits one token per
+    step. Target-only autoregressive decoding through the same engine loop (the baseline)."""
+
+    @property
+    def name(self) -> str:
+        return "ar"
+
+    def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
+        return TreeChoice(DraftTree([-1], [-1], [0], [1.0], [-1]))
 
 
 @dataclass(frozen=True)
@@ -259,13 +274,16 @@ class AdaptivePolicy:
         return TreeChoice(tree, diag)
 
 
-_SPECS = "chain[:D], fixed:N, beam:WxD, eagle:K,D,N, bastion[:N_MAX]"
+_SPECS = "ar, chain[:D], fixed:N, beam:WxD, eagle:K,D,N, bastion[:N_MAX]"
 
 
 def make_policy(spec: str) -> TreePolicy:
-    """Parse a spec: ``chain``, ``fixed:64``, ``beam:4x15``, ``eagle:10,7,60``, ``bastion``."""
+    """Parse a spec: ``ar``, ``chain``, ``fixed:64``, ``beam:4x15``, ``eagle:10,7,60``, ``bastion``
+    (``ar``: the root alone)."""
     name, _, arg = spec.strip().partition(":")
     try:
+        if name == "ar" and not arg:
+            return AutoregressivePolicy()
         if name == "chain":
             return ChainPolicy(int(arg) if arg else None)
         if name == "fixed":

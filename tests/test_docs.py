@@ -1,4 +1,8 @@
-"""The Python examples in README.md and docs/*.md run as written."""
+"""The Python examples in README.md and docs/*.md run as written.
+
+A block fenced as ```` ```python notest ```` is illustrative (it needs a checkpoint or a GPU)
+and is skipped; every plain ```` ```python ```` block must run.
+"""
 
 from __future__ import annotations
 

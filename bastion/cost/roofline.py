@@ -40,9 +40,9 @@ __all__ = [
     "RooflineBreakdown",
     "RooflineOptions",
     "ar_step",
-    "price_pass",
     "drafter_pass",
     "experts_touched",
+    "price_pass",
     "verify_pass",
     "weight_bytes",
 ]

@@ -1,0 +1,342 @@
+"""The DFlash block-diffusion drafter, written from shared/reference/dflash-format.md.
+
+One :meth:`DFlashDrafter.draft` call is one forward pass over a block of ``block_size`` slots:
+the bonus token followed by ``block_size − 1`` mask tokens, embedded with the *target's* input
+embedding table. Each draft layer is a Qwen3 decoder layer whose attention takes queries from the
+block only and keys/values from ``[ctx ; block]``, non-causally; ``ctx`` is
+``hidden_norm(fc(concat of the target's tapped hidden states))`` and enters every layer's k/v
+projections as it is (no input RMSNorm), ``k_norm`` applies to all keys, and context and block
+share one absolute RoPE position axis. The context K/V of every layer persist in the drafter's own
+per-request cache; the block's K/V are dropped after each draft. Slots 1 … block_size − 1 go
+through the final norm and the *target's* LM head; each row's full-vocabulary softmax gives the
+position-wise marginal, of which the top K become :class:`DraftMarginals`.
+
+What this module does not do: train, or implement "DFlash 2" (its left-to-right selector breaks
+the independent-marginals assumption). The file format lives in :mod:`.dflash_format`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from bastion.errors import BudgetError, ConfigError
+from bastion.interfaces import DraftContext
+from bastion.tree import DraftMarginals
+
+from .dflash_format import (
+    DFlashConfig,
+    default_target_layer_ids,
+    read_checkpoint,
+    write_checkpoint,
+)
+from .verifier import TargetFeedback
+
+__all__ = ["DFlashDraftModel", "DFlashDrafter"]
+
+log = logging.getLogger(__name__)
+
+
+def _qwen3_config(cfg: DFlashConfig) -> Any:
+    """A transformers Qwen3Config for the rotary embedding and MLP (handles every RoPE type)."""
+    from transformers import Qwen3Config
+
+    raw = {k: v for k, v in cfg.raw.items() if k not in ("auto_map", "architectures")}
+    raw.update(
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        hidden_act=cfg.hidden_act,
+        vocab_size=cfg.vocab_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+    )
+    return Qwen3Config(**raw)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [1, heads, T, head_dim] with cos/sin [1, T, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class _DraftAttention(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.heads, self.kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            hd,
+        )
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.heads * hd, bias=bias)
+        self.k_proj = nn.Linear(h, self.kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(h, self.kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(self.heads * hd, h, bias=bias)
+        self.q_norm = Qwen3RMSNorm(hd, eps=cfg.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(hd, eps=cfg.rms_norm_eps)
+
+    def key_values(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normed, rotated keys and values [1, kv_heads, T, head_dim] of x [1, T, hidden]."""
+        t = x.shape[1]
+        k = self.k_norm(self.k_proj(x).view(1, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return _rope(k, cos, sin), v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx_k: torch.Tensor,
+        ctx_v: torch.Tensor,
+    ) -> torch.Tensor:
+        b = x.shape[1]
+        q = self.q_norm(self.q_proj(x).view(1, b, self.heads, self.head_dim)).transpose(1, 2)
+        q = _rope(q, cos, sin)
+        k_b, v_b = self.key_values(x, cos, sin)
+        k, v = torch.cat((ctx_k, k_b), dim=2), torch.cat((ctx_v, v_b), dim=2)
+        rep = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5)
+        return cast(
+            torch.Tensor, self.o_proj(out.transpose(1, 2).reshape(1, b, self.heads * self.head_dim))
+        )
+
+
+class _DraftLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig, qcfg: Any) -> None:
+        super().__init__()
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
+
+        self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.self_attn = _DraftAttention(cfg)
+        self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.mlp = Qwen3MLP(qcfg)  # type: ignore[no-untyped-call]  # transformers lacks hints
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx_k: torch.Tensor,
+        ctx_v: torch.Tensor,
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v)
+        return cast(torch.Tensor, h + self.mlp(self.post_attention_layernorm(h)))
+
+
+class DFlashDraftModel(nn.Module):
+    """The drafter's own weights; ``state_dict()`` keys are the checkpoint format's."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
+
+        self.cfg = cfg
+        qcfg = _qwen3_config(cfg)
+        width = len(cfg.target_layer_ids) * cfg.hidden_size
+        self.fc = nn.Linear(width, cfg.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(_DraftLayer(cfg, qcfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.rotary = Qwen3RotaryEmbedding(qcfg)  # buffers only, not persistent
+
+    def cos_sin(
+        self, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.rotary(x, positions[None])
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+
+@dataclass
+class _Context:
+    length: int = 0  # context tokens whose K/V are cached
+    kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per layer
+
+
+class DFlashDrafter:
+    """A :class:`bastion.interfaces.Drafter` sharing the target's embedding and LM head.
+
+    ``top_k`` candidates are kept per position (capped at the vocabulary size).
+    """
+
+    def __init__(self, model: DFlashDraftModel, target: Any, *, top_k: int = 16) -> None:
+        cfg, tcfg = model.cfg, target.config
+        n_target = int(tcfg.num_hidden_layers)
+        checks = [
+            (cfg.vocab_size == int(tcfg.vocab_size), "vocab_size", cfg.vocab_size, tcfg.vocab_size),
+            (
+                cfg.hidden_size == int(tcfg.hidden_size),
+                "hidden_size",
+                cfg.hidden_size,
+                tcfg.hidden_size,
+            ),
+            (
+                cfg.num_target_layers == n_target,
+                "num_target_layers",
+                cfg.num_target_layers,
+                n_target,
+            ),
+        ]
+        for ok, name, mine, theirs in checks:
+            if not ok:
+                raise ConfigError(f"drafter {name} {mine} does not match the target's {theirs}")
+        bad = [j for j in cfg.target_layer_ids if not 0 <= j < n_target]
+        if bad:
+            raise ConfigError(
+                f"drafter target_layer_ids {bad} are out of range for a {n_target}-layer target"
+            )
+        self.embed = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+        if not 0 <= cfg.mask_token_id < self.embed.num_embeddings:
+            raise ConfigError(
+                f"mask_token_id {cfg.mask_token_id} is not a row of the target's embedding "
+                f"table (0 … {self.embed.num_embeddings - 1})"
+            )
+        if top_k < 1:
+            raise BudgetError(f"top_k must be ≥ 1; got {top_k}")
+        param = next(target.parameters())
+        self.model = model.to(device=param.device, dtype=param.dtype).eval()
+        self.cfg = cfg
+        self.top_k = min(int(top_k), cfg.vocab_size)
+        self.device = param.device
+        self._contexts: dict[int, _Context] = {}
+
+    # ---------------------------------------------------------------- construction
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike[str], target: Any, *, top_k: int = 16
+    ) -> DFlashDrafter:
+        """Load a DFlash checkpoint directory (no remote code)."""
+        cfg, state = read_checkpoint(path)
+        model = DFlashDraftModel(cfg)
+        model.load_state_dict(state, strict=True)
+        return cls(model, target, top_k=top_k)
+
+    @classmethod
+    def random_init(
+        cls,
+        target: Any,
+        *,
+        num_layers: int = 1,
+        block_size: int = 16,
+        target_layer_ids: tuple[int, ...] | None = None,
+        mask_token_id: int | None = None,
+        top_k: int = 16,
+        seed: int = 0,
+    ) -> DFlashDrafter:
+        """A randomly initialised drafter shaped for ``target`` (tests, smoke runs)."""
+        t = target.config
+        n_target = int(t.num_hidden_layers)
+        raw = {
+            k: getattr(t, k)
+            for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size")
+        }
+        raw.update(
+            head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+            intermediate_size=t.intermediate_size,
+            num_hidden_layers=num_layers,
+            block_size=block_size,
+            num_target_layers=n_target,
+            rms_norm_eps=float(getattr(t, "rms_norm_eps", 1e-6)),
+            max_position_embeddings=getattr(t, "max_position_embeddings", 4096),
+            dflash_config={
+                "mask_token_id": t.vocab_size - 1 if mask_token_id is None else mask_token_id,
+                "target_layer_ids": list(
+                    target_layer_ids or default_target_layer_ids(num_layers, n_target)
+                ),
+            },
+        )
+        cfg = DFlashConfig.from_dict(raw)
+        gen = torch.Generator().manual_seed(seed)
+        model = DFlashDraftModel(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight") or "layernorm" in name:
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+        return cls(model, target, top_k=top_k)
+
+    def save_pretrained(self, path: str | os.PathLike[str]) -> None:
+        """Write the checkpoint in the DFlash format (atomically)."""
+        write_checkpoint(path, self.cfg, dict(self.model.state_dict()))
+
+    # ---------------------------------------------------------------- drafting
+
+    def release(self, request_id: int) -> None:
+        self._contexts.pop(request_id, None)
+
+    def context_len(self, request_id: int) -> int:
+        return self._contexts.get(request_id, _Context()).length
+
+    @torch.no_grad()
+    def _append_context(self, ctx_state: _Context, feedback: TargetFeedback) -> None:
+        if feedback.start != ctx_state.length:
+            raise BudgetError(
+                f"drafter context holds {ctx_state.length} tokens but the target's features "
+                f"start at position {feedback.start}; the drafter and target are out of step"
+            )
+        m = int(feedback.features.shape[0])
+        if m == 0:
+            return
+        ctx = self.model.hidden_norm(self.model.fc(feedback.features.to(self.device)[None]))
+        positions = torch.arange(feedback.start, feedback.start + m, device=self.device)
+        cos, sin = self.model.cos_sin(ctx, positions)
+        for i, layer in enumerate(cast(list[_DraftLayer], self.model.layers)):
+            k, v = layer.self_attn.key_values(ctx, cos, sin)
+            if i < len(ctx_state.kv):
+                old_k, old_v = ctx_state.kv[i]
+                ctx_state.kv[i] = (torch.cat((old_k, k), dim=2), torch.cat((old_v, v), dim=2))
+            else:
+                ctx_state.kv.append((k, v))
+        ctx_state.length += m
+
+    @torch.no_grad()
+    def block_probs(self, request_id: int, bonus_token: int, feedback: object) -> torch.Tensor:
+        """Full-vocabulary marginals [block_size − 1, V] (float32) for the positions after the
+        bonus token, after appending ``feedback`` to the request's context."""
+        state = self._contexts.setdefault(request_id, _Context())
+        if feedback is not None:
+            if not isinstance(feedback, TargetFeedback):
+                raise BudgetError(f"DFlash drafter needs TargetFeedback; got {type(feedback)}")
+            self._append_context(state, feedback)
+        if state.length == 0:
+            raise BudgetError(
+                "the DFlash drafter has no context yet; pass the prefill's TargetFeedback first"
+            )
+        b = self.cfg.block_size
+        tokens = torch.full((1, b), self.cfg.mask_token_id, dtype=torch.long, device=self.device)
+        tokens[0, 0] = bonus_token
+        h = self.embed(tokens) * self.cfg.input_embedding_scale
+        positions = torch.arange(state.length, state.length + b, device=self.device)
+        cos, sin = self.model.cos_sin(h, positions)
+        for layer, (ctx_k, ctx_v) in zip(self.model.layers, state.kv, strict=True):
+            h = layer(h, cos, sin, ctx_k, ctx_v)
+        logits = self.lm_head(self.model.norm(h[0, 1:])).float() * self.cfg.output_multiplier
+        cap = self.cfg.final_logit_softcapping
+        if cap:
+            logits = cap * torch.tanh(logits / cap)
+        return torch.softmax(logits, dim=-1)
+
+    def draft(self, context: DraftContext) -> DraftMarginals:
+        probs = self.block_probs(context.request_id, context.bonus_token, context.feedback)
+        top = torch.topk(probs, self.top_k, dim=-1)
+        return DraftMarginals(
+            top.indices.cpu().numpy(), top.values.double().clamp_(0.0, 1.0).cpu().numpy()
+        )
