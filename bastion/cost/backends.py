@@ -13,6 +13,7 @@ What this module does not do: fit anything (see :mod:`bastion.cost.calibration`)
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import numpy as np
@@ -37,11 +38,18 @@ def register_backend(name: str, factory: BackendFactory, *, replace: bool = Fals
     _REGISTRY[name] = factory
 
 
+# Backends that live in optional parts of the project register themselves when their module is
+# imported; a lookup by name imports the module first, so importing this module stays cheap.
+_PLUGINS: dict[str, str] = {"sim": "sim.gpu"}
+
+
 def known_backends() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(set(_REGISTRY) | set(_PLUGINS))
 
 
 def get_backend(name: str) -> BackendFactory:
+    if name not in _REGISTRY and name in _PLUGINS:
+        importlib.import_module(_PLUGINS[name])
     if name not in _REGISTRY:
         raise UnknownNameError(f"unknown backend {name!r}; known: {', '.join(known_backends())}")
     return _REGISTRY[name]

@@ -35,6 +35,7 @@ from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.errors import ConfigError
 
 __all__ = [
+    "LinearPricer",
     "OperatorCost",
     "PassShape",
     "RooflineBreakdown",
@@ -280,9 +281,18 @@ def _gemm(name: str, t: Array, tp: Array, k_in: int, n_out: int, kernels: int = 
     )
 
 
-def _layer_ops(m: ModelSpec, shape: PassShape, opt: RooflineOptions, masked: bool) -> list[_Raw]:
+def _layer_ops(
+    m: ModelSpec,
+    shape: PassShape,
+    opt: RooflineOptions,
+    masked: bool,
+    tp: Array | None = None,
+    u: Array | None = None,
+) -> list[_Raw]:
+    """Per-layer raw terms. ``tp`` (padded tokens) and ``u`` (experts touched) default to their
+    values at ``shape.tokens``; :class:`LinearPricer` passes them as independent features."""
     t = shape.tokens
-    tp = _pad(t, opt.tile_tokens)
+    tp = _pad(t, opt.tile_tokens) if tp is None else tp
     h, hq, hkv = m.hidden, m.h_q, m.h_kv
     zero = np.zeros(())
     ops: list[_Raw] = [("input_norm", 4.0 * t * h, np.asarray(float(h)), zero, 2.0 * t * h, 1)]
@@ -319,7 +329,7 @@ def _layer_ops(m: ModelSpec, shape: PassShape, opt: RooflineOptions, masked: boo
     ops.append(("post_attn_norm", 4.0 * t * h, np.asarray(float(h)), zero, 2.0 * t * h, 1))
     if m.is_moe:
         e, k, f = m.experts, m.experts_per_token, m.expert_ffn
-        u = experts_touched(t, e, k, opt.expert_touch)
+        u = experts_touched(t, e, k, opt.expert_touch) if u is None else u
         tk = t * k
         ops.append(
             (
@@ -405,8 +415,21 @@ def price_pass(
     """Roofline of one target pass with the aggregate ``shape`` (see :func:`verify_pass`)."""
     opt = options or RooflineOptions()
     _check_layers(model)
+    raws = _pass_raws(model, shape, opt, masked)
+    return RooflineBreakdown(_price(raws, hw, opt), meta={"layers": float(model.layers)})
+
+
+def _pass_raws(
+    model: ModelSpec,
+    shape: PassShape,
+    opt: RooflineOptions,
+    masked: bool,
+    tp: Array | None = None,
+    u: Array | None = None,
+) -> list[tuple[_Raw, int]]:
+    """Raw terms of a whole target pass: embedding, the layers, final norm, LM head."""
     t = shape.tokens
-    tp = _pad(t, opt.tile_tokens)
+    tp = _pad(t, opt.tile_tokens) if tp is None else tp
     zero = np.zeros(())
     h, v = model.hidden, model.vocab
     if opt.full_embedding_table:
@@ -414,10 +437,88 @@ def price_pass(
     else:  # gathered rows only: T·h elements read, T·h written
         embed = ("embedding", zero, zero, zero, 2.0 * t * h, 1)
     raws: list[tuple[_Raw, int]] = [(embed, 1)]
-    raws += [(op, model.layers) for op in _layer_ops(model, shape, opt, masked=masked)]
+    layer = _layer_ops(model, shape, opt, masked=masked, tp=tp, u=u)
+    raws += [(op, model.layers) for op in layer]
     raws.append((("final_norm", 4.0 * t * h, np.asarray(float(h)), zero, 2.0 * t * h, 1), 1))
     raws.append((_gemm("lm_head", t, tp, h, v), 1))
-    return RooflineBreakdown(_price(raws, hw, opt), meta={"layers": float(model.layers)})
+    return raws
+
+
+# Features of a pass that every raw term is linear in: T, padded T, attention pairs, KV tokens,
+# mask elements, experts touched (MoE).
+_N_FEATURES = 6
+
+
+class LinearPricer:
+    """The roofline of :func:`price_pass` as matrices: identical numbers, a few numpy calls.
+
+    Every FLOP and byte count of a target pass is an affine function of six features of its
+    shape (T, padded T, attention pairs, KV tokens, mask elements, experts touched), so the
+    per-operator counts are read off once, by evaluating the raw terms at the zero point and the
+    six unit points, and a pass is then priced as ``max(F·x / peak, B·x / bw) + launches`` per
+    operator. This is what makes cost curves and the simulator's truth cheap per step.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hw: HardwareProfile,
+        options: RooflineOptions | None = None,
+        masked: bool = True,
+    ) -> None:
+        self.model, self.hw = model, hw
+        self.options = opt = options or RooflineOptions()
+        self.masked = masked
+        _check_layers(model)
+        basis = np.vstack((np.zeros(_N_FEATURES), np.eye(_N_FEATURES)))  # [7, 6]
+        shape = PassShape(
+            tokens=basis[:, 0],
+            attn_pairs=basis[:, 2],
+            kv_tokens=basis[:, 3],
+            mask_elems=basis[:, 4],
+        )
+        raws = _pass_raws(model, shape, opt, masked, tp=basis[:, 1], u=basis[:, 5])
+        bw_, ba_ = opt.bytes_per_param, opt.bytes_per_act
+        flops, nbytes, kernels = [], [], []
+        for (_, f, w, kv, act, k), times in raws:
+            flops.append(np.broadcast_to(f * times, (basis.shape[0],)))
+            nbytes.append(np.broadcast_to((w * bw_ + (kv + act) * ba_) * times, (basis.shape[0],)))
+            kernels.append(k * times)
+        f_mat, b_mat = np.array(flops), np.array(nbytes)  # [ops, 7]
+        self.names = tuple(r[0][0] for r in raws)
+        self._f0, self._f = f_mat[:, 0], (f_mat[:, 1:] - f_mat[:, :1]).T  # [ops], [6, ops]
+        self._b0, self._b = b_mat[:, 0], (b_mat[:, 1:] - b_mat[:, :1]).T
+        self._peak = hw.peak_flops(opt.dtype) * hw.compute_efficiency
+        self._bw = hw.memory_bandwidth * hw.memory_efficiency
+        self.launch_s = np.array(kernels, dtype=np.float64) * hw.launch_overhead_s  # [ops]
+
+    def features(self, shape: PassShape) -> Array:
+        """[..., 6] features of ``shape`` (whose fields may be arrays over N)."""
+        t = np.asarray(shape.tokens, dtype=np.float64)
+        m = self.model
+        u = (
+            experts_touched(t, m.experts, m.experts_per_token, self.options.expert_touch)
+            if m.is_moe
+            else np.zeros_like(t)
+        )
+        mask = shape.mask_elems if self.masked else np.zeros_like(t)
+        cols = np.broadcast_arrays(
+            t, _pad(t, self.options.tile_tokens), shape.attn_pairs, shape.kv_tokens, mask, u
+        )
+        return np.stack(cols, axis=-1)
+
+    def branches(self, shape: PassShape) -> tuple[Array, Array]:
+        """Per-operator (compute seconds, memory seconds), each [..., ops]."""
+        x = self.features(shape)
+        return (self._f0 + x @ self._f) / self._peak, (self._b0 + x @ self._b) / self._bw
+
+    def total_s(self, shape: PassShape, op_scale: Array | None = None) -> Array:
+        """Σ_op max(compute, memory) + launches; ``op_scale`` multiplies each operator's time."""
+        c, mem = self.branches(shape)
+        per_op = np.maximum(c, mem) + self.launch_s
+        if op_scale is not None:
+            per_op = per_op * op_scale
+        return np.asarray(per_op.sum(axis=-1))
 
 
 def ar_step(
