@@ -6,11 +6,20 @@ autoregressive step, the estimated speedup of a size-N tree is
 
     Ŝ(N) = Â(N) · L_AR / Ĉ(N).
 
+In a batched pass the quantity to maximise is the batch's committed tokens per second, so with
+A_o the other requests' expected tokens (``base_tokens``) the controller uses
+Ŝ(N) = (A_o + Â(N)) · L_AR / Ĉ(N) — the same unimodality argument holds, since adding a constant
+keeps the numerator concave. At batch 1, A_o = 0.
+
 If Â is concave and non-decreasing and Ĉ is convex and positive, Ŝ is unimodal and the first N
 with Ŝ(N + 1) < Ŝ(N) is its global maximiser (Prop. 3.4), so the controller can stop there.
 Cost curves that are not convex (MoE expert saturation, tile/wave steps) break that guarantee;
-for them the exhaustive mode takes the argmax over every N ≤ N_max, and ``mode="auto"`` picks
-first-decrease only when :func:`is_convex` accepts the curve.
+for them the exhaustive mode takes the argmax over every N ≤ N_max. ``mode="auto"`` (the
+default) computes the same argmax but stops early, as soon as a bound shows that no larger tree
+can win: since ΔÂ never grows, Â(N') ≤ Â(n) + (N' − n)·ρ(i_n), and Â ≤ depth + 1; with Ĉ
+non-decreasing (every roofline term grows with N), Ŝ(N') ≤ (A_o + that bound)·L_AR / Ĉ(n). It
+needs no convexity, and where Ĉ is convex it returns the first-decrease N.
+:func:`is_convex` tells whether a curve meets Prop. 3.4's premise on a range.
 
 The chain is grown in doubling chunks (build T_b, scan it, double b if Ŝ has not yet turned
 down) instead of one node at a time: the builder's output is nested, so the answer is the same
@@ -21,6 +30,7 @@ What this module does not do: price trees (that is the ``CostModel``) or verify 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +45,7 @@ from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 __all__ = [
     "BudgetDiagnostics",
     "ControllerMode",
+    "CurveSource",
     "choose_tree",
     "first_decrease",
     "is_convex",
@@ -42,6 +53,7 @@ __all__ = [
 ]
 
 ControllerMode = Literal["first-decrease", "exhaustive", "auto"]
+Rule = Literal["first-decrease", "exhaustive", "bounded"]
 _MODES = ("first-decrease", "exhaustive", "auto")
 
 
@@ -50,13 +62,13 @@ class BudgetDiagnostics:
     """Why the controller chose its N: the curves it scanned, up to where it stopped."""
 
     tree_size: int  # the chosen N
-    mode: Literal["first-decrease", "exhaustive"]  # the rule actually applied
+    mode: Rule  # the rule actually applied ("bounded" is auto's pruned exhaustive scan)
     a_hat: npt.NDArray[np.float64]  # Â(N), N = 1 … len
     c_hat: npt.NDArray[np.float64]  # Ĉ(N) in seconds
     s_hat: npt.NDArray[np.float64]  # Ŝ(N)
     ar_step_s: float  # L_AR
     exhausted: bool  # the lattice had no more nodes with ρ > 0
-    capped: bool  # N_max was reached without Ŝ turning down
+    capped: bool  # the chosen N is N_max itself
 
     @property
     def predicted_speedup(self) -> float:
@@ -117,46 +129,68 @@ def first_decrease(s_hat: npt.NDArray[np.float64]) -> int | None:
     return int(down[0]) + 1 if down.size else None
 
 
+CurveSource = Callable[[int], CostCurve]  # n → a curve pricing at least N = 1 … n
+
+
 def choose_tree(
     marginals: DraftMarginals,
-    curve: CostCurve,
+    curve: CostCurve | CurveSource,
     n_max: int,
     mode: ControllerMode = "auto",
     initial_budget: int = 64,
     root_token: int = -1,
+    base_tokens: float = 0.0,
 ) -> tuple[DraftTree, BudgetDiagnostics]:
     """Grow best-first trees and stop where the estimated speedup Ŝ(N) peaks.
 
-    ``curve`` must price N = 1 … n_max. Returns the chosen tree T_N and the diagnostics.
+    ``curve`` prices N = 1 … n_max, either as one ``CostCurve`` or as a callable asked for a
+    curve of at least n entries as the tree grows (so a controller that stops at N = 20 never
+    prices N = 1024). ``base_tokens`` is A_o, the expected tokens of the other requests in a
+    batched pass (0 at batch 1). Returns the chosen tree T_N and the diagnostics (whose
+    ``a_hat`` is this request's Â alone).
+
+    Modes: ``first-decrease`` (Prop. 3.4; optimal when Ĉ is convex), ``exhaustive`` (argmax of
+    Ŝ over every N ≤ n_max), ``auto`` (the same argmax, pruned: it stops once no larger tree can
+    beat the best found — exact whenever Ĉ is non-decreasing, with no convexity needed).
     """
+    if not np.isfinite(base_tokens) or base_tokens < 0:
+        raise BudgetError(f"base_tokens must be a finite number ≥ 0; got {base_tokens!r}")
     if isinstance(n_max, bool) or not isinstance(n_max, (int, np.integer)) or n_max < 1:
         raise BudgetError(f"n_max must be an integer ≥ 1; got {n_max!r}")
     if mode not in _MODES:
         raise BudgetError(f"unknown controller mode {mode!r}; known: {', '.join(_MODES)}")
     if initial_budget < 1:
         raise BudgetError(f"initial_budget must be ≥ 1; got {initial_budget}")
-    c_all = validate_cost_curve(curve, n_max)
-    rule: Literal["first-decrease", "exhaustive"] = (
-        mode if mode != "auto" else ("first-decrease" if is_convex(c_all) else "exhaustive")
-    )
+    source: CurveSource = curve if callable(curve) else (lambda _n: curve)  # type: ignore[assignment,return-value]
+    rule: Rule = "bounded" if mode == "auto" else mode
+    a_ceiling = marginals.depth + 1.0  # Â ≤ E[committed length] ≤ depth + 1
 
     budget = n_max if rule == "exhaustive" else min(initial_budget, n_max)
     while True:
+        cc = source(budget)
+        c_all = validate_cost_curve(cc, budget)
         arrays = best_first(marginals.probs, budget)
         n = arrays[3].size
         exhausted = n < budget
         a_hat = np.cumsum(arrays[3])
-        s_hat = speedup_curve(a_hat, c_all[:n], curve.ar_step_s)
-        if rule == "exhaustive":
+        s_hat = speedup_curve(base_tokens + a_hat, c_all[:n], cc.ar_step_s)
+        done = exhausted or budget >= n_max
+        if rule == "first-decrease":
+            stop = first_decrease(s_hat)
+            if stop is not None or done:
+                chosen = stop if stop is not None else n
+                break
+        else:
             chosen = int(np.argmax(s_hat)) + 1
-            break
-        stop = first_decrease(s_hat)
-        if stop is not None:
-            chosen = stop
-            break
-        if exhausted or budget >= n_max:
-            chosen = n
-            break
+            if done:
+                break
+            # No N' > n can beat Ŝ(chosen) if even the most optimistic Â(N') over Ĉ(n) cannot:
+            # Â(N') ≤ Â(n) + (N' − n)·ρ_n (gains never grow) and ≤ depth + 1; Ĉ(N') ≥ Ĉ(n).
+            monotone = bool(np.all(np.diff(c_all[:n]) >= 0.0))
+            a_cap = min(a_hat[-1] + (n_max - n) * arrays[3][-1], a_ceiling)
+            bound = (base_tokens + a_cap) * cc.ar_step_s / c_all[n - 1]
+            if monotone and bound <= s_hat[chosen - 1]:
+                break
         budget = min(2 * budget, n_max)
 
     diag = BudgetDiagnostics(
@@ -165,9 +199,9 @@ def choose_tree(
         a_hat=a_hat,
         c_hat=c_all[:n],
         s_hat=s_hat,
-        ar_step_s=float(curve.ar_step_s),
+        ar_step_s=float(cc.ar_step_s),
         exhausted=exhausted,
-        capped=(rule == "first-decrease" and chosen == n == n_max),
+        capped=(chosen == n == n_max),
     )
     tree = tree_from_arrays(tuple(a[:chosen] for a in arrays), marginals, root_token)  # type: ignore[arg-type]
     return tree, diag

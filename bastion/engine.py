@@ -103,6 +103,10 @@ class SpecEngine:
     verifier: Verifier
     cost_model: CostModel | None = None
     clock: Clock = wall_clock
+    observe_costs: bool = True  # feed each measured verify time to cost_model.observe
+
+    # With observe_costs=False the caller reports times itself (the simulator prices a whole
+    # batched pass once per serving step, after every request's tree is known).
 
     def step(
         self,
@@ -122,7 +126,7 @@ class SpecEngine:
         t2 = self.clock()
         result = self.verifier.verify(request_id, tree)
         t3 = self.clock()
-        if self.cost_model is not None:
+        if self.cost_model is not None and self.observe_costs:
             self.cost_model.observe(tree.size, load, t3 - t2)
         return StepRecord(tree, result, t1 - t0, t2 - t1, t3 - t2, choice.diagnostics)
 

@@ -52,6 +52,7 @@ class RequestLoad:
 
     tree_size: int  # tokens this request verifies (its tree, root included)
     context_len: int  # tokens already in its KV cache
+    expected_tokens: float = 0.0  # its Â: tokens it is expected to commit from this pass
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class StepLoad:
 
     ``co_batched`` lists the other requests verified in the same forward pass (empty at batch 1);
     a batched cost model prices the whole pass, so the marginal cost of this request's nodes
-    rises with the batch.
+    rises with the batch, and the controller weighs a larger tree against the whole batch's
+    expected tokens per pass (the others' ``expected_tokens``), not this request's alone.
     """
 
     context_len: int  # tokens in this request's KV cache before the tree
@@ -69,6 +71,11 @@ class StepLoad:
     @property
     def batch_size(self) -> int:
         return 1 + len(self.co_batched)
+
+    @property
+    def co_batched_tokens(self) -> float:
+        """Σ expected_tokens of the other requests in the pass."""
+        return float(sum(r.expected_tokens for r in self.co_batched))
 
 
 # --------------------------------------------------------------------------------------------

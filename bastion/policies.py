@@ -19,6 +19,7 @@ What this module does not do: price trees or draft; policies are pure functions 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,11 @@ __all__ = [
     "FixedPolicy",
     "make_policy",
 ]
+
+
+@functools.cache
+def _root_only() -> DraftTree:
+    return DraftTree([-1], [-1], [0], [1.0], [-1])
 
 
 def _positive_int(name: str, value: int) -> int:
@@ -113,7 +119,7 @@ class AutoregressivePolicy:
         return "ar"
 
     def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
-        return TreeChoice(DraftTree([-1], [-1], [0], [1.0], [-1]))
+        return TreeChoice(_root_only())
 
 
 @dataclass(frozen=True)
@@ -269,8 +275,15 @@ class AdaptivePolicy:
     def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
         if context.cost_model is None:
             raise BudgetError("the bastion policy needs a cost model in its PolicyContext")
-        curve = context.cost_model.cost_curve(self.n_max, context.load)
-        tree, diag = choose_tree(marginals, curve, self.n_max, self.mode, self.initial_budget)
+        cost_model, load = context.cost_model, context.load
+        tree, diag = choose_tree(
+            marginals,
+            lambda n: cost_model.cost_curve(n, load),
+            self.n_max,
+            self.mode,
+            self.initial_budget,
+            base_tokens=context.load.co_batched_tokens,
+        )
         return TreeChoice(tree, diag)
 
 

@@ -111,6 +111,17 @@ class DraftMarginals:
         object.__setattr__(self, "token_ids", _frozen(ids, np.int64))
         object.__setattr__(self, "probs", _frozen(p, np.float64))
 
+    @classmethod
+    def trusted(
+        cls, token_ids: npt.NDArray[np.int64], probs: npt.NDArray[np.float64]
+    ) -> DraftMarginals:
+        """Wrap arrays that are valid by construction, skipping validation (hot loops such as
+        the simulator's generators, whose output the tests validate separately)."""
+        self = object.__new__(cls)
+        object.__setattr__(self, "token_ids", token_ids)
+        object.__setattr__(self, "probs", probs)
+        return self
+
     @property
     def depth(self) -> int:
         return int(self.probs.shape[0])
@@ -211,23 +222,44 @@ class DraftTree:
     def max_depth(self) -> int:
         return int(self.depths.max())
 
+    @classmethod
+    def trusted(
+        cls,
+        parents: npt.NDArray[np.int64],
+        tokens: npt.NDArray[np.int64],
+        depths: npt.NDArray[np.int64],
+        scores: npt.NDArray[np.float64],
+        ranks: npt.NDArray[np.int64],
+    ) -> DraftTree:
+        """Wrap arrays that form a valid tree by construction, without copies or checks (the
+        builders' output; property tests check it). The arrays are marked read-only."""
+        self = object.__new__(cls)
+        for name, value in (
+            ("parents", parents),
+            ("tokens", tokens),
+            ("depths", depths),
+            ("scores", scores),
+            ("ranks", ranks),
+        ):
+            if value.flags.writeable and value.flags.owndata:
+                value.flags.writeable = False
+            object.__setattr__(self, name, value)
+        return self
+
     def prefix(self, n: int) -> DraftTree:
         """The first n nodes: for a best-first tree, the optimal tree T_n."""
         if not 1 <= n <= self.size:
             raise BudgetError(f"prefix size must be in [1, {self.size}]; got {n}")
-        return DraftTree(
-            self.parents[:n],
-            self.tokens[:n],
-            self.depths[:n],
-            self.scores[:n],
-            self.ranks[:n],
-            validate=False,
+        return DraftTree.trusted(
+            self.parents[:n], self.tokens[:n], self.depths[:n], self.scores[:n], self.ranks[:n]
         )
 
     def with_root_token(self, token: int) -> DraftTree:
+        if self.tokens[0] == token:
+            return self
         tokens = self.tokens.copy()
         tokens[0] = token
-        return DraftTree(self.parents, tokens, self.depths, self.scores, self.ranks, validate=False)
+        return DraftTree.trusted(self.parents, tokens, self.depths, self.scores, self.ranks)
 
     def children(self, node: int) -> npt.NDArray[np.int64]:
         return np.flatnonzero(self.parents == node)
@@ -264,7 +296,7 @@ def tree_from_arrays(
     tokens = np.empty_like(ranks)
     tokens[0] = root_token
     tokens[1:] = marginals.token_ids[depths[1:] - 1, ranks[1:]]
-    return DraftTree(parents, tokens, depths, scores, ranks, validate=False)
+    return DraftTree.trusted(parents, tokens, depths, scores, ranks)
 
 
 def best_first_tree(marginals: DraftMarginals, budget: int, root_token: int = -1) -> DraftTree:

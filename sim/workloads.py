@@ -110,60 +110,89 @@ def _logit(p: float) -> float:
 
 
 class SyntheticRequest:
-    """One request's drafter and target, drawn from a seeded generator.
+    """One request's drafter and target, drawn from a seeded generator (a ``SimRequest``).
 
-    ``draft()`` returns the marginals at the current root and, hidden from the policy, the
-    target's tokens at those positions; ``commit(n)`` advances the root by n tokens.
+    ``draft()`` returns the marginals at the current root and remembers, hidden from the policy,
+    the target's tokens at those positions; ``commit(n)`` advances the root by n tokens.
     """
 
     def __init__(
-        self, workload: Workload, rng: np.random.Generator, temperature: float = 0.0
+        self,
+        workload: Workload,
+        rng: np.random.Generator,
+        temperature: float = 0.0,
+        request_id: int = 0,
     ) -> None:
         if temperature < 0 or not math.isfinite(temperature):
             raise ConfigError(f"temperature must be a finite number ≥ 0; got {temperature}")
         self.workload = workload
         self.rng = rng
         self.temperature = temperature
+        self.request_id = request_id
         self.alignment = workload.alignment * math.exp(-workload.temperature_penalty * temperature)
         self.shift = rng.normal(0.0, workload.difficulty_sd) if workload.difficulty_sd else 0.0
-        self.position = workload.prompt_len  # sequence index of the current root
-        self._pending: npt.NDArray[np.int64] | None = None  # target tokens for the open step
+        self.context_len = workload.prompt_len  # KV-cache tokens before the current root
+        self.generated = 1  # the prefill pass produced the first token (the first root)
+        self.output_len = workload.output_len
+        self._top1 = self._top1_curve()
+        self._target = np.empty(0, dtype=np.int64)  # target tokens of the open step
+        self._fresh_bonus = VOCAB
+        self._block_probs = np.empty((0, workload.depth, workload.k))
+        self._block_next = 0
 
-    def _top1(self) -> npt.NDArray[np.float64]:
+    def _top1_curve(self) -> npt.NDArray[np.float64]:
         w = self.workload
         base = np.array([w.top1 * w.decay**k for k in range(w.depth)])
         logits = np.log(base / (1.0 - base)) + self.shift
         return 1.0 / (1.0 + np.exp(-logits))
 
-    def draft(self) -> tuple[DraftMarginals, npt.NDArray[np.int64]]:
-        """The drafter's marginals at the current root, and the target's tokens there."""
+    def _refill(self, steps: int = 32) -> None:
+        """Draw the next ``steps`` steps' marginals and target tokens in one vectorised pass."""
         w, rng = self.workload, self.rng
-        top1 = self._top1()
+        shape = (steps, w.depth, w.k)
         # runner-up mass: Dirichlet over K−1 candidates plus the outside-top-K bucket
         alpha = np.full(w.k, w.concentration)
         alpha[-1] = w.tail_alpha
-        spread = rng.dirichlet(alpha, size=w.depth)  # [depth, K]; last column = outside mass
-        rest = (1.0 - top1)[:, None] * spread[:, :-1]
-        probs = np.concatenate((top1[:, None], rest), axis=1)
-        probs = -np.sort(-probs, axis=1)
-        ids = np.stack([rng.choice(VOCAB, size=w.k, replace=False) for _ in range(w.depth)])
+        gammas = rng.standard_gamma(alpha, size=shape)  # Dirichlet rows, vectorised
+        spread = gammas / gammas.sum(axis=2, keepdims=True)  # last column = outside mass
+        probs = np.empty(shape)
+        probs[:, :, 0] = self._top1
+        probs[:, :, 1:] = (1.0 - self._top1)[None, :, None] * spread[:, :, :-1]
+        probs = -np.sort(-probs, axis=2)
+        # distinct ids per row: a random start and a random odd stride modulo 2^20
+        start = rng.integers(0, VOCAB, size=(steps, w.depth, 1))
+        stride = 2 * rng.integers(0, VOCAB // 2, size=(steps, w.depth, 1)) + 1
+        ids = (start + stride * np.arange(w.k)) % VOCAB
         # the target's token at each position: rank r with prob λ·q[r], else outside the row
-        p_match = self.alignment * probs
-        cdf = np.cumsum(p_match, axis=1)
-        u = rng.random((w.depth, 1))
-        rank = (u > cdf).sum(axis=1)  # K means "outside"
-        outside = VOCAB + rng.integers(0, VOCAB, size=w.depth)
-        inside = ids[np.arange(w.depth), np.minimum(rank, w.k - 1)]
-        target = np.where(rank < w.k, inside, outside).astype(np.int64)
-        self._pending = target
-        return DraftMarginals(ids, probs), target
+        cdf = np.cumsum(self.alignment * probs, axis=2)
+        rank = (rng.random((steps, w.depth, 1)) > cdf).sum(axis=2)  # K means "outside"
+        outside = VOCAB + rng.integers(0, VOCAB, size=(steps, w.depth))
+        inside = np.take_along_axis(ids, np.minimum(rank, w.k - 1)[:, :, None], axis=2)[:, :, 0]
+        self._block_ids = ids.astype(np.int64)
+        self._block_probs = probs
+        self._block_target = np.where(rank < w.k, inside, outside).astype(np.int64)
+        self._block_bonus = VOCAB + rng.integers(0, VOCAB, size=steps)
+        self._block_next = 0
 
-    def bonus_after(self, accepted: int, target: npt.NDArray[np.int64]) -> int:
+    def draft(self) -> DraftMarginals:
+        """The drafter's marginals at the current root (the target's tokens are kept)."""
+        if self._block_next >= self._block_probs.shape[0]:
+            self._refill()
+        i = self._block_next
+        self._block_next += 1
+        self._target = self._block_target[i]
+        self._fresh_bonus = int(self._block_bonus[i])
+        return DraftMarginals.trusted(self._block_ids[i], self._block_probs[i])
+
+    def target_tokens(self) -> npt.NDArray[np.int64]:
+        return self._target
+
+    def bonus(self, accepted: int) -> int:
         """The target's token after ``accepted`` matched positions (a fresh one past the row)."""
-        if accepted < target.size:
-            return int(target[accepted])
-        return int(VOCAB + self.rng.integers(0, VOCAB))
+        if accepted < self._target.size:
+            return int(self._target[accepted])
+        return self._fresh_bonus
 
     def commit(self, n: int) -> None:
-        self.position += n
-        self._pending = None
+        self.context_len += n
+        self.generated += n

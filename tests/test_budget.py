@@ -116,14 +116,14 @@ def test_non_convex_cost_fools_first_decrease_but_not_exhaustive() -> None:
     assert early.size == 4
     assert best.size > 4
     assert d_ex.predicted_speedup > d_fd.predicted_speedup * 1.5
-    assert d_auto.mode == "exhaustive" and auto.size == best.size
+    assert d_auto.mode == "bounded" and auto.size == best.size
 
 
 def test_diagnostics_report_the_curves() -> None:
     m = DraftMarginals(np.arange(30).reshape(15, 2), np.tile([0.9, 0.05], (15, 1)))
     n = np.arange(1, 257)
     curve = CostCurve(draft_s=1e-3, prep_s=1e-4, verify_s=8e-3 + 2e-5 * n, ar_step_s=8e-3)
-    tree, diag = choose_tree(m, curve, 256)
+    tree, diag = choose_tree(m, curve, 256, mode="first-decrease")
     assert diag.mode == "first-decrease" and diag.tree_size == tree.size
     np.testing.assert_allclose(diag.c_hat, curve.total_s()[: diag.c_hat.size])
     np.testing.assert_allclose(diag.a_hat[tree.size - 1], surrogate_acceptance(tree))
@@ -169,3 +169,63 @@ def test_bad_controller_arguments(kwargs: dict[str, object]) -> None:
     args: dict[str, object] = {"n_max": 3, **kwargs}
     with pytest.raises(BudgetError):
         choose_tree(m, curve_from(np.ones(3)), **args)  # type: ignore[arg-type]
+
+
+@st.composite
+def monotone_costs(draw: st.DrawFn, n_max: int) -> np.ndarray:
+    """Non-decreasing Ĉ(N), convex or not: random non-negative increments, some large steps."""
+    steps = np.array(draw(st.lists(st.floats(0.0, 0.05), min_size=n_max, max_size=n_max)))
+    jumps = draw(st.lists(st.integers(1, n_max), max_size=4))
+    steps[np.array(jumps, dtype=int) - 1] += draw(st.floats(0.0, 2.0))
+    return draw(st.floats(0.1, 2.0)) + np.cumsum(steps)
+
+
+@given(marginals(max_depth=12, max_k=6), st.data())
+def test_auto_is_the_exact_argmax_for_monotone_costs(
+    m: DraftMarginals, data: st.DataObject
+) -> None:
+    """auto prunes its scan with a bound but returns the exhaustive maximum of Ŝ."""
+    n_max = data.draw(st.integers(1, 300))
+    costs = data.draw(monotone_costs(n_max))
+    base = data.draw(st.floats(0.0, 50.0))
+    initial = data.draw(st.integers(1, 64))
+    auto, d_auto = choose_tree(m, curve_from(costs), n_max, "auto", initial, base_tokens=base)
+    _, d_ex = choose_tree(m, curve_from(costs), n_max, "exhaustive", base_tokens=base)
+    assert d_auto.s_hat[auto.size - 1] == pytest.approx(float(d_ex.s_hat.max()), rel=1e-12)
+
+
+@given(marginals(max_depth=10, max_k=6), st.data())
+def test_auto_agrees_with_first_decrease_on_convex_costs(
+    m: DraftMarginals, data: st.DataObject
+) -> None:
+    n_max = data.draw(st.integers(1, 200))
+    costs = data.draw(convex_costs(n_max))
+    a, d_a = choose_tree(m, curve_from(costs), n_max, "auto")
+    f, d_f = choose_tree(m, curve_from(costs), n_max, "first-decrease")
+    assert d_a.s_hat[a.size - 1] == pytest.approx(d_f.s_hat[f.size - 1], rel=1e-12)
+
+
+def test_lazy_curve_is_priced_only_as_far_as_needed() -> None:
+    """Given a callable, the controller asks for short curves when the peak comes early."""
+    m = DraftMarginals(np.arange(30).reshape(15, 2), np.tile([0.6, 0.3], (15, 1)))
+    asked: list[int] = []
+
+    def source(n: int) -> CostCurve:
+        asked.append(n)
+        return curve_from(1.0 + 0.05 * np.arange(1, n + 1))
+
+    tree, _ = choose_tree(m, source, 1024, "auto", initial_budget=16)
+    assert tree.size < 16 and max(asked) < 1024
+    full, _ = choose_tree(m, curve_from(1.0 + 0.05 * np.arange(1, 1025)), 1024, "exhaustive")
+    assert full.size == tree.size
+
+
+def test_pruning_relies_on_a_non_decreasing_cost() -> None:
+    """Negative control for auto's premise: a cost that drops after the scanned prefix hides a
+    better tree from the pruned scan, while the exhaustive scan finds it."""
+    m = DraftMarginals(np.arange(30).reshape(15, 2), np.tile([0.6, 0.3], (15, 1)))
+    n = np.arange(1, 257)
+    costs = np.where(n <= 40, 1.0 + 10.0 * n, 0.05)  # far cheaper beyond 40 nodes: not monotone
+    pruned, _ = choose_tree(m, curve_from(costs), 256, "auto", initial_budget=16)
+    full, _ = choose_tree(m, curve_from(costs), 256, "exhaustive")
+    assert full.size > 40 and pruned.size <= 32

@@ -152,3 +152,29 @@ def test_a_faster_device_never_costs_more(
     slow = float(verify_pass(m, hw, [(tokens, context)]).total_s)
     fast = float(verify_pass(m, quick, [(tokens, context)]).total_s)
     assert fast <= slow * (1 + 1e-12)
+
+
+@given(
+    st.sampled_from(["qwen3-8b", "qwen3-4b", "llama-3.1-8b", "qwen3-coder-30b-a3b"]),
+    st.sampled_from([0, 64, 128]),
+    st.sampled_from(["saturating", "uniform"]),
+    st.booleans(),
+    st.lists(st.tuples(st.integers(1, 2048), st.integers(0, 8192)), min_size=1, max_size=6),
+)
+def test_linear_pricer_equals_price_pass(
+    model: str, tile: int, touch: str, masked: bool, reqs: list[tuple[int, int]]
+) -> None:
+    """The matrix form of the roofline gives the per-operator numbers of price_pass."""
+    from bastion.cost.roofline import LinearPricer, PassShape, price_pass
+
+    spec = get_model(model)
+    hw = get_profile("a100-sxm-80gb")
+    opt = RooflineOptions(tile_tokens=tile, expert_touch=touch)  # type: ignore[arg-type]
+    shape = PassShape.of(reqs, masked=masked)
+    ref = price_pass(spec, hw, shape, opt, masked=masked)
+    pricer = LinearPricer(spec, hw, opt, masked=masked)
+    compute, memory = pricer.branches(shape)
+    np.testing.assert_allclose(pricer.total_s(shape), ref.total_s, rtol=1e-12)
+    np.testing.assert_allclose(compute, [op.compute_s for op in ref.operators], rtol=1e-12)
+    np.testing.assert_allclose(memory, [op.memory_s for op in ref.operators], rtol=1e-12)
+    assert pricer.names == tuple(op.name for op in ref.operators)

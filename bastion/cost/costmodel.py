@@ -29,7 +29,14 @@ import numpy.typing as npt
 from bastion.cost.calibration import CalibrationRecord, EmaCorrection, LinearCalibration
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
-from bastion.cost.roofline import RooflineBreakdown, RooflineOptions, drafter_pass, verify_pass
+from bastion.cost.roofline import (
+    LinearPricer,
+    PassShape,
+    RooflineBreakdown,
+    RooflineOptions,
+    drafter_pass,
+    verify_pass,
+)
 from bastion.errors import BudgetError, ConfigError, CostModelError
 from bastion.interfaces import CostCurve, StepCost, StepLoad
 
@@ -85,6 +92,7 @@ class RooflineCostModel:
             else None
         )
         self._cache: OrderedDict[_CacheKey, _Base] = OrderedDict()
+        self._pricers: dict[tuple[bool, bool], LinearPricer] = {}
         self._draft_cache: OrderedDict[tuple[int, ...], float] = OrderedDict()
         self._cache_size = cache_size
         if context_bucket < 1:
@@ -120,18 +128,51 @@ class RooflineCostModel:
         """The bare per-operator breakdown of the verification pass (arrays allowed)."""
         return verify_pass(self.model, self.hardware, self._requests(tree_size, load), self.options)
 
+    def _pricer(self, masked: bool, tiled: bool) -> LinearPricer:
+        key = (masked, tiled)
+        if key not in self._pricers:
+            opt = self._tiled if tiled and self._tiled is not None else self.options
+            self._pricers[key] = LinearPricer(self.model, self.hardware, opt, masked=masked)
+        return self._pricers[key]
+
+    def _shape(self, tokens: Array, load: StepLoad, masked: bool) -> PassShape:
+        """The pass's aggregate shape: this request's ``tokens`` (an array over N) plus the
+        co-batched requests, summed in one vectorised pass (same numbers as ``_requests``)."""
+        c = float(self.bucket(load.context_len))
+        s_o = p_o = kv_o = 0.0
+        if load.co_batched:
+            sizes = np.array([r.tree_size for r in load.co_batched], dtype=np.float64)
+            if np.any(sizes < 1):
+                raise BudgetError(f"a co-batched request needs tree_size ≥ 1, got {sizes.min()}")
+            ctx = np.array([r.context_len for r in load.co_batched], dtype=np.float64)
+            if np.any(ctx < 0):
+                raise BudgetError(f"context_len must be ≥ 0, got {ctx.min()}")
+            ctx = np.ceil(ctx / self.context_bucket) * self.context_bucket
+            s_o, p_o, kv_o = (
+                float(sizes.sum()),
+                float(sizes @ (ctx + sizes)),
+                float((ctx + sizes).sum()),
+            )
+        pairs = tokens * (c + tokens) + p_o
+        return PassShape(
+            tokens=tokens + s_o,
+            attn_pairs=pairs,
+            kv_tokens=c + tokens + kv_o,
+            mask_elems=pairs if masked else np.zeros_like(pairs),
+        )
+
     def _base(self, tokens: Array, load: StepLoad, masked: bool = True) -> tuple[Array, Array]:
         """(bare, calibrated-or-bare) verification seconds for ``tokens`` (uncorrected by γ)."""
-        reqs = self._requests(tokens, load)
-        bare = verify_pass(self.model, self.hardware, reqs, self.options, masked=masked)
-        bare_s = np.broadcast_to(bare.total_s, tokens.shape).astype(np.float64)
+        shape = self._shape(tokens, load, masked)
+        bare = self._pricer(masked, tiled=False)
+        compute, memory = bare.branches(shape)
+        bare_s = (np.maximum(compute, memory) + bare.launch_s).sum(axis=-1)
         if self.calibration is None:
             return bare_s, bare_s
-        rc = bare.compute_s
         if self._tiled is not None:
-            rc = verify_pass(self.model, self.hardware, reqs, self._tiled, masked=masked).compute_s
-        cal = np.broadcast_to(self.calibration.predict(rc, bare.memory_s), tokens.shape)
-        return bare_s, cal.astype(np.float64)
+            compute = self._pricer(masked, tiled=True).branches(shape)[0]
+        cal = self.calibration.predict(compute.sum(axis=-1), memory.sum(axis=-1))
+        return bare_s, np.asarray(cal, dtype=np.float64)
 
     def _correct(self, bare_s: Array, cal_s: Array) -> Array:
         if self.mode == "bare":
@@ -149,10 +190,14 @@ class RooflineCostModel:
         """T_draft: the drafter's pass over every request of the batch (0 without a drafter)."""
         if self.drafter is None:
             return 0.0
-        key = (
-            self.bucket(load.context_len),
-            *(self.bucket(r.context_len) for r in load.co_batched),
-        )
+        key = tuple(
+            sorted(
+                (
+                    self.bucket(load.context_len),
+                    *(self.bucket(r.context_len) for r in load.co_batched),
+                )
+            )
+        )  # one entry serves every request of a batch
         hit = self._draft_cache.get(key)
         if hit is None:
             hit = float(drafter_pass(self.drafter, self.hardware, key, self.options).total_s)

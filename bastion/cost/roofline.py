@@ -553,7 +553,7 @@ def drafter_pass(
     new = b if new_context_tokens is None else new_context_tokens
     ctx = list(contexts)
     n_req = float(len(ctx))
-    shape = PassShape.of(((b, c) for c in ctx), masked=False)
+    shape = PassShape.of_batch(np.full(len(ctx), float(b)), np.asarray(ctx, float), masked=False)
     t = shape.tokens
     zero = np.zeros(())
     h, v = m.hidden, m.vocab
