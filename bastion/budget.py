@@ -161,7 +161,7 @@ def choose_tree(
         raise BudgetError(f"unknown controller mode {mode!r}; known: {', '.join(_MODES)}")
     if initial_budget < 1:
         raise BudgetError(f"initial_budget must be ≥ 1; got {initial_budget}")
-    source: CurveSource = curve if callable(curve) else (lambda _n: curve)  # type: ignore[assignment,return-value]
+    source: CurveSource = curve if callable(curve) else (lambda _n: curve)
     rule: Rule = "bounded" if mode == "auto" else mode
     a_ceiling = marginals.depth + 1.0  # Â ≤ E[committed length] ≤ depth + 1
 

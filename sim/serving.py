@@ -20,7 +20,7 @@ simulated GPU does), or compare policies (see :mod:`sim.simulate`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,7 +136,7 @@ def serve(
         table[req.request_id] = req
         stats[req.request_id] = RequestStats(req.request_id, tokens=1, start_s=env.now)
 
-    def server():  # type: ignore[no-untyped-def]
+    def server() -> Generator[simpy.Event, object, None]:
         admitted = 0
         last_size: dict[int, int] = {}
         last_accept: dict[int, float] = {}  # each request's Â in its previous step
@@ -155,16 +155,13 @@ def serve(
                 accepts = [a if s else typical for a, s in zip(accepts, sizes, strict=True)]
                 sizes = [s or guess for s in sizes]
             records = []
+            loads = [RequestLoad(s, c, a) for s, c, a in zip(sizes, contexts, accepts, strict=True)]
             for j, rid in enumerate(ids):
-                others = tuple(
-                    RequestLoad(sizes[o], contexts[o], accepts[o])
-                    for o in range(len(ids))
-                    if o != j
-                )
-                load = StepLoad(contexts[j], others)
+                load = StepLoad(contexts[j], (*loads[:j], *loads[j + 1 :]))
                 rec = engine.step(rid, [0], None, load)
                 sizes[j] = rec.tree.size
                 accepts[j] = float(rec.tree.scores.sum())
+                loads[j] = RequestLoad(sizes[j], contexts[j], accepts[j])
                 records.append((rid, rec, load))
             with gpu_lock.request() as turn:
                 yield turn

@@ -26,6 +26,7 @@ from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.errors import ConfigError
 from bastion.policies import AdaptivePolicy, make_policy
+from sim.backend import SimRequest
 from sim.gpu import GroundTruth, SimulatedGPU
 from sim.serving import ServingResult, serve
 from sim.workloads import SyntheticRequest, get_workload
@@ -139,7 +140,7 @@ def calibrated_cost_model(
     return model, record
 
 
-def _request_factory(spec: SimSpec) -> Callable[[int], SyntheticRequest]:
+def _request_factory(spec: SimSpec) -> Callable[[int], SimRequest]:
     path = Path(spec.workload)
     if path.suffix == ".json" or path.is_dir():
         from sim.replay import replay_factory
@@ -149,7 +150,7 @@ def _request_factory(spec: SimSpec) -> Callable[[int], SyntheticRequest]:
     if spec.output_len is not None:
         workload = workload.with_(output_len=spec.output_len)
 
-    def make(index: int) -> SyntheticRequest:
+    def make(index: int) -> SimRequest:
         rng = np.random.default_rng([spec.seed, index])
         return SyntheticRequest(workload, rng, spec.temperature, request_id=index)
 

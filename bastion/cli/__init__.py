@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bastion.cli.hw_cmd",
     "bastion.cli.cost_cmd",
     "bastion.cli.generate_cmd",
+    "bastion.cli.sim_cmd",
 )
 
 

@@ -1,0 +1,152 @@
+"""``bastion simulate`` and ``bastion experiment``: the simulator from the command line.
+
+``bastion simulate`` with no arguments compares target-only AR, the DFlash chain, a fixed
+best-first tree and Bastion's adaptive controller on qwen3-8b × h100-sxm with the ``math``
+workload, and prints one row per policy (speedup over AR, τ, mean tree size, TPOT, throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from bastion.errors import ConfigError
+
+
+def _progress(enabled: bool):  # type: ignore[no-untyped-def]
+    """A one-line progress report on stderr (only when it is a terminal, or asked for)."""
+    if not enabled:
+        return None
+
+    def report(policy: str, done: int, total: int) -> None:
+        end = "\n" if done == total else ""
+        print(f"\r  {policy:<12} {done:>4}/{total} requests", end=end, file=sys.stderr, flush=True)
+
+    return report
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from sim.simulate import DEFAULT_POLICIES, SimSpec, simulate
+
+    policies = tuple(p for group in args.policy for p in group.split(",") if p)
+    spec = SimSpec(
+        model=args.model,
+        gpu=args.gpu,
+        workload=args.trace or args.workload,
+        policies=policies or DEFAULT_POLICIES,
+        temperature=args.temperature,
+        concurrency=args.concurrency,
+        requests=args.requests,
+        seed=args.seed,
+        output_len=args.output_len,
+        cost_mode=args.cost_mode,
+        n_max=args.n_max,
+    )
+    show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
+    result = simulate(spec, progress=_progress(show))
+    rows = [asdict(r) for r in result.rows]
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        from sim.results import write_csv_atomic, write_json_atomic
+
+        write_csv_atomic(out / "simulate.csv", rows)
+        write_json_atomic(out / "simulate.json", {"spec": spec.to_dict(), "rows": rows})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        f"{spec.model} on {spec.gpu}, workload {spec.workload}, T = {spec.temperature:g}, "
+        f"concurrency {spec.concurrency}, {spec.requests} requests, seed {spec.seed}"
+    )
+    print(
+        f"controller's cost model: {spec.cost_mode}, calibrated on the simulated GPU "
+        f"(RMSE {result.calibration_rmse_bare_s * 1e3:.2f} ms bare → "
+        f"{result.calibration_rmse_calibrated_s * 1e3:.2f} ms)"
+    )
+    print(f"{'policy':<12} {'speedup':>8} {'τ':>6} {'mean N':>7} {'TPOT ms':>8} {'tok/s':>8}")
+    for r in result.rows:
+        print(
+            f"{r.policy:<12} {r.speedup:>7.2f}× {r.tau:>6.2f} {r.mean_tree_size:>7.1f} "
+            f"{r.tpot_s * 1e3:>8.3f} {r.throughput_tok_s:>8.0f}"
+        )
+    print(
+        f"simulated {result.simulated_s:.1f} s in {result.wall_s:.1f} s wall "
+        f"({result.simulated_s / result.wall_s:.0f}× real time)"
+    )
+    return 0
+
+
+def run_experiment(args: argparse.Namespace) -> int:
+    from sim.experiments import EXPERIMENTS
+    from sim.experiments import run_experiment as run
+
+    if args.name not in EXPERIMENTS:
+        raise ConfigError(f"unknown experiment {args.name!r}; known: {', '.join(EXPERIMENTS)}")
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    report = run(
+        args.name,
+        Path(args.out),
+        executor=args.executor,
+        address=args.address,
+        workers=args.workers,
+        quick=args.quick,
+        progress=show,
+    )
+    print(report)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="compare decoding policies on a simulated GPU",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="qwen3-8b", help="bundled model name or config.json")
+    p.add_argument("--gpu", default="h100-sxm", help="hardware profile (see `bastion hw list`)")
+    p.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        help="policy spec(s), repeatable or comma-separated: chain, fixed:N, beam:WxD, "
+        "eagle:K,D,N, bastion (default: chain,fixed:64,bastion; AR always runs)",
+    )
+    p.add_argument("--workload", default="math", help="synthetic preset: math, code, chat")
+    p.add_argument("--trace", help="replay a recorded trace file or directory instead")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--concurrency", type=int, default=1, help="requests in flight (C)")
+    p.add_argument("--requests", type=int, default=8, help="requests per policy")
+    p.add_argument("--output-len", type=int, help="tokens per request (default: workload's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--cost-mode",
+        default="static",
+        choices=("bare", "static", "ema", "ema+calib"),
+        help="the controller's latency model",
+    )
+    p.add_argument("--n-max", type=int, default=1024, help="the controller's N_max")
+    p.add_argument("--out", help="also write simulate.csv and simulate.json to this directory")
+    p.add_argument("--json", action="store_true", help="print one JSON record per policy")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    p.set_defaults(func=run_simulate)
+
+    e = sub.add_parser(
+        "experiment",
+        help="run one of the paper's analyses in the simulator (CSV + PNG + table)",
+    )
+    e.add_argument(
+        "name",
+        help="budget-sweep, best-first-vs-beam, multi-batch, moe, latency-model",
+    )
+    e.add_argument("--out", default="out/experiments", help="results directory")
+    e.add_argument("--executor", default="process", choices=("process", "serial", "ray"))
+    e.add_argument("--address", help="Ray cluster address HOST:PORT (with --executor ray)")
+    e.add_argument("--workers", type=int, help="local worker processes (default: CPU count)")
+    e.add_argument("--quick", action="store_true", help="fewer requests and shorter outputs")
+    e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    e.set_defaults(func=run_experiment)
