@@ -31,13 +31,16 @@ from bastion.interfaces import (
     Verifier,
     VerifyResult,
 )
-from bastion.tree import DraftTree
+from bastion.tree import DraftMarginals, DraftTree
 
-__all__ = ["Clock", "GenerationResult", "SpecEngine", "StepRecord", "wall_clock"]
+__all__ = ["NO_DRAFT", "Clock", "GenerationResult", "SpecEngine", "StepRecord", "wall_clock"]
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]  # seconds; must include device synchronisation where needed
+
+# What a policy with ``uses_drafter = False`` (target-only AR) receives instead of a draft.
+NO_DRAFT = DraftMarginals([[0]], [[0.0]])
 
 
 def wall_clock() -> float:
@@ -117,9 +120,12 @@ class SpecEngine:
     ) -> StepRecord:
         """One cycle: draft from the committed tokens, choose a tree, verify it."""
         t0 = self.clock()
-        marginals = self.drafter.draft(
-            DraftContext(request_id, tuple(committed), int(committed[-1]), feedback)
-        )
+        if getattr(self.policy, "uses_drafter", True):
+            marginals = self.drafter.draft(
+                DraftContext(request_id, tuple(committed), int(committed[-1]), feedback)
+            )
+        else:  # target-only decoding: no draft pass at all
+            marginals = NO_DRAFT
         t1 = self.clock()
         choice: TreeChoice = self.policy.choose(marginals, PolicyContext(load, self.cost_model))
         tree = choice.tree.with_root_token(int(committed[-1]))

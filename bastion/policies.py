@@ -112,7 +112,10 @@ def _sorted_by_key(
 @dataclass(frozen=True)
 class AutoregressivePolicy:
     """The root alone (N = 1): the target verifies only the bonus token and emits one token per
-    step. Target-only autoregressive decoding through the same engine loop (the baseline)."""
+    step. Target-only autoregressive decoding through the same engine loop (the baseline);
+    the engine skips the drafter for it."""
+
+    uses_drafter = False
 
     @property
     def name(self) -> str:

@@ -228,7 +228,9 @@ def generate(
     if recorder is not None and record_trace is not None:
         position = len(prompt_ids)  # sequence index of the first step's root (the first token)
         steps = []
-        for rec, marg in zip(result.steps, recorder.marginals, strict=True):
+        # target-only AR never drafts (the engine skips the drafter): its trace has no steps
+        drafted = recorder.marginals if recorder.marginals else []
+        for rec, marg in zip(result.steps if drafted else [], drafted, strict=True):
             steps.append(TraceStep(position, marg, rec.tree.size, rec.committed_len))
             position += rec.committed_len
         meta = {
