@@ -167,8 +167,10 @@ def choose_tree(
 
     budget = n_max if rule == "exhaustive" else min(initial_budget, n_max)
     while True:
-        cc = source(budget)
-        c_all = validate_cost_curve(cc, budget)
+        # the bounded scan prices one chunk ahead, which tightens its stopping bound
+        ahead = min(2 * budget, n_max) if rule == "bounded" else budget
+        cc = source(ahead)
+        c_all = validate_cost_curve(cc, ahead)
         arrays = best_first(marginals.probs, budget)
         n = arrays[3].size
         exhausted = n < budget
@@ -184,12 +186,19 @@ def choose_tree(
             chosen = int(np.argmax(s_hat)) + 1
             if done:
                 break
-            # No N' > n can beat Ŝ(chosen) if even the most optimistic Â(N') over Ĉ(n) cannot:
-            # Â(N') ≤ Â(n) + (N' − n)·ρ_n (gains never grow) and ≤ depth + 1; Ĉ(N') ≥ Ĉ(n).
-            monotone = bool(np.all(np.diff(c_all[:n]) >= 0.0))
-            a_cap = min(a_hat[-1] + (n_max - n) * arrays[3][-1], a_ceiling)
-            bound = (base_tokens + a_cap) * cc.ar_step_s / c_all[n - 1]
-            if monotone and bound <= s_hat[chosen - 1]:
+            # No N' > n can beat Ŝ(chosen) if even the most optimistic Â(N') cannot:
+            # Â(N') ≤ Â(n) + (N' − n)·ρ_n (gains never grow) and ≤ depth + 1. Priced Ĉ is used
+            # up to the lookahead; beyond it, Ĉ(N') ≥ Ĉ(lookahead) (Ĉ non-decreasing).
+            if not bool(np.all(np.diff(c_all) >= 0.0)):
+                budget = min(2 * budget, n_max)
+                continue  # the premise fails on the priced range: keep scanning, no pruning
+            rho, a_n = arrays[3][-1], a_hat[-1]
+            near = np.arange(n + 1, ahead + 1)
+            a_near = np.minimum(a_n + (near - n) * rho, a_ceiling)
+            bound = float(np.max((base_tokens + a_near) / c_all[n:ahead], initial=0.0))
+            a_far = min(a_n + (n_max - n) * rho, a_ceiling)
+            bound = max(bound, (base_tokens + a_far) / c_all[ahead - 1]) * cc.ar_step_s
+            if bound <= s_hat[chosen - 1]:
                 break
         budget = min(2 * budget, n_max)
 
