@@ -21,9 +21,9 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="bundled model name or path to config.json")
-    p.add_argument("--gpu", required=True, help="hardware profile name or path to a .toml")
+def _common(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--model", required=required, help="bundled model name or config.json path")
+    p.add_argument("--gpu", required=required, help="hardware profile name or path to a .toml")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"])
     p.add_argument(
         "--expert-touch", default="saturating", choices=["saturating", "uniform"], help="MoE U(s)"
@@ -45,8 +45,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON record per token count")
     p.set_defaults(func=_cost)
 
-    p = subparsers.add_parser("calibrate", help="profile a backend over a grid and fit")
-    _common(p)
+    p = subparsers.add_parser(
+        "calibrate",
+        help="profile a backend over a grid and fit",
+        description="Either --model and --gpu with a --backend (sim, synthetic), or --target DIR "
+        "--device cpu|cuda to time real verification passes of a Hugging Face model (--gpu names "
+        "the GPU's profile; on a CPU this machine is probed once).",
+    )
+    _common(p, required=False)
+    p.add_argument("--target", help="Hugging Face model directory: calibrate on the real device")
+    p.add_argument("--device", default="cpu", help="with --target: cpu | cuda | cuda:N")
     p.add_argument("--backend", default="synthetic", help="verification backend to time")
     p.add_argument("--tokens", type=_int_list, help="token grid (default: the paper's 14)")
     p.add_argument("--contexts", type=_int_list, help="context grid (default: 64,256,1024)")
@@ -144,10 +152,27 @@ def _calibrate(args: argparse.Namespace) -> int:
     from bastion.cost.hardware import get_profile
     from bastion.cost.models import get_model
 
+    cache = CalibrationCache(args.cache_dir)
+    if args.target:
+        from bastion.backends.torch import load_target
+        from bastion.backends.torch.calibrate import calibrate_target
+
+        target = load_target(args.target, args.device)
+        record, _, _ = calibrate_target(
+            target,
+            gpu=args.gpu,
+            cache=cache,
+            refit=args.refit,
+            tokens=args.tokens or DEFAULT_TOKENS,
+            contexts=args.contexts or DEFAULT_CONTEXTS,
+            repeats=args.repeats,
+        )
+        return _print_record(args, cache, record)
+    if not args.model or not args.gpu:
+        raise ConfigError("calibrate needs --model and --gpu (or --target DIR for a real model)")
     hw = get_profile(args.gpu)
     model = get_model(args.model)
     verify = get_backend(args.backend)(model, hw, args.seed)
-    cache = CalibrationCache(args.cache_dir)
     record = calibrate_or_load(
         model,
         hw,
@@ -164,6 +189,10 @@ def _calibrate(args: argparse.Namespace) -> int:
         options=_options(args),
         tile_candidates=tuple(args.tiles) if args.tiles else (0, 64, 128),
     )
+    return _print_record(args, cache, record)
+
+
+def _print_record(args: argparse.Namespace, cache: Any, record: Any) -> int:
     path = cache.path_for(record.key)
     if args.json:
         print(json.dumps({"path": str(path), **record.to_dict()}, indent=2))

@@ -181,8 +181,18 @@ def generate(
     if eos_token_id == -1:
         eos_token_id = _default_eos(target)
     if isinstance(pol, AdaptivePolicy) and cost_model is None:
-        cost_model = fit_affine_cost_model(verify_timer(target), max(len(prompt_ids), 1))
-        log.info("adaptive policy: fitted %s", cost_model)
+        from .calibrate import cached_cost_model
+
+        cost_model = cached_cost_model(target)
+        if cost_model is not None:
+            log.info("adaptive policy: calibrated roofline from the cached record")
+        else:
+            cost_model = fit_affine_cost_model(verify_timer(target), max(len(prompt_ids), 1))
+            log.info(
+                "adaptive policy: no calibration record (run `bastion calibrate --target`); "
+                "fitted %s",
+                cost_model,
+            )
     used_drafter: Drafter = _NoDrafter() if is_ar or drafter is None else drafter
     recorder = _RecordingDrafter(used_drafter) if record_trace else None
     clock = device_clock(device)

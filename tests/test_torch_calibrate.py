@@ -1,0 +1,81 @@
+"""Calibration on the real device: `bastion calibrate --target DIR --device cpu`, and its use."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from bastion.backends.torch import DFlashDrafter, generate, load_target  # noqa: E402
+from bastion.backends.torch.calibrate import cached_cost_model  # noqa: E402
+from bastion.cli import main  # noqa: E402
+from bastion.cost.calibration import CACHE_DIR_ENV, CalibrationCache  # noqa: E402
+from tests.torch_models import tiny_target  # noqa: E402
+
+GRID = ["--tokens", "1,4,16,32", "--contexts", "8,32", "--repeats", "1"]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("calib")
+    target = tiny_target("qwen3")
+    target.save_pretrained(root / "target")
+    DFlashDrafter.random_init(target, num_layers=1, block_size=8).save_pretrained(root / "drafter")
+    return root / "target", root / "drafter"
+
+
+def test_calibrate_target_on_cpu_writes_and_reuses_a_record(
+    model_dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tdir, _ = model_dirs
+    argv = ["calibrate", "--target", str(tdir), "--device", "cpu", "--cache-dir", str(tmp_path)]
+    assert main([*argv, *GRID, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["backend"] == "torch-cpu" and len(record["points"]) == 8
+    assert record["rmse_calibrated_s"] <= record["rmse_bare_s"]
+    path = Path(record["path"])
+    stamp = path.stat().st_mtime_ns
+    assert main([*argv, *GRID]) == 0  # cached: no new sweep, the file is untouched
+    assert path.stat().st_mtime_ns == stamp
+    assert (tmp_path / "this-machine.toml").exists()  # the probed CPU profile is kept
+    model = cached_cost_model(load_target(tdir, "cpu"), cache=CalibrationCache(tmp_path))
+    assert model is not None and model.mode == "static"
+
+
+def test_generate_uses_the_cached_record(
+    model_dirs: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tdir, ddir = model_dirs
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
+    target = load_target(tdir, "cpu")
+    drafter = DFlashDrafter.from_pretrained(ddir, target)
+    with caplog.at_level(logging.INFO):
+        generate(target, drafter, "bastion", [1, 2, 3], max_new_tokens=4)
+    assert "no calibration record" in caplog.text
+    assert main(["calibrate", "--target", str(tdir), "--cache-dir", str(tmp_path), *GRID]) == 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        generate(target, drafter, "bastion", [1, 2, 3], max_new_tokens=4)
+    assert "calibrated roofline from the cached record" in caplog.text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_calibrate_on_absent_cuda_is_a_clear_error(
+    model_dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tdir, _ = model_dirs
+    argv = ["calibrate", "--target", str(tdir), "--device", "cuda", "--cache-dir", str(tmp_path)]
+    assert main(argv) == 2
+    assert "cuda" in capsys.readouterr().err.lower()
+
+
+def test_calibrate_needs_a_model_or_a_target(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "--gpu", "h100-sxm"]) == 2
+    assert "--target" in capsys.readouterr().err
