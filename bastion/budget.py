@@ -137,7 +137,7 @@ def choose_tree(
     curve: CostCurve | CurveSource,
     n_max: int,
     mode: ControllerMode = "auto",
-    initial_budget: int = 64,
+    initial_budget: int = 128,
     root_token: int = -1,
     base_tokens: float = 0.0,
 ) -> tuple[DraftTree, BudgetDiagnostics]:

@@ -265,7 +265,7 @@ class AdaptivePolicy:
 
     n_max: int = 1024
     mode: ControllerMode = "auto"
-    initial_budget: int = 64
+    initial_budget: int = 128
 
     def __post_init__(self) -> None:
         _positive_int("n_max", self.n_max)
