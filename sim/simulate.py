@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -195,11 +195,3 @@ def simulate(
         simulated_s=sum(r.elapsed_s for r in results),
         wall_s=time.perf_counter() - start,
     )
-
-
-def rows_as_dicts(result: SimulationResult) -> list[dict[str, Any]]:
-    return [asdict(r) for r in result.rows]
-
-
-def policy_names(specs: Sequence[str]) -> tuple[str, ...]:
-    return tuple(make_policy(s).name for s in specs)

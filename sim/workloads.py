@@ -30,7 +30,7 @@ What this module does not do: time anything (sim.gpu) or run policies (the engin
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -61,7 +61,6 @@ class Workload:
     prompt_len: int = 256  # context before the first step
     depth: int = 15  # drafted positions per step (block size 16 → 15)
     k: int = 16  # candidates kept per position
-    extra: dict[str, float] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         checks = {
