@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bastion.errors import ConfigError
+from bastion.errors import BastionError, ConfigError
 from bastion.tree import DraftMarginals
 
 __all__ = ["TRACE_FORMAT", "TRACE_VERSION", "Trace", "TraceStep", "read_trace", "write_trace"]
@@ -58,6 +58,9 @@ class Trace:
     output_ids: tuple[int, ...]
     steps: tuple[TraceStep, ...]
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # optional: the drafter's marginals at every root position (dense recording), for replaying
+    # policies other than the recorded one; keys are sequence indices of roots
+    dense: Mapping[int, DraftMarginals] = field(default_factory=dict)
 
 
 def _to_json(trace: Trace) -> dict[str, Any]:
@@ -76,6 +79,10 @@ def _to_json(trace: Trace) -> dict[str, Any]:
                 "committed": s.committed,
             }
             for s in trace.steps
+        ],
+        "dense": [
+            {"position": int(pos), "token_ids": m.token_ids.tolist(), "probs": m.probs.tolist()}
+            for pos, m in sorted(trace.dense.items())
         ],
     }
 
@@ -120,11 +127,18 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
             )
             for s in data["steps"]
         )
+        dense = {
+            int(d["position"]): DraftMarginals(d["token_ids"], d["probs"])
+            for d in data.get("dense") or []
+        }
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"{path}: malformed step ({exc})") from exc
+    except BastionError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
     return Trace(
         _ints(data.get("prompt_ids"), "prompt_ids"),
         _ints(data.get("output_ids"), "output_ids"),
         steps,
         dict(data.get("metadata") or {}),
+        dense,
     )

@@ -4,8 +4,9 @@ A trace (``bastion/trace.py``, docs/trace-format.md) holds the target's tokens a
 top-K marginals at the roots of recorded steps. At T = 0 the target's output is fixed, so at a
 root with recorded marginals any policy's acceptance follows exactly: walk its tree against the
 recorded continuation (DESIGN.md, decision 2). A policy whose steps start at positions the trace
-has no marginals for cannot be replayed exactly; that is an error naming the position (record
-the trace with marginals at every position to evaluate other policies).
+has no marginals for cannot be replayed exactly; that is an error naming the position. A *dense*
+trace (``bastion generate --record-trace PATH --dense-trace``) holds marginals at every position
+and replays any policy.
 
 Traces recorded at T > 0 replay the recorded sample path: exact for the recorded policy, an
 approximation for others.
@@ -39,7 +40,8 @@ class TraceRequest:
         self.context_len = len(trace.prompt_ids)  # the root is output_ids[0]
         self.generated = 1
         self.output_len = len(trace.output_ids)
-        self.marginals = {s.position: s.marginals for s in trace.steps}
+        # the run's own marginals at its roots win over the dense recording's at the same spot
+        self.marginals = {**trace.dense, **{s.position: s.marginals for s in trace.steps}}
         self._target = np.empty(0, dtype=np.int64)
 
     def draft(self) -> DraftMarginals:
@@ -71,11 +73,12 @@ def _check(trace: Trace, origin: str) -> None:
     """Consistency checks that a reader alone cannot make."""
     if not trace.output_ids:
         raise ConfigError(f"{origin}: the trace has no output tokens")
-    if not trace.steps and len(trace.output_ids) > 1:
+    if not trace.steps and not trace.dense and len(trace.output_ids) > 1:
         raise ConfigError(f"{origin}: the trace has output tokens but no recorded steps")
     n = len(trace.prompt_ids) + len(trace.output_ids)
     vocab = trace.metadata.get("vocab_size")
     shapes = {s.marginals.probs.shape for s in trace.steps}
+    shapes |= {m.probs.shape for m in trace.dense.values()}
     if len(shapes) > 1:
         raise ConfigError(f"{origin}: steps disagree on the marginals' shape: {sorted(shapes)}")
     last = -1
@@ -93,6 +96,11 @@ def _check(trace: Trace, origin: str) -> None:
                 f"{origin}: a drafter token id {int(s.marginals.token_ids.max())} is outside the "
                 f"vocabulary of {vocab} in its metadata"
             )
+    for pos, m in trace.dense.items():
+        if not len(trace.prompt_ids) <= pos < n:
+            raise ConfigError(f"{origin}: dense position {pos} is outside the output")
+        if vocab is not None and int(m.token_ids.max()) >= int(vocab):
+            raise ConfigError(f"{origin}: a drafter token id is outside the vocabulary of {vocab}")
     if vocab is not None and max(trace.output_ids) >= int(vocab):
         raise ConfigError(f"{origin}: an output token id is outside the vocabulary of {vocab}")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -187,3 +188,21 @@ def test_uncroppable_cache_and_long_prompt_and_missing_cuda(target) -> None:
             resolve_device("cuda")
     with pytest.raises(CheckpointError, match=r"config\.json"):
         load_target("/nonexistent/target")
+
+
+def test_dense_recording_matches_incremental_drafting() -> None:
+    """The batched block pass (training, dense traces) equals the cached decoding pass."""
+    from bastion.backends.torch.record import dense_marginals
+    from bastion.backends.torch.verifier import TorchVerifier
+
+    target = tiny_target("qwen3")
+    drafter = DFlashDrafter.random_init(target, num_layers=2, block_size=8, top_k=5)
+    verifier = TorchVerifier(target, tap_layer_ids=drafter.cfg.target_layer_ids)
+    prompt = [5, 9, 2, 7, 11, 3]
+    first, feedback = verifier.prefill(0, prompt)
+    incremental = drafter.block_probs(0, first, feedback)
+    top = torch.topk(incremental, 5, dim=-1)
+    dense = dense_marginals(target, drafter, [*prompt, first], len(prompt))
+    m = dense[len(prompt)]
+    np.testing.assert_array_equal(m.token_ids, top.indices.numpy())
+    np.testing.assert_allclose(m.probs, top.values.double().numpy(), rtol=1e-5, atol=1e-7)

@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bastion.cli.cost_cmd",
     "bastion.cli.generate_cmd",
     "bastion.cli.sim_cmd",
+    "bastion.cli.demo_cmd",
 )
 
 

@@ -43,6 +43,12 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--record-trace", metavar="PATH", help="write a bastion trace (JSON) here")
+    p.add_argument(
+        "--dense-trace",
+        action="store_true",
+        help="with --record-trace: also record the drafter's marginals at every position, so "
+        "the simulator can replay any policy",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -82,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         record_trace=args.record_trace,
         trace_metadata={"target": args.target, "drafter": args.drafter, "prompt_id": 0},
+        dense_trace=args.dense_trace,
     )
     if args.json:
         print(json.dumps(report.to_dict(with_trees=False)))

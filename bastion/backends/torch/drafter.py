@@ -62,7 +62,7 @@ def _qwen3_config(cfg: DFlashConfig) -> Any:
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [1, heads, T, head_dim] with cos/sin [1, T, head_dim]."""
+    """Rotary embedding of x [B, heads, T, head_dim] with cos/sin [B or 1, T, head_dim]."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None] + rotated * sin[:, None]
@@ -90,10 +90,10 @@ class _DraftAttention(nn.Module):
     def key_values(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Normed, rotated keys and values [1, kv_heads, T, head_dim] of x [1, T, hidden]."""
-        t = x.shape[1]
-        k = self.k_norm(self.k_proj(x).view(1, t, self.kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(1, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        """Normed, rotated keys and values [B, kv_heads, T, head_dim] of x [B, T, hidden]."""
+        n, t = x.shape[0], x.shape[1]
+        k = self.k_norm(self.k_proj(x).view(n, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
         return _rope(k, cos, sin), v
 
     def forward(
@@ -103,17 +103,24 @@ class _DraftAttention(nn.Module):
         sin: torch.Tensor,
         ctx_k: torch.Tensor,
         ctx_v: torch.Tensor,
+        ctx_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        b = x.shape[1]
-        q = self.q_norm(self.q_proj(x).view(1, b, self.heads, self.head_dim)).transpose(1, 2)
+        """Block queries x [B, b, hidden] over [ctx ; block] keys. ``ctx_mask`` [B, C] (bool)
+        hides context positions a block may not see (batched training and recording)."""
+        n, b = x.shape[0], x.shape[1]
+        q = self.q_norm(self.q_proj(x).view(n, b, self.heads, self.head_dim)).transpose(1, 2)
         q = _rope(q, cos, sin)
         k_b, v_b = self.key_values(x, cos, sin)
         k, v = torch.cat((ctx_k, k_b), dim=2), torch.cat((ctx_v, v_b), dim=2)
         rep = self.heads // self.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, scale=self.head_dim**-0.5)
+        mask = None
+        if ctx_mask is not None:  # [B, 1, 1, C + b]: the block always sees itself
+            block = torch.ones((n, b), dtype=torch.bool, device=x.device)
+            mask = torch.cat((ctx_mask, block), dim=1)[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
         return cast(
-            torch.Tensor, self.o_proj(out.transpose(1, 2).reshape(1, b, self.heads * self.head_dim))
+            torch.Tensor, self.o_proj(out.transpose(1, 2).reshape(n, b, self.heads * self.head_dim))
         )
 
 
@@ -134,8 +141,9 @@ class _DraftLayer(nn.Module):
         sin: torch.Tensor,
         ctx_k: torch.Tensor,
         ctx_v: torch.Tensor,
+        ctx_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v)
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, ctx_k, ctx_v, ctx_mask)
         return cast(torch.Tensor, h + self.mlp(self.post_attention_layernorm(h)))
 
 
@@ -158,8 +166,39 @@ class DFlashDraftModel(nn.Module):
     def cos_sin(
         self, x: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.rotary(x, positions[None])
+        """RoPE tables for ``positions`` [T] (shared) or [B, T] (one row per block)."""
+        cos, sin = self.rotary(x, positions if positions.dim() == 2 else positions[None])
         return cos.to(x.dtype), sin.to(x.dtype)
+
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """ctx = hidden_norm(fc(tapped target features)) for features [B, C, taps·hidden]."""
+        return cast(torch.Tensor, self.hidden_norm(self.fc(features)))
+
+    def block_hidden(
+        self,
+        ctx: torch.Tensor,
+        anchors: torch.Tensor,
+        seq: torch.Tensor,
+        block_embeds: torch.Tensor,
+    ) -> torch.Tensor:
+        """Final hidden states [A, block, hidden] of A blocks drafted from batched contexts.
+
+        ``ctx`` [B, C, hidden] holds each sequence's context features at positions 0 … C−1;
+        block a belongs to sequence ``seq[a]``, starts at position ``anchors[a]`` and sees only
+        the context before it. Training and dense trace recording use this; one request's
+        decoding uses the cached path of :class:`DFlashDrafter`.
+        """
+        b, c = block_embeds.shape[1], ctx.shape[1]
+        positions = torch.arange(c, device=ctx.device)
+        cos_c, sin_c = self.cos_sin(ctx, positions)
+        block_pos = anchors[:, None] + torch.arange(b, device=ctx.device)[None]
+        cos_b, sin_b = self.cos_sin(block_embeds, block_pos)
+        visible = positions[None, :] < anchors[:, None]  # [A, C]
+        h = block_embeds
+        for layer in cast(list[_DraftLayer], self.layers):
+            k, v = layer.self_attn.key_values(ctx, cos_c, sin_c)  # [B, kv, C, hd]
+            h = layer(h, cos_b, sin_b, k[seq], v[seq], visible)
+        return cast(torch.Tensor, self.norm(h))
 
 
 @dataclass
@@ -328,7 +367,11 @@ class DFlashDrafter:
         cos, sin = self.model.cos_sin(h, positions)
         for layer, (ctx_k, ctx_v) in zip(self.model.layers, state.kv, strict=True):
             h = layer(h, cos, sin, ctx_k, ctx_v)
-        logits = self.lm_head(self.model.norm(h[0, 1:])).float() * self.cfg.output_multiplier
+        return self.probs_from_hidden(self.model.norm(h[0, 1:]))
+
+    def probs_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary softmax (float32) of final-normed block hidden states [..., hidden]."""
+        logits = self.lm_head(h).float() * self.cfg.output_multiplier
         cap = self.cfg.final_logit_softcapping
         if cap:
             logits = cap * torch.tanh(logits / cap)

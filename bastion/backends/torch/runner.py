@@ -150,6 +150,7 @@ def generate(
     request_id: int = 0,
     record_trace: str | os.PathLike[str] | None = None,
     trace_metadata: Mapping[str, Any] | None = None,
+    dense_trace: bool = False,
     verifier: TorchVerifier | None = None,
 ) -> GenerationReport:
     """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (EOS included if produced).
@@ -252,7 +253,15 @@ def generate(
             "target": getattr(target.config, "_name_or_path", "") or type(target).__name__,
             **(trace_metadata or {}),
         }
+        dense = {}
+        if dense_trace and isinstance(drafter, DFlashDrafter):
+            from .record import dense_marginals
+
+            sequence = [*prompt_ids, *report.output_ids]
+            dense = dense_marginals(target, drafter, sequence, len(prompt_ids))
+            meta["vocab_size"] = int(getattr(target.config, "vocab_size"))  # noqa: B009
         write_trace(
-            record_trace, Trace(tuple(prompt_ids), tuple(report.output_ids), tuple(steps), meta)
+            record_trace,
+            Trace(tuple(prompt_ids), tuple(report.output_ids), tuple(steps), meta, dense),
         )
     return report

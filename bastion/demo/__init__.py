@@ -1,0 +1,14 @@
+"""The shipped demo pair: a small Qwen3 target and a DFlash drafter trained on Python's own
+standard-library sources, and the code that trained them (``bastion train``, ``bastion demo``).
+
+Importing this package imports neither torch nor transformers; the training and demo modules do.
+"""
+
+from pathlib import Path
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+TARGET_DIR = MODELS_DIR / "target"
+DRAFTER_DIR = MODELS_DIR / "drafter"
+PROMPTS_FILE = MODELS_DIR / "prompts.json"
+
+__all__ = ["DRAFTER_DIR", "MODELS_DIR", "PROMPTS_FILE", "TARGET_DIR"]

@@ -1,0 +1,285 @@
+"""Training the demo pair on CPU: ``bastion train target`` and ``bastion train drafter``.
+
+- **Target**: a Qwen3-architecture causal LM (``transformers.Qwen3Config``, about 2 M
+  parameters) trained with next-token cross-entropy on random 256-token windows of the training
+  split. Held-out loss is reported on windows of the held-out files.
+- **Drafter**: the DFlash-format drafter of :mod:`bastion.backends.torch.drafter` trained against
+  the *frozen* target with the block-diffusion objective: from the target's tapped hidden states
+  of the context (tokens before the anchor), predict the block's positions 1 … 15 at once from
+  [bonus token, mask × 15]; cross-entropy per position, weighted by 0.85^(k−1) so that early
+  positions, which decide acceptance, count most. It shares the target's embedding and LM head.
+
+Both are deterministic for a seed (a fixed number of steps, seeded data order and init, inside
+``torch.random.fork_rng`` so the caller's global RNG is untouched) and show progress bars. The
+default budgets take well under an hour each on 2 CPU cores.
+
+What this module does not do: decode (see :mod:`bastion.demo.run`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from bastion.demo.corpus import SPECIALS, Corpus, load_corpus, train_tokenizer
+
+__all__ = ["DrafterTraining", "TargetTraining", "train_drafter", "train_target"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TargetTraining:
+    vocab_size: int = 2048
+    hidden: int = 192
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 576
+    context: int = 1024  # max_position_embeddings
+    seq_len: int = 256
+    batch: int = 16
+    steps: int = 3000
+    lr: float = 2e-3
+    warmup: int = 100
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DrafterTraining:
+    layers: int = 2
+    block_size: int = 16
+    taps: tuple[int, ...] = (1, 3)
+    seq_len: int = 256
+    batch: int = 8
+    anchors: int = 12  # blocks per sequence per step
+    steps: int = 3000
+    lr: float = 2e-3
+    warmup: int = 100
+    decay: float = 0.85  # loss weight of position k is decay^(k − 1)
+    seed: int = 0
+
+
+def _progress(total: int, desc: str) -> Any:
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
+
+
+def _lr_at(step: int, steps: int, warmup: int, peak: float) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def tokenize_corpus(tokenizer: Any, corpus: Corpus, split: str) -> np.ndarray:
+    """All documents of a split as one token stream, separated by ``<|endoftext|>``."""
+    eos = tokenizer.convert_tokens_to_ids(SPECIALS[0])
+    out: list[int] = []
+    for text in corpus.texts(split):
+        out.extend(tokenizer(text)["input_ids"])
+        out.append(eos)
+    return np.asarray(out, dtype=np.int64)
+
+
+def _windows(stream: np.ndarray, rng: np.random.Generator, batch: int, length: int) -> torch.Tensor:
+    starts = rng.integers(0, stream.size - length - 1, size=batch)
+    return torch.from_numpy(np.stack([stream[s : s + length + 1] for s in starts]))
+
+
+@torch.no_grad()
+def heldout_loss(model: Any, stream: np.ndarray, length: int, n: int = 32, seed: int = 1) -> float:
+    """Mean next-token cross-entropy (nats/token) on ``n`` seeded held-out windows."""
+    model.eval()
+    rng = np.random.default_rng(seed)
+    losses = []
+    for _ in range(max(1, n // 8)):
+        x = _windows(stream, rng, 8, length)
+        logits = model(input_ids=x[:, :-1]).logits
+        losses.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)))
+    return float(torch.stack(losses).mean())
+
+
+def _data(tokenizer: Any, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
+    train = tokenize_corpus(tokenizer, corpus, "train")
+    return train, tokenize_corpus(tokenizer, corpus, "heldout")
+
+
+def train_target(
+    out: Path,
+    cfg: TargetTraining = TargetTraining(),
+    corpus: Corpus | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train the tokenizer and the target; save both (HF format) to ``out``; return a report."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    corpus = corpus or load_corpus()
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(corpus, cfg.vocab_size)
+    train, held = _data(tokenizer, corpus)
+    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIALS}
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.ffn,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.hidden // cfg.heads,
+        max_position_embeddings=cfg.context,
+        tie_word_embeddings=True,
+        bos_token_id=ids[SPECIALS[0]],
+        eos_token_id=ids[SPECIALS[0]],
+        pad_token_id=ids[SPECIALS[1]],
+    )
+    start = time.perf_counter()
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        model = Qwen3ForCausalLM(config)
+        rng = np.random.default_rng(cfg.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
+        bar = _progress(cfg.steps, "target") if progress else None
+        model.train()
+        for step in range(cfg.steps):
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(step, cfg.steps, cfg.warmup, cfg.lr)
+            x = _windows(train, rng, cfg.batch, cfg.seq_len)
+            logits = model(input_ids=x[:, :-1]).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+        if bar is not None:
+            bar.close()
+    report = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "train_tokens": int(train.size),
+        "heldout_tokens": int(held.size),
+        "heldout_loss": heldout_loss(model, held, cfg.seq_len),
+        "train_minutes": (time.perf_counter() - start) / 60,
+        "config": asdict(cfg),
+    }
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def train_drafter(
+    target_dir: Path,
+    out: Path,
+    cfg: DrafterTraining = DrafterTraining(),
+    corpus: Corpus | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train a DFlash drafter against the frozen target in ``target_dir``; save it to ``out``."""
+    from transformers import AutoTokenizer
+
+    from bastion.backends.torch import DFlashDrafter, load_target
+
+    target = load_target(target_dir, "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    train, held = _data(tokenizer, corpus or load_corpus())
+    mask_id = int(tokenizer.convert_tokens_to_ids(SPECIALS[2]))  # type: ignore[arg-type]
+    for p in target.parameters():
+        p.requires_grad_(False)
+    start = time.perf_counter()
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed)
+        drafter = DFlashDrafter.random_init(
+            target,
+            num_layers=cfg.layers,
+            block_size=cfg.block_size,
+            target_layer_ids=cfg.taps,
+            mask_token_id=mask_id,
+            seed=cfg.seed,
+        )
+        model = drafter.model
+        with torch.no_grad():  # a sane start: small random weights, unit norms
+            for name, param in model.named_parameters():
+                if not (name.endswith("norm.weight") or "layernorm" in name):
+                    param.normal_(0.0, 0.02)
+        model.train()
+        loss_fn = _block_loss(target, drafter, cfg, mask_id)
+        rng = np.random.default_rng(cfg.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        bar = _progress(cfg.steps, "drafter") if progress else None
+        for step in range(cfg.steps):
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(step, cfg.steps, cfg.warmup, cfg.lr)
+            loss, _ = loss_fn(_windows(train, rng, cfg.batch, cfg.seq_len)[:, :-1], rng)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}")
+        if bar is not None:
+            bar.close()
+        model.eval()
+        with torch.no_grad():
+            eval_rng = np.random.default_rng(cfg.seed + 1)
+            accs = [
+                loss_fn(_windows(held, eval_rng, 8, cfg.seq_len)[:, :-1], eval_rng)[1]
+                for _ in range(4)
+            ]
+    top1 = torch.stack(accs).mean(dim=0)
+    report = {
+        "params": sum(p.numel() for p in model.parameters()),
+        "heldout_top1_by_position": [round(float(a), 4) for a in top1],
+        "train_minutes": (time.perf_counter() - start) / 60,
+        "config": asdict(cfg),
+    }
+    drafter.save_pretrained(out)
+    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _block_loss(
+    target: Any, drafter: Any, cfg: DrafterTraining, mask_id: int
+) -> Callable[[torch.Tensor, np.random.Generator], tuple[torch.Tensor, torch.Tensor]]:
+    """loss(x, rng) → (weighted block cross-entropy, top-1 accuracy per position [b − 1])."""
+    b = cfg.block_size
+    weights = torch.tensor([cfg.decay**k for k in range(b - 1)])
+    weights = weights / weights.sum()
+    embed, lm_head = drafter.embed, drafter.lm_head
+    taps = [j + 1 for j in drafter.cfg.target_layer_ids]
+
+    def loss_fn(x: torch.Tensor, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        n, length = x.shape
+        with torch.no_grad():
+            hidden = target(input_ids=x, output_hidden_states=True).hidden_states
+            features = torch.cat([hidden[j] for j in taps], dim=-1)
+        ctx = drafter.model.context(features)
+        anchors = torch.from_numpy(rng.integers(8, length - b, size=(n, cfg.anchors)))
+        seq = torch.arange(n)[:, None].expand(n, cfg.anchors).reshape(-1)
+        anchors = anchors.reshape(-1)
+        block = torch.full((anchors.numel(), b), mask_id, dtype=torch.long)
+        block[:, 0] = x[seq, anchors]
+        labels = x[seq[:, None], anchors[:, None] + torch.arange(1, b)[None]]
+        h = drafter.model.block_hidden(ctx, anchors, seq, embed(block))
+        logits = lm_head(h[:, 1:])
+        flat = logits.reshape(-1, logits.shape[-1])
+        ce = F.cross_entropy(flat, labels.reshape(-1), reduction="none")
+        loss = (ce.view(-1, b - 1) * weights).sum(dim=1).mean()
+        acc = (logits.argmax(-1) == labels).float().mean(dim=0)
+        return loss, acc.detach()
+
+    return loss_fn
