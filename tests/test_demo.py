@@ -47,8 +47,31 @@ def test_every_policy_reproduces_ar_and_the_trained_drafter_is_accepted(demo) ->
     assert result.identical
     by = {r.policy: r for r in result.rows}
     assert by["ar"].tau == 1.0
-    assert by["chain"].tau > 1.5, "a trained drafter must be accepted well beyond chance"
-    assert by["fixed:32"].tau >= by["chain"].tau
+    assert by["chain"].tau > 1.3, "a trained drafter must be accepted well beyond chance"
+    assert by["fixed:32"].tau > by["chain"].tau
+
+
+def test_an_untrained_drafter_is_not_accepted(tmp_path: Path) -> None:
+    """Negative control for the acceptance check above: same shapes, random weights."""
+    from bastion.backends.torch import DFlashDrafter, load_target
+
+    target = load_target(TARGET_DIR, "cpu")
+    trained = DFlashDrafter.from_pretrained(DRAFTER_DIR, target)
+    DFlashDrafter.random_init(
+        target,
+        num_layers=trained.cfg.num_hidden_layers,
+        target_layer_ids=tuple(trained.cfg.target_layer_ids),
+        mask_token_id=trained.cfg.mask_token_id,
+    ).save_pretrained(tmp_path / "random")
+    result = run_demo(
+        load_prompts()[:3],
+        max_new_tokens=NEW_TOKENS,
+        policies=("ar", "chain"),
+        calibrate=False,
+        drafter_dir=tmp_path / "random",
+    )
+    assert result.identical
+    assert result.rows[1].tau < 1.1
 
 
 def replay(trace_dir: Path, recorded: str, policy: str, n: int) -> list[list[int]]:

@@ -16,11 +16,23 @@ from pathlib import Path
 from bastion.errors import ConfigError
 
 
+def _need_torch() -> None:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"this command runs real models and needs PyTorch and transformers ({exc}); "
+            "install them with: pip install torch==2.13.0 'bastion[torch]'"
+        ) from exc
+
+
 def _say(enabled: bool):  # type: ignore[no-untyped-def]
     return (lambda msg: print(f"  {msg} …", file=sys.stderr, flush=True)) if enabled else None
 
 
 def run_demo_cmd(args: argparse.Namespace) -> int:
+    _need_torch()
     from bastion.demo.run import DEMO_POLICIES, load_prompts, run_demo
 
     prompts = load_prompts()[: args.prompts]
@@ -58,6 +70,7 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    _need_torch()
     from bastion.demo import DRAFTER_DIR, TARGET_DIR
     from bastion.demo.train import DrafterTraining, TargetTraining, train_drafter, train_target
 
