@@ -14,8 +14,11 @@ What this module does not do: fit anything itself (the cost model does) or decod
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +53,16 @@ def _dtype_name(model: Any) -> str:
 
 
 def target_spec(model: Any) -> ModelSpec:
-    """The cost model's spec of a loaded Hugging Face target (from its config)."""
+    """The cost model's spec of a loaded Hugging Face target (from its config).
+
+    Its name — part of the calibration cache key — is the checkpoint directory's name plus a
+    hash of the shape fields, so two different models in directories of the same name never
+    share a record."""
     cfg = model.config.to_dict()
-    name = Path(str(getattr(model.config, "_name_or_path", "") or "target")).name or "target"
-    return ModelSpec.from_hf_config(cfg, name=name)
+    base = Path(str(getattr(model.config, "_name_or_path", "") or "target")).name or "target"
+    spec = ModelSpec.from_hf_config(cfg, name=base)
+    shape = json.dumps({k: v for k, v in asdict(spec).items() if k != "name"}, sort_keys=True)
+    return replace(spec, name=f"{base}-{hashlib.sha256(shape.encode()).hexdigest()[:8]}")
 
 
 def device_profile(
