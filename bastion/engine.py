@@ -117,8 +117,12 @@ class SpecEngine:
         committed: Sequence[int],
         feedback: object | None,
         load: StepLoad,
+        previous_tree_size: int | None = None,
     ) -> StepRecord:
-        """One cycle: draft from the committed tokens, choose a tree, verify it."""
+        """One cycle: draft from the committed tokens, choose a tree, verify it.
+
+        ``previous_tree_size`` (the request's last tree) lets an adaptive policy start its
+        search near where it stopped last time; it never changes which tree is chosen."""
         t0 = self.clock()
         if getattr(self.policy, "uses_drafter", True):
             marginals = self.drafter.draft(
@@ -127,7 +131,8 @@ class SpecEngine:
         else:  # target-only decoding: no draft pass at all
             marginals = NO_DRAFT
         t1 = self.clock()
-        choice: TreeChoice = self.policy.choose(marginals, PolicyContext(load, self.cost_model))
+        context = PolicyContext(load, self.cost_model, previous_tree_size)
+        choice: TreeChoice = self.policy.choose(marginals, context)
         tree = choice.tree.with_root_token(int(committed[-1]))
         t2 = self.clock()
         result = self.verifier.verify(request_id, tree)
@@ -159,7 +164,8 @@ class SpecEngine:
         start = self.clock()
         while len(out) < max_new_tokens:
             load = StepLoad(context_len=len(committed) - 1)
-            rec = self.step(request_id, committed, feedback, load)
+            last = result.steps[-1].tree.size if result.steps else None
+            rec = self.step(request_id, committed, feedback, load, last)
             result.steps.append(rec)
             new = [*rec.result.accepted_tokens, rec.result.bonus_token]
             if eos_token_id is not None and eos_token_id in new:

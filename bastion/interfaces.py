@@ -147,6 +147,7 @@ class PolicyContext:
 
     load: StepLoad
     cost_model: CostModel | None = None
+    previous_tree_size: int | None = None  # this request's last tree (a hint for growth)
 
 
 @dataclass(frozen=True)

@@ -279,12 +279,15 @@ class AdaptivePolicy:
         if context.cost_model is None:
             raise BudgetError("the bastion policy needs a cost model in its PolicyContext")
         cost_model, load = context.cost_model, context.load
+        start = self.initial_budget
+        if context.previous_tree_size:  # begin near the last choice: fewer growth rounds
+            start = max(64, 2 * context.previous_tree_size)
         tree, diag = choose_tree(
             marginals,
             lambda n: cost_model.cost_curve(n, load),
             self.n_max,
             self.mode,
-            self.initial_budget,
+            start,
             base_tokens=context.load.co_batched_tokens,
         )
         return TreeChoice(tree, diag)

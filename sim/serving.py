@@ -158,7 +158,7 @@ def serve(
             loads = [RequestLoad(s, c, a) for s, c, a in zip(sizes, contexts, accepts, strict=True)]
             for j, rid in enumerate(ids):
                 load = StepLoad(contexts[j], (*loads[:j], *loads[j + 1 :]))
-                rec = engine.step(rid, [0], None, load)
+                rec = engine.step(rid, [0], None, load, last_size.get(rid))
                 sizes[j] = rec.tree.size
                 accepts[j] = float(rec.tree.scores.sum())
                 loads[j] = RequestLoad(sizes[j], contexts[j], accepts[j])
