@@ -165,3 +165,20 @@ def test_unknown_policy_lists_known() -> None:
     with pytest.raises(UnknownNameError, match="fixed:N") as err:
         make_policy("medusa")
     assert isinstance(err.value, BastionError)
+
+
+@given(
+    marginals(max_depth=15, max_k=8),
+    st.integers(1, 600),
+    st.sampled_from(["auto", "first-decrease"]),
+)
+def test_previous_size_hint_never_changes_the_tree(
+    m: DraftMarginals, previous: int, mode: str
+) -> None:
+    """The engine's hint only moves where the search starts, not what it finds."""
+    policy = AdaptivePolicy(n_max=512, mode=mode)  # type: ignore[arg-type]
+    cold = policy.choose(m, CTX).tree
+    warm = policy.choose(
+        m, PolicyContext(CTX.load, CTX.cost_model, previous_tree_size=previous)
+    ).tree
+    assert warm == cold
