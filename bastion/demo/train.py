@@ -83,6 +83,34 @@ def _lr_at(step: int, steps: int, warmup: int, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def _optimise(
+    model: torch.nn.Module,
+    loss_of_next_batch: Callable[[], torch.Tensor],
+    steps: int,
+    warmup: int,
+    lr: float,
+    weight_decay: float,
+    name: str,
+    progress: bool,
+) -> None:
+    """AdamW with warmup + cosine decay and gradient clipping at 1; a progress bar if asked."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    bar = _progress(steps, name) if progress else None
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, steps, warmup, lr)
+        loss = loss_of_next_batch()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    if bar is not None:
+        bar.close()
+
+
 def tokenize_corpus(tokenizer: Any, corpus: Corpus, split: str) -> np.ndarray:
     """All documents of a split as one token stream, separated by ``<|endoftext|>``."""
     eos = tokenizer.convert_tokens_to_ids(SPECIALS[0])
@@ -149,24 +177,14 @@ def train_target(
         torch.manual_seed(cfg.seed)
         model = Qwen3ForCausalLM(config)
         rng = np.random.default_rng(cfg.seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
-        bar = _progress(cfg.steps, "target") if progress else None
         model.train()
-        for step in range(cfg.steps):
-            for group in opt.param_groups:
-                group["lr"] = _lr_at(step, cfg.steps, cfg.warmup, cfg.lr)
+
+        def next_token_loss() -> torch.Tensor:
             x = _windows(train, rng, cfg.batch, cfg.seq_len)
             logits = model(input_ids=x[:, :-1]).logits
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}")
-        if bar is not None:
-            bar.close()
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+
+        _optimise(model, next_token_loss, cfg.steps, cfg.warmup, cfg.lr, 0.1, "target", progress)
     report = {
         "params": sum(p.numel() for p in model.parameters()),
         "train_tokens": int(train.size),
@@ -218,21 +236,11 @@ def train_drafter(
         model.train()
         loss_fn = _block_loss(target, drafter, cfg, mask_id)
         rng = np.random.default_rng(cfg.seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        bar = _progress(cfg.steps, "drafter") if progress else None
-        for step in range(cfg.steps):
-            for group in opt.param_groups:
-                group["lr"] = _lr_at(step, cfg.steps, cfg.warmup, cfg.lr)
-            loss, _ = loss_fn(_windows(train, rng, cfg.batch, cfg.seq_len)[:, :-1], rng)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}")
-        if bar is not None:
-            bar.close()
+
+        def block_loss() -> torch.Tensor:
+            return loss_fn(_windows(train, rng, cfg.batch, cfg.seq_len)[:, :-1], rng)[0]
+
+        _optimise(model, block_loss, cfg.steps, cfg.warmup, cfg.lr, 0.0, "drafter", progress)
         model.eval()
         with torch.no_grad():
             eval_rng = np.random.default_rng(cfg.seed + 1)
