@@ -1,0 +1,177 @@
+"""The simulated GPU's truth: the matrix route equals the per-operator roofline; prefill."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from bastion.cost.hardware import get_profile
+from bastion.cost.models import DrafterSpec, get_model
+from bastion.cost.roofline import PassShape, price_pass
+from bastion.errors import ConfigError
+from sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU, causal_chunk_pairs
+
+MODELS = ["qwen3-8b", "qwen3-coder-30b-a3b"]  # dense and MoE
+
+
+def gpu(model: str = "qwen3-8b", device: str = "h100-sxm", **truth: Any) -> SimulatedGPU:
+    m = get_model(model)
+    return SimulatedGPU(get_profile(device), m, DrafterSpec.dflash_for(m), GroundTruth(**truth))
+
+
+def reference(
+    g: SimulatedGPU,
+    shape: PassShape,
+    masked: bool,
+    logit_rows: float | None = None,
+    tree_share: float = 1.0,
+) -> npt.NDArray[np.float64]:
+    """The truth through ``price_pass`` operator by operator (the pre-LinearPricer route), with
+    the LM head on ``logit_rows`` rows and the tree penalty scaled by ``tree_share``."""
+    ops = price_pass(g.model, g.device, shape, g.options, masked=masked).operators
+    if logit_rows is not None:
+        zero = np.zeros(())
+        rows = PassShape(np.asarray(logit_rows), zero, zero, zero)
+        head = price_pass(g.model, g.device, rows, g.options, masked=masked).op("lm_head")
+        ops = tuple(head if op.name == "lm_head" else op for op in ops)
+    total = np.zeros(np.shape(shape.tokens))
+    for op in ops:
+        t = op.time_s
+        if masked and op.name in ("attn_scores", "attn_values"):
+            t = t * (1.0 + g.truth.tree_attention_penalty * tree_share)
+        total = total + t
+    tile, step = g.truth.tile_tokens, g.truth.tile_step_s
+    if tile and step:
+        total = total + g.model.layers * step * (np.ceil(np.asarray(shape.tokens) / tile) - 1.0)
+    return np.asarray(total, dtype=np.float64)
+
+
+def close(a: npt.ArrayLike, b: npt.ArrayLike) -> None:
+    np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("tile", [64, 0])
+def test_matrix_truth_equals_price_pass_route(model: str, tile: int) -> None:
+    """LinearPricer with the per-operator penalty gives the price_pass numbers (1e-12 rel)."""
+    g = gpu(model, noise=0.0, tile_tokens=tile)
+    rng = np.random.default_rng(7)
+    for _ in range(25):
+        b = int(rng.integers(1, 65))
+        s = rng.integers(1, 200, b)
+        c = rng.integers(0, 20_000, b)
+        cq = g._quantise(c)
+        close(g.verify_truth(s, c), reference(g, PassShape.of_batch(s, cq, masked=True), True))
+        ones = np.ones(b)
+        close(g.ar_truth(c), reference(g, PassShape.of_batch(ones, cq, masked=False), False))
+    # the cached batch-1 curve, priced as one vectorised shape
+    curve = g.verify_curve(3000)
+    sizes = np.arange(1, g.max_tree_size + 1, dtype=np.float64)
+    close(curve, reference(g, PassShape.of([(sizes, g._quantise(3000))], masked=True), True))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_mixed_pass_equals_its_price_pass_reference(model: str) -> None:
+    """A decode step with prefill chunks: T and attention pairs include the chunks (causal
+    pairs n·c + n(n+1)/2, no mask), the LM head runs on one row per chunk, and the tree penalty
+    is scaled by the trees' share of the attention pairs."""
+    g = gpu(model, noise=0.0)
+    rng = np.random.default_rng(11)
+    for _ in range(10):
+        b, k = int(rng.integers(1, 33)), int(rng.integers(1, 4))
+        s, c = rng.integers(1, 100, b).astype(float), g._quantise(rng.integers(0, 8000, b))
+        n, pc = rng.integers(1, 1024, k).astype(float), g._quantise(rng.integers(0, 8000, k))
+        chunk_pairs = float(np.sum(n * pc + n * (n + 1) / 2))
+        for masked, tokens in ((True, s), (False, np.ones(b))):
+            tree_pairs = float(np.dot(tokens, c + tokens))
+            kv = float(np.sum(c + tokens) + np.sum(pc + n))
+            shape = PassShape(
+                tokens=np.asarray(tokens.sum() + n.sum()),
+                attn_pairs=np.asarray(tree_pairs + chunk_pairs),
+                kv_tokens=np.asarray(kv),
+                mask_elems=np.asarray(tree_pairs if masked else 0.0),
+            )
+            share = tree_pairs / (tree_pairs + chunk_pairs)
+            want = reference(g, shape, masked, logit_rows=tokens.sum() + k, tree_share=share)
+            got = g.verify_truth(s, c, n, pc) if masked else g.ar_truth(c, n, pc)
+            close(got, want)
+        prefill = PassShape(
+            tokens=np.asarray(n.sum()),
+            attn_pairs=np.asarray(chunk_pairs),
+            kv_tokens=np.asarray(np.sum(pc + n)),
+            mask_elems=np.zeros(()),
+        )
+        close(g.prefill_truth(n, pc), reference(g, prefill, False, logit_rows=float(k)))
+
+
+def test_causal_chunk_pairs_count_the_keys_each_token_sees() -> None:
+    for n, c in [(1, 0), (1, 100), (7, 0), (64, 1000), (512, 3)]:
+        assert causal_chunk_pairs(n, c) == sum(c + j for j in range(1, n + 1))
+    np.testing.assert_array_equal(causal_chunk_pairs([2, 3], [0, 10]), [3, 36])
+
+
+def test_prefill_is_monotone_in_tokens_and_context() -> None:
+    g = gpu(noise=0.0)
+    tokens = [1, 2, 16, 63, 64, 65, 128, 512, 513, 2048, 8192]
+    by_tokens = [g.prefill_truth([n], [1000]) for n in tokens]
+    assert np.all(np.diff(by_tokens) > 0)
+    contexts = [0, 1, 16, 17, 500, 4096, 32_768, 131_072]
+    by_context = [g.prefill_truth([512], [c]) for c in contexts]
+    assert np.all(np.diff(by_context) >= 0)  # contexts are priced per 16-token bucket
+    assert by_context[-1] > by_context[0] * 1.5  # long contexts make attention dominate
+    # more chunks in one pass cost more than fewer
+    assert g.prefill_truth([512, 512], [0, 0]) > g.prefill_truth([512], [0])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_chunk_riding_with_decode_is_cheaper_than_two_passes(model: str) -> None:
+    g = gpu(model, noise=0.0)
+    trees, ctx = [16] * 32, [2000] * 32
+    chunk, chunk_ctx = [DEFAULT_PREFILL_CHUNK], [1024]
+    alone = g.prefill_truth(chunk, chunk_ctx)
+    for step, mixed in (
+        (g.verify_truth(trees, ctx), g.verify_truth(trees, ctx, chunk, chunk_ctx)),
+        (g.ar_truth(ctx), g.ar_truth(ctx, chunk, chunk_ctx)),
+    ):
+        assert max(step, alone) < mixed < step + alone
+
+
+def test_defaults_and_empty_decode() -> None:
+    g = gpu(noise=0.0)
+    assert DEFAULT_PREFILL_CHUNK == 512
+    # no chunks: exactly the decode-only truth (default arguments, or empty sequences)
+    assert g.verify_truth([8, 9], [100, 200], [], []) == g.verify_truth([8, 9], [100, 200])
+    assert g.ar_truth([100, 200], np.zeros(0), np.zeros(0)) == g.ar_truth([100, 200])
+    # chunks with no decode request: the pass is a prefill pass
+    close(g.verify_truth([], [], [300], [40]), g.prefill_truth([300], [40]))
+    close(g.ar_truth([], [300], [40]), g.prefill_truth([300], [40]))
+
+
+def test_prefill_noise_is_seeded() -> None:
+    a, b = gpu(noise=0.05), gpu(noise=0.05)
+    xs = [a.prefill_s([512], [0]) for _ in range(3)] + [a.verify_s([4], [9], [7], [0])]
+    ys = [b.prefill_s([512], [0]) for _ in range(3)] + [b.verify_s([4], [9], [7], [0])]
+    assert xs == ys and len(set(xs)) == 4
+    assert gpu(noise=0.0).ar_s([5], [6], [7]) == gpu(noise=0.0).ar_truth([5], [6], [7])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "contexts"),
+    [([512], [0, 0]), ([0], [0]), ([512], [-1]), ([1.5], [0]), ([np.nan], [0]), ([[1]], [[1]])],
+)
+def test_bad_prefill_chunks(tokens: list[float], contexts: list[float]) -> None:
+    g = gpu(noise=0.0)
+    with pytest.raises(ConfigError, match="prefill"):
+        g.prefill_truth(tokens, contexts)
+    with pytest.raises(ConfigError, match="prefill"):
+        g.verify_truth([4], [100], tokens, contexts)
+
+
+def test_a_prefill_pass_needs_a_chunk() -> None:
+    with pytest.raises(ConfigError, match="at least one chunk"):
+        gpu().prefill_truth([], [])
+    with pytest.raises(ConfigError, match="tree sizes"):
+        gpu().verify_truth([4, 4], [100], [8], [0])
