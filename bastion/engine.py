@@ -1,16 +1,27 @@
-"""The decode loop both backends share: draft → build tree → verify → commit.
+"""The decode loop both backends share: draft → choose trees → verify → commit, per batch.
 
-One :class:`SpecEngine` drives any ``Drafter``, ``TreePolicy``, ``Verifier`` and clock. The
-real backend passes torch implementations and a wall clock that synchronises the device; the
-simulator passes simulated ones and simulated time. Policies and the controller never know which.
+One :class:`SpecEngine` drives any drafter, tree policy, verifier and clock. The real backend
+passes torch implementations and a wall clock that synchronises the device; the simulator passes
+simulated ones and simulated time. Policies and the controller never know which.
+
+The unit of a step is the batch: :meth:`SpecEngine.step` drafts every request of the step, lets
+the policy choose all of their trees together, verifies them in one call and returns what each
+request committed. Batch 1 is the same code with one request, and :meth:`SpecEngine.generate`
+(one request from prefill to its last token) is a loop over that same step.
+
+Each of the three parts may implement the batched protocol of :mod:`bastion.interfaces`
+(``draft_batch``, ``choose_batch``, ``verify_batch``) or only the single-request one (``draft``,
+``choose``, ``verify``); the engine adapts the latter by looping over the batch, so a 14-line
+policy with a ``choose(marginals, context)`` works unchanged. A policy that declares
+``uses_drafter = False`` (target-only AR) is never given a draft; one that declares
+``uses_cost_model = True`` is given each request's batched :class:`StepLoad` when adapted.
 
 Terms (as in vLLM's spec-decode docs): *accepted* tokens are draft tokens the target agreed with;
 the *bonus* token is the target's own token after the last accepted one, always committed. Per
 step the committed length is accepted + 1, and τ (mean acceptance length) includes the bonus.
 
-What this module does not do: prefill, sampling or KV-cache management (the verifier's job),
-or batching across requests (the simulator's serving layer calls :meth:`SpecEngine.step` per
-request with a batched ``StepLoad``).
+What this module does not do: prefill, sampling or KV-cache management (the verifier's job), or
+admission of requests into batches (the simulator's serving layer, or the caller).
 """
 
 from __future__ import annotations
@@ -20,26 +31,43 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
 from bastion.interfaces import (
+    BatchChoice,
+    BatchDrafter,
+    BatchPolicyContext,
+    BatchTreePolicy,
+    BatchVerifier,
     CostModel,
     DraftContext,
     Drafter,
     PolicyContext,
+    RequestLoad,
     StepLoad,
-    TreeChoice,
     TreePolicy,
     Verifier,
     VerifyResult,
 )
 from bastion.tree import DraftMarginals, DraftTree
 
-__all__ = ["NO_DRAFT", "Clock", "GenerationResult", "SpecEngine", "StepRecord", "wall_clock"]
+__all__ = [
+    "NO_DRAFT",
+    "BatchStepRecord",
+    "Clock",
+    "GenerationResult",
+    "SpecEngine",
+    "StepRecord",
+    "batch_policy",
+    "wall_clock",
+]
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]  # seconds; must include device synchronisation where needed
 
-# What a policy with ``uses_drafter = False`` (target-only AR) receives instead of a draft.
+# What a single-request policy with ``uses_drafter = False`` receives instead of a draft.
 NO_DRAFT = DraftMarginals([[0]], [[0.0]])
 
 
@@ -47,20 +75,56 @@ def wall_clock() -> float:
     return time.perf_counter()
 
 
+# --------------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class StepRecord:
-    """One speculative cycle of one request."""
+    """One speculative cycle of one request (a view of its share of a batched step)."""
 
     tree: DraftTree
     result: VerifyResult
-    draft_s: float
-    build_s: float  # tree policy (and controller)
-    verify_s: float  # verification including commit
+    draft_s: float  # the step's drafter call (shared by the batch)
+    build_s: float  # the step's tree policy and controller (shared by the batch)
+    verify_s: float  # the step's verification including commit (shared by the batch)
     diagnostics: object | None = None
 
     @property
     def committed_len(self) -> int:
         return self.result.committed_len
+
+
+@dataclass(frozen=True, eq=False)
+class BatchStepRecord:
+    """One step of a batch: the trees chosen, what each request committed, the stage times."""
+
+    requests: StepRequests
+    trees: TreeBatch
+    result: BatchVerifyResult
+    draft_s: float
+    build_s: float  # tree policy and controller, for the whole batch
+    verify_s: float
+    diagnostics: object | None = None
+
+    @property
+    def size(self) -> int:
+        return self.requests.size
+
+    def record(self, i: int) -> StepRecord:
+        """Request i's share of the step as a single-request :class:`StepRecord`."""
+        diag = self.diagnostics
+        if isinstance(diag, (list, tuple)) and len(diag) == self.size:
+            diag = diag[i]
+        return StepRecord(
+            self.trees.tree(i),
+            self.result.result(i),
+            self.draft_s,
+            self.build_s,
+            self.verify_s,
+            diag,
+        )
 
 
 @dataclass
@@ -97,49 +161,157 @@ class GenerationResult:
         }
 
 
+# --------------------------------------------------------------------------------------------
+# Adapters: single-request parts driven through the batched protocols
+# --------------------------------------------------------------------------------------------
+
+
+def batch_loads(requests: StepRequests) -> list[RequestLoad]:
+    """Each request's share of the pass, from last step's tree sizes and Â.
+
+    A request on its first step has none yet: it is assumed to take the batch's typical tree
+    (the mean over the others, or 1 when no request has one)."""
+    sizes = requests.previous_tree_sizes
+    expected = requests.previous_expected
+    known = sizes > 0
+    if not np.all(known):
+        guess = max(1, int(sizes[known].mean())) if np.any(known) else 1
+        typical = float(expected[known].mean()) if np.any(known) else 1.0
+        sizes = np.where(known, sizes, guess)
+        expected = np.where(known, expected, typical)
+    return [
+        RequestLoad(s, c, a)
+        for s, c, a in zip(
+            sizes.tolist(), requests.context_lens.tolist(), expected.tolist(), strict=True
+        )
+    ]
+
+
+@dataclass(frozen=True)
+class PerRequestPolicy:
+    """A single-request ``TreePolicy`` run once per request of a batched step.
+
+    Policies that declare ``uses_cost_model = True`` see each request's batched ``StepLoad``:
+    the other requests' trees as already chosen this step, or as last step's where not yet
+    chosen, so each request's controller weighs its tree against the whole pass.
+    """
+
+    policy: TreePolicy
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    @property
+    def uses_drafter(self) -> bool:
+        return bool(getattr(self.policy, "uses_drafter", True))
+
+    def choose_batch(self, marginals: BatchMarginals, context: BatchPolicyContext) -> BatchChoice:
+        req = context.requests
+        previous = req.previous_tree_sizes.tolist()
+        contexts = req.context_lens.tolist()
+        policy, cm = self.policy, context.cost_model
+        if not getattr(policy, "uses_cost_model", False) or req.size == 1:
+            choices = [
+                policy.choose(
+                    marginals.row(j), PolicyContext(StepLoad(contexts[j]), cm, previous[j] or None)
+                )
+                for j in range(req.size)
+            ]
+        else:
+            loads = batch_loads(req)
+            choices = []
+            for j in range(req.size):
+                load = StepLoad(contexts[j], (*loads[:j], *loads[j + 1 :]))
+                choice = policy.choose(
+                    marginals.row(j), PolicyContext(load, cm, previous[j] or None)
+                )
+                tree = choice.tree
+                loads[j] = RequestLoad(tree.size, contexts[j], float(tree.scores.sum()))
+                choices.append(choice)
+        trees = TreeBatch.from_trees([c.tree for c in choices])
+        diagnostics = [c.diagnostics for c in choices]
+        return BatchChoice(trees, diagnostics if any(d is not None for d in diagnostics) else None)
+
+
+def batch_policy(policy: TreePolicy | BatchTreePolicy) -> BatchTreePolicy:
+    """``policy`` itself if it chooses batches, else it wrapped in :class:`PerRequestPolicy`."""
+    if isinstance(policy, BatchTreePolicy):
+        return policy
+    return PerRequestPolicy(policy)
+
+
+def _draft_each(drafter: Drafter) -> Callable[[StepRequests], BatchMarginals]:
+    def draft_batch(requests: StepRequests) -> BatchMarginals:
+        feedback = requests.feedback or (None,) * requests.size
+        committed = requests.committed or ((),) * requests.size
+        bonus = requests.bonus_tokens.tolist()
+        rows = [
+            drafter.draft(DraftContext(int(rid), tuple(c), b, fb))
+            for rid, c, b, fb in zip(
+                requests.request_ids.tolist(), committed, bonus, feedback, strict=True
+            )
+        ]
+        return BatchMarginals.from_rows(rows)
+
+    return draft_batch
+
+
+def _verify_each(verifier: Verifier) -> Callable[[StepRequests, TreeBatch], BatchVerifyResult]:
+    def verify_batch(requests: StepRequests, trees: TreeBatch) -> BatchVerifyResult:
+        ids = requests.request_ids.tolist()
+        return BatchVerifyResult.from_results(
+            [verifier.verify(rid, trees.tree(j)) for j, rid in enumerate(ids)]
+        )
+
+    return verify_batch
+
+
+# --------------------------------------------------------------------------------------------
+# The engine
+# --------------------------------------------------------------------------------------------
+
+
 @dataclass
 class SpecEngine:
-    """Runs speculative decoding for one request at a time through the four protocols."""
+    """Runs speculative decoding one batched step at a time through the four protocols."""
 
-    drafter: Drafter
-    policy: TreePolicy
-    verifier: Verifier
+    drafter: Drafter | BatchDrafter
+    policy: TreePolicy | BatchTreePolicy
+    verifier: Verifier | BatchVerifier
     cost_model: CostModel | None = None
     clock: Clock = wall_clock
     observe_costs: bool = True  # feed each measured verify time to cost_model.observe
 
     # With observe_costs=False the caller reports times itself (the simulator prices a whole
-    # batched pass once per serving step, after every request's tree is known).
+    # batched pass on its simulated GPU after the step).
 
-    def step(
-        self,
-        request_id: int,
-        committed: Sequence[int],
-        feedback: object | None,
-        load: StepLoad,
-        previous_tree_size: int | None = None,
-    ) -> StepRecord:
-        """One cycle: draft from the committed tokens, choose a tree, verify it.
+    def __post_init__(self) -> None:
+        self._policy = batch_policy(self.policy)
+        self._uses_drafter = bool(getattr(self._policy, "uses_drafter", True))
+        d, v = self.drafter, self.verifier
+        self._draft = d.draft_batch if isinstance(d, BatchDrafter) else _draft_each(d)
+        self._verify = v.verify_batch if isinstance(v, BatchVerifier) else _verify_each(v)
 
-        ``previous_tree_size`` (the request's last tree) lets an adaptive policy start its
-        search near where it stopped last time; it never changes which tree is chosen."""
-        t0 = self.clock()
-        if getattr(self.policy, "uses_drafter", True):
-            marginals = self.drafter.draft(
-                DraftContext(request_id, tuple(committed), int(committed[-1]), feedback)
-            )
+    def step(self, requests: StepRequests) -> BatchStepRecord:
+        """One cycle for every request of ``requests``: draft, choose trees, verify, commit."""
+        clock = self.clock
+        t0 = clock()
+        if self._uses_drafter:
+            marginals = self._draft(requests)
         else:  # target-only decoding: no draft pass at all
-            marginals = NO_DRAFT
-        t1 = self.clock()
-        context = PolicyContext(load, self.cost_model, previous_tree_size)
-        choice: TreeChoice = self.policy.choose(marginals, context)
-        tree = choice.tree.with_root_token(int(committed[-1]))
-        t2 = self.clock()
-        result = self.verifier.verify(request_id, tree)
-        t3 = self.clock()
+            marginals = BatchMarginals.empty(requests.size)
+        t1 = clock()
+        choice = self._policy.choose_batch(marginals, BatchPolicyContext(requests, self.cost_model))
+        trees = choice.trees.with_root_tokens(requests.bonus_tokens)
+        t2 = clock()
+        result = self._verify(requests, trees)
+        t3 = clock()
         if self.cost_model is not None and self.observe_costs:
-            self.cost_model.observe(tree.size, load, t3 - t2)
-        return StepRecord(tree, result, t1 - t0, t2 - t1, t3 - t2, choice.diagnostics)
+            self.cost_model.observe(*observed_load(requests, trees), t3 - t2)
+        return BatchStepRecord(
+            requests, trees, result, t1 - t0, t2 - t1, t3 - t2, choice.diagnostics
+        )
 
     def generate(
         self,
@@ -150,7 +322,7 @@ class SpecEngine:
         eos_token_id: int | None = None,
         feedback: object | None = None,
     ) -> GenerationResult:
-        """Decode after prefill: ``first_token`` is the target's token from the prefill pass.
+        """Decode one request after prefill: ``first_token`` is the target's token from prefill.
 
         Stops after ``max_new_tokens`` generated tokens (the first token counts) or at EOS; a
         step that commits past either is cut there.
@@ -162,11 +334,23 @@ class SpecEngine:
             return result
         committed = [*map(int, prompt_ids), int(first_token)]
         start = self.clock()
+        previous = 0
+        expected = 0.0
         while len(out) < max_new_tokens:
-            load = StepLoad(context_len=len(committed) - 1)
-            last = result.steps[-1].tree.size if result.steps else None
-            rec = self.step(request_id, committed, feedback, load, last)
+            requests = StepRequests.of(
+                [request_id],
+                [len(committed) - 1],
+                [committed[-1]],
+                [previous],
+                [expected],
+                feedback=(feedback,),
+                committed=(committed,),
+            )
+            step = self.step(requests)
+            rec = step.record(0)
             result.steps.append(rec)
+            previous = rec.tree.size
+            expected = float(rec.tree.scores.sum())
             new = [*rec.result.accepted_tokens, rec.result.bonus_token]
             if eos_token_id is not None and eos_token_id in new:
                 new = new[: new.index(eos_token_id) + 1]
@@ -179,3 +363,14 @@ class SpecEngine:
         result.decode_s = self.clock() - start
         log.debug("request %d: %d tokens in %d steps", request_id, len(out), len(result.steps))
         return result
+
+
+def observed_load(requests: StepRequests, trees: TreeBatch) -> tuple[int, StepLoad]:
+    """A measured batched pass as (first request's tree size, its StepLoad with the others)."""
+    sizes = trees.sizes.tolist()
+    contexts = requests.context_lens.tolist()
+    expected = trees.expected_tokens().tolist()
+    others = tuple(
+        RequestLoad(s, c, a) for s, c, a in zip(sizes[1:], contexts[1:], expected[1:], strict=True)
+    )
+    return sizes[0], StepLoad(contexts[0], others)

@@ -1,9 +1,13 @@
 """The four protocols of Bastion and the frozen values that cross them.
 
-One decode step is ``Drafter.draft -> TreePolicy.choose -> Verifier.verify``, with a
-``CostModel`` pricing trees for the policy. The real backend (torch) and the simulator implement
-the same protocols, so the engine loop, the policies and the controller never know which one
-runs. Plain fakes satisfy them too, which is how the tests drive the core.
+One decode step is ``draft -> choose -> verify`` over the whole batch of the step, with a
+``CostModel`` pricing trees for the policy. Each protocol has two forms: the batched one
+(``BatchDrafter.draft_batch``, ``BatchTreePolicy.choose_batch``, ``BatchVerifier.verify_batch``,
+over the arrays of :mod:`bastion.batch`), which the engine calls, and the single-request one
+(``Drafter.draft``, ``TreePolicy.choose``, ``Verifier.verify``), which is the simplest thing to
+write and which the engine adapts by looping over the batch. The real backend (torch) and the
+simulator implement the same protocols, so the engine loop, the policies and the controller
+never know which one runs. Plain fakes satisfy them too, which is how the tests drive the core.
 
 What this module does not do: any computation. It holds types only; ``DraftMarginals`` and
 ``DraftTree`` live in :mod:`bastion.tree` with their validation and helpers and are re-exported
@@ -16,14 +20,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from bastion.tree import DraftMarginals, DraftTree
 
+if TYPE_CHECKING:
+    from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
+
 __all__ = [
+    "BatchChoice",
+    "BatchDrafter",
+    "BatchPolicyContext",
+    "BatchTreePolicy",
+    "BatchVerifier",
     "CostCurve",
     "CostModel",
     "DraftContext",
@@ -168,6 +180,34 @@ class TreePolicy(Protocol):
     def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice: ...
 
 
+@dataclass(frozen=True, eq=False)
+class BatchPolicyContext:
+    """What a batched policy may consult besides the step's marginals."""
+
+    requests: StepRequests  # ids, KV lengths, last step's tree sizes and Â per request
+    cost_model: CostModel | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class BatchChoice:
+    """A batched policy's answer: one tree per request and, optionally, why."""
+
+    trees: TreeBatch
+    diagnostics: object | None = None  # e.g. joint-budget or per-request diagnostics
+
+
+@runtime_checkable
+class BatchTreePolicy(Protocol):
+    """Chooses the trees of every request of a step together (e.g. under a joint budget)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def choose_batch(
+        self, marginals: BatchMarginals, context: BatchPolicyContext
+    ) -> BatchChoice: ...
+
+
 # --------------------------------------------------------------------------------------------
 # Drafter and verifier
 # --------------------------------------------------------------------------------------------
@@ -218,3 +258,17 @@ class Verifier(Protocol):
     """Runs the target over a tree and applies a lossless acceptance rule."""
 
     def verify(self, request_id: int, tree: DraftTree) -> VerifyResult: ...
+
+
+@runtime_checkable
+class BatchDrafter(Protocol):
+    """Drafts every request of a step (one pass over the batch where the backend can)."""
+
+    def draft_batch(self, requests: StepRequests) -> BatchMarginals: ...
+
+
+@runtime_checkable
+class BatchVerifier(Protocol):
+    """Verifies every request's tree of a step (one forward pass where the backend can)."""
+
+    def verify_batch(self, requests: StepRequests, trees: TreeBatch) -> BatchVerifyResult: ...

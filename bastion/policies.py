@@ -9,7 +9,16 @@ an order where parents precede children.
 - ``fixed(N)``         best-first at a fixed size N (Bastion-Fixed, DDTree).
 - ``eagle(k, d, N)``   EAGLE-2/3 style: d rounds expanding the k best frontier nodes by their
                        top-k children, then a global rerank of all candidates by ρ, keeping N.
-- ``bastion``          best-first with N chosen per step by the controller (:mod:`bastion.budget`).
+- ``bastion``          best-first with N chosen per step by the controller (:mod:`bastion.budget`);
+                       at batch > 1 one joint budget for the whole step (:mod:`bastion.joint`).
+- ``bastion:per-request``  the same controller run for each request alone (the paper's rule).
+
+Every policy has the single-request ``choose``; ``ar``, ``chain``, ``fixed`` and ``bastion`` also
+choose a whole step's trees at once (``choose_batch``, vectorised over the batch); the engine
+adapts the others. Policies declare what they need by attributes, never by class:
+``uses_drafter`` (False: never drafted for), ``uses_cost_model`` (True: needs a cost model and the
+batched load), ``uses_topk`` (False: only the drafter's top-1 is needed, so the host skips the
+top-K normalisation and the tree mask).
 
 :func:`make_policy` parses the short spec strings the CLI uses (``fixed:64``, ``beam:4x15``,
 ``eagle:10,7,60``, ``bastion``, ``chain``).
@@ -25,9 +34,18 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from bastion.batch import BatchMarginals, TreeBatch
+from bastion.bestfirst import best_first_many
 from bastion.budget import ControllerMode, choose_tree
+from bastion.engine import PerRequestPolicy
 from bastion.errors import BudgetError, UnknownNameError
-from bastion.interfaces import PolicyContext, TreeChoice, TreePolicy
+from bastion.interfaces import (
+    BatchChoice,
+    BatchPolicyContext,
+    PolicyContext,
+    TreeChoice,
+    TreePolicy,
+)
 from bastion.tree import DraftMarginals, DraftTree, best_first_tree
 
 __all__ = [
@@ -124,16 +142,43 @@ class AutoregressivePolicy:
     def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
         return TreeChoice(_root_only())
 
+    def choose_batch(self, marginals: BatchMarginals, context: BatchPolicyContext) -> BatchChoice:
+        return BatchChoice(TreeBatch.roots(context.requests.size))
+
 
 @dataclass(frozen=True)
 class ChainPolicy:
     """The top-1 token at each position: DFlash's single path (``depth`` positions at most)."""
 
     depth: int | None = None
+    uses_topk = False
+
+    def __post_init__(self) -> None:
+        if self.depth is not None:
+            _positive_int("depth", self.depth)
 
     @property
     def name(self) -> str:
         return "chain" if self.depth is None else f"chain:{self.depth}"
+
+    def choose_batch(self, marginals: BatchMarginals, context: BatchPolicyContext) -> BatchChoice:
+        """Every request's top-1 path at once (each stops at its first zero marginal)."""
+        full = marginals.probs.shape[1]
+        d = full if self.depth is None else min(self.depth, full)
+        p = marginals.probs[:, :d, 0]
+        b = p.shape[0]
+        lengths = np.cumprod(p > 0.0, axis=1).sum(axis=1)  # nodes below each root
+        grid = np.arange(d + 1)
+        keep = grid[None, :] <= lengths[:, None]  # [B, d + 1], row-major = request order
+        depths = np.broadcast_to(grid, keep.shape)[keep]
+        scores = np.concatenate((np.ones((b, 1)), np.cumprod(p, axis=1)), axis=1)[keep]
+        tokens = np.concatenate(
+            (np.full((b, 1), -1, np.int64), marginals.token_ids[:, :d, 0]), axis=1
+        )[keep]
+        offsets = np.zeros(b + 1, np.int64)
+        np.cumsum(lengths + 1, out=offsets[1:])
+        ranks = np.where(depths == 0, -1, 0)
+        return BatchChoice(TreeBatch(offsets, depths - 1, tokens, depths, scores, ranks))
 
     def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
         d = marginals.depth if self.depth is None else min(self.depth, marginals.depth)
@@ -166,6 +211,10 @@ class FixedPolicy:
 
     def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
         return TreeChoice(best_first_tree(marginals, self.tree_size))
+
+    def choose_batch(self, marginals: BatchMarginals, context: BatchPolicyContext) -> BatchChoice:
+        """Every request's best-first tree in one compiled call."""
+        return BatchChoice(best_first_batch(marginals, self.tree_size))
 
 
 @dataclass(frozen=True)
@@ -261,11 +310,20 @@ class EaglePolicy:
 
 @dataclass(frozen=True)
 class AdaptivePolicy:
-    """Bastion: best-first with the tree size chosen each step by the budget controller."""
+    """Bastion: best-first with the tree size chosen each step by the budget controller.
+
+    At batch 1 the controller of :mod:`bastion.budget` picks N. At batch > 1, with ``joint``
+    (the default) and a cost model that prices a batch as it grows (``joint_cost_curve``), one
+    budget is chosen for the whole step (:mod:`bastion.joint`): the requests' best-first orders
+    merged by ρ, stopped where the batch's Ŝ peaks. With ``joint=False`` (``bastion:per-request``)
+    each request runs its own controller against the batched pass, as in the paper.
+    """
 
     n_max: int = 1024
     mode: ControllerMode = "auto"
     initial_budget: int = 128
+    joint: bool = True
+    uses_cost_model = True
 
     def __post_init__(self) -> None:
         _positive_int("n_max", self.n_max)
@@ -273,11 +331,11 @@ class AdaptivePolicy:
 
     @property
     def name(self) -> str:
-        return "bastion"
+        return "bastion" if self.joint else "bastion:per-request"
 
     def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
         if context.cost_model is None:
-            raise BudgetError("the bastion policy needs a cost model in its PolicyContext")
+            raise BudgetError(f"the {self.name} policy needs a cost model in its PolicyContext")
         cost_model, load = context.cost_model, context.load
         start = self.initial_budget
         if context.previous_tree_size:  # begin near the last choice: fewer growth rounds
@@ -292,8 +350,46 @@ class AdaptivePolicy:
         )
         return TreeChoice(tree, diag)
 
+    def choose_batch(self, marginals: BatchMarginals, context: BatchPolicyContext) -> BatchChoice:
+        cost_model, req = context.cost_model, context.requests
+        if cost_model is None:
+            raise BudgetError(f"the {self.name} policy needs a cost model in its context")
+        joint_curve = getattr(cost_model, "joint_cost_curve", None)
+        if req.size == 1 or not self.joint or joint_curve is None:
+            return PerRequestPolicy(self).choose_batch(marginals, context)
+        from bastion.joint import choose_joint
 
-_SPECS = "ar, chain[:D], fixed:N, beam:WxD, eagle:K,D,N, bastion[:N_MAX]"
+        contexts = req.context_lens
+        start = self.initial_budget
+        known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
+        if known.size:  # begin near the last choices: fewer growth rounds
+            start = max(16, 2 * int(known.max()))
+        trees, diag = choose_joint(
+            [marginals.row(i) for i in range(req.size)],
+            lambda grow: joint_curve(contexts, grow),
+            self.n_max,
+            self.mode,
+            start,
+        )
+        return BatchChoice(TreeBatch.from_trees(trees), diag)
+
+
+def best_first_batch(marginals: BatchMarginals, budget: int) -> TreeBatch:
+    """Best-first trees of size ``budget`` for every request of a batch, in one compiled call."""
+    arrays = best_first_many(marginals.probs, budget)
+    parents, depths, ranks, scores = (np.concatenate([a[f] for a in arrays]) for f in range(4))
+    sizes = [a[0].shape[0] for a in arrays]
+    offsets = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    request = np.repeat(np.arange(len(sizes)), sizes)
+    tokens = marginals.token_ids[request, np.maximum(depths - 1, 0), np.maximum(ranks, 0)]
+    tokens[offsets[:-1]] = -1
+    return TreeBatch(offsets, parents, tokens, depths, scores, ranks)
+
+
+_SPECS = (
+    "ar, chain[:D], fixed:N, beam:WxD, eagle:K,D,N, bastion[:N_MAX], bastion:per-request[,N_MAX]"
+)
 
 
 def make_policy(spec: str) -> TreePolicy:
@@ -316,7 +412,12 @@ def make_policy(spec: str) -> TreePolicy:
             k, d, n = (int(x) for x in arg.split(","))
             return EaglePolicy(k, d, n)
         if name in ("bastion", "adaptive"):
-            return AdaptivePolicy(int(arg)) if arg else AdaptivePolicy()
+            parts = [a.strip() for a in arg.split(",")] if arg else []
+            joint = "per-request" not in parts
+            sizes = [int(a) for a in parts if a != "per-request"]
+            if len(sizes) > 1:
+                raise ValueError("at most one N_MAX")
+            return AdaptivePolicy(sizes[0], joint=joint) if sizes else AdaptivePolicy(joint=joint)
     except ValueError as exc:
         raise BudgetError(f"bad policy spec {spec!r} ({exc}); accepted: {_SPECS}") from exc
     raise UnknownNameError(f"unknown policy {spec!r}; known: {_SPECS}")

@@ -21,7 +21,7 @@ from bastion.demo import TARGET_DIR
 from bastion.demo.run import load_prompts, run_demo
 from bastion.policies import make_policy
 from sim.gpu import SimulatedGPU
-from sim.replay import replay_factory
+from sim.replay import trace_source
 from sim.serving import serve
 
 POLICIES = ("ar", "chain", "fixed:16", "fixed:32", "fixed:64", "beam:4x15", "bastion")
@@ -54,7 +54,7 @@ def main() -> None:
             for other in POLICIES[1:-1]:
                 real = result.acceptance[other]
                 sim = [
-                    serve(make_policy(other), gpu, replay_factory(f), 1).requests[0].committed
+                    serve(make_policy(other), gpu, trace_source(f), 1).requests[0].committed
                     for f in files
                 ]
                 diff = sum(

@@ -1,14 +1,22 @@
-"""The simulator's ``Drafter`` and ``Verifier``: what the engine loop drives in simulation.
+"""The simulator's batched drafter and verifier: what the engine loop drives in simulation.
 
-Each simulated request is a :class:`SimRequest`: a source of drafter marginals at its current
-root together with the target's tokens at the drafted positions (synthetic, from
-:mod:`sim.workloads`, or replayed from a recorded trace, :mod:`sim.replay`). The drafter hands
-the marginals to the engine; the verifier walks the chosen tree against the target's tokens —
-greedy match against a known continuation, which is also the law of sample-and-match under the
-synthetic model — and commits the accepted path plus the bonus token.
+:class:`SimBatch` holds the requests in flight as arrays over *slots* (KV length, tokens
+generated, tokens wanted) and a :class:`DraftSource` that knows, for each slot, the drafter's
+marginals at its current root and the target's tokens at the drafted positions — synthetic
+(:class:`sim.synthetic.SyntheticSource`) or replayed from recorded traces
+(:class:`sim.replay.TraceSource`). ``draft_batch`` hands the marginals of every request of a step
+to the engine; ``verify_batch`` walks every chosen tree against its target tokens at once and
+commits the accepted path plus the bonus token: greedy match against a known continuation, which
+is also the law of sample-and-match under the synthetic model.
+
+The acceptance walk is vectorised over all nodes of all trees: a node is on its request's
+accepted path iff it and all of its ancestors match the target at their depths, which pointer
+jumping (each node's ancestor flag and ancestor pointer squared ⌈log₂ depth⌉ times) computes
+without a loop over nodes or requests. Siblings carry distinct tokens, so the matched nodes of a
+request are exactly its accepted path.
 
 Neither charges time: the serving layer prices each batched pass on the simulated GPU and
-advances the SimPy clock (one timeout per pass).
+advances the SimPy clock.
 
 What this module does not do: choose trees (the engine calls the policy) or keep time.
 """
@@ -20,81 +28,139 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from bastion.interfaces import DraftContext, VerifyResult
-from bastion.tree import DraftMarginals, DraftTree
+from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
+from bastion.errors import ConfigError
+from bastion.tree import DraftTree
 
-__all__ = ["SimDrafter", "SimRequest", "SimVerifier", "accepted_path"]
+__all__ = ["DraftSource", "SimBatch", "accepted_counts", "accepted_path"]
+
+IntArray = npt.NDArray[np.int64]
 
 
-class SimRequest(Protocol):
-    """One simulated request (synthetic or replayed)."""
+class DraftSource(Protocol):
+    """Drafter marginals and target tokens for the requests in flight, by slot."""
 
-    request_id: int
-    context_len: int  # tokens in the KV cache before the current root
-    generated: int  # tokens committed so far (the first, from prefill, included)
-    output_len: int  # tokens to generate in all
-
-    def draft(self) -> DraftMarginals:
-        """Marginals at the current root; remembers the target's tokens for the step."""
-        ...
-
-    def target_tokens(self) -> npt.NDArray[np.int64]:
-        """The target's tokens at the drafted positions 1 … depth of the open step."""
-        ...
-
-    def bonus(self, accepted: int) -> int:
-        """The target's token after ``accepted`` matched positions."""
-        ...
-
-    def commit(self, n: int) -> None:
-        """Advance the root by ``n`` committed tokens."""
+    def draft(self, slots: IntArray, context_lens: IntArray) -> tuple[BatchMarginals, IntArray]:
+        """Marginals at each slot's root and the target's tokens ``[B, depth + 1]`` (the last
+        column: the token after the drafted positions, −1 when unknown)."""
         ...
 
 
-def accepted_path(tree: DraftTree, target: npt.NDArray[np.int64]) -> list[int]:
-    """Nodes of the longest root path whose tokens equal ``target`` at their depths.
+def accepted_counts(trees: TreeBatch, target: IntArray) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+    """(accepted draft tokens per request ``[B]``, on-path flag per node ``[ΣN]``, roots False).
 
-    ``target[d − 1]`` is the target's token at depth d. Only nodes that match their own
-    position can be on the path, so the walk visits those few (in expansion order, parents
-    first) instead of every node.
+    ``target[i, d − 1]`` is the target's token at depth d of request i (columns past a tree's
+    drafted depth are never compared)."""
+    offsets = trees.offsets
+    sizes = np.diff(offsets)
+    request = np.repeat(np.arange(sizes.shape[0]), sizes)
+    depths = trees.depths
+    root = depths == 0
+    cols = np.maximum(depths - 1, 0)
+    ok = (trees.tokens == target[request, cols]) | root
+    up = trees.parents + offsets[request]  # global parent index
+    up[root] = np.flatnonzero(root)  # roots point at themselves
+    reach = 1
+    deepest = int(depths.max(initial=0))
+    while reach < deepest:  # pointer jumping: after k rounds, 2^k ancestors are folded in
+        ok = ok & ok[up]
+        up = up[up]
+        reach *= 2
+    ok &= ~root
+    counts = np.add.reduceat(ok.astype(np.int64), offsets[:-1])
+    return counts, ok
+
+
+def accepted_path(tree: DraftTree, target: IntArray) -> list[int]:
+    """Nodes of the longest root path of one tree whose tokens equal ``target`` at their depths
+    (root first) — the single-request form of :func:`accepted_counts`."""
+    batch = TreeBatch.from_trees([tree])
+    padded = np.concatenate((np.asarray(target, np.int64), [-1]))[None, :]
+    width = max(int(tree.depths.max()), padded.shape[1])
+    if padded.shape[1] < width:
+        padded = np.pad(padded, ((0, 0), (0, width - padded.shape[1])), constant_values=-1)
+    _, ok = accepted_counts(batch, padded)
+    return [0, *np.flatnonzero(ok).tolist()]
+
+
+class SimBatch:
+    """The requests in flight on the simulated GPU (a ``BatchDrafter`` and ``BatchVerifier``).
+
+    Slots are reused: :meth:`admit` puts a request in a free slot, :meth:`release` frees it.
+    Arrays are indexed by slot; ``slot_of`` maps request ids to slots.
     """
-    depth = tree.depths[1:]
-    usable = depth <= target.size
-    match = np.zeros(tree.size, dtype=bool)
-    match[1:][usable] = tree.tokens[1:][usable] == target[depth[usable] - 1]
-    on_path = {0}
-    deepest = 0
-    for node in np.flatnonzero(match).tolist():
-        if int(tree.parents[node]) in on_path:
-            on_path.add(node)
-            if tree.depths[node] > tree.depths[deepest]:
-                deepest = node
-    path = [deepest]
-    while path[-1] != 0:
-        path.append(int(tree.parents[path[-1]]))
-    return path[::-1]
 
+    def __init__(self, source: DraftSource, n_requests: int) -> None:
+        if n_requests < 1:
+            raise ConfigError(f"a simulation needs at least one request; got {n_requests}")
+        self.source = source
+        self.slot_of = np.full(n_requests, -1, np.int64)
+        self.context_len = np.zeros(0, np.int64)  # KV tokens before the current root
+        self.generated = np.zeros(0, np.int64)  # tokens committed (prefill's first included)
+        self.output_len = np.zeros(0, np.int64)  # tokens the request generates in all
+        self.request_id = np.zeros(0, np.int64)
+        self._free: list[int] = []
+        self._target: IntArray | None = None  # target tokens of the open step
+        self._drafted: IntArray | None = None  # the slots they belong to
 
-class SimDrafter:
-    """``Drafter`` over a table of simulated requests."""
+    def admit(self, request_id: int, prompt_len: int, output_len: int) -> int:
+        """Start a request whose prompt is prefilled (its first token generated); its slot."""
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = self.context_len.shape[0]
+            grow = max(1, slot)
+            self.context_len = np.concatenate((self.context_len, np.zeros(grow, np.int64)))
+            self.generated = np.concatenate((self.generated, np.zeros(grow, np.int64)))
+            self.output_len = np.concatenate((self.output_len, np.zeros(grow, np.int64)))
+            self.request_id = np.concatenate((self.request_id, np.full(grow, -1, np.int64)))
+            self._free.extend(range(slot + grow - 1, slot, -1))
+        self.slot_of[request_id] = slot
+        self.request_id[slot] = request_id
+        self.context_len[slot] = prompt_len
+        self.generated[slot] = 1
+        self.output_len[slot] = output_len
+        return slot
 
-    def __init__(self, requests: dict[int, SimRequest]) -> None:
-        self.requests = requests
+    def release(self, request_id: int) -> None:
+        slot = int(self.slot_of[request_id])
+        self.slot_of[request_id] = -1
+        self.request_id[slot] = -1
+        self._free.append(slot)
 
-    def draft(self, context: DraftContext) -> DraftMarginals:
-        return self.requests[context.request_id].draft()
+    # -- the protocols ----------------------------------------------------------------------------
 
+    def draft_batch(self, requests: StepRequests) -> BatchMarginals:
+        slots = self.slot_of[requests.request_ids]
+        marginals, self._target = self.source.draft(slots, self.context_len[slots])
+        self._drafted = slots
+        return marginals
 
-class SimVerifier:
-    """``Verifier`` that accepts against the simulated target's tokens and commits."""
-
-    def __init__(self, requests: dict[int, SimRequest]) -> None:
-        self.requests = requests
-
-    def verify(self, request_id: int, tree: DraftTree) -> VerifyResult:
-        req = self.requests[request_id]
-        path = accepted_path(tree, req.target_tokens())
-        accepted = tuple(int(tree.tokens[n]) for n in path[1:])
-        bonus = req.bonus(len(accepted))
-        req.commit(len(accepted) + 1)
-        return VerifyResult(tuple(path), accepted, bonus)
+    def verify_batch(self, requests: StepRequests, trees: TreeBatch) -> BatchVerifyResult:
+        slots = self.slot_of[requests.request_ids]
+        target = self._target
+        if target is None or self._drafted is None or not np.array_equal(self._drafted, slots):
+            if np.any(trees.sizes > 1):
+                raise ConfigError("verify_batch needs the same step's draft_batch first")
+            # undrafted root-only trees (target-only AR): one token each, identity unknown
+            target = np.full((slots.shape[0], 1), -1, np.int64)
+        self._target = self._drafted = None
+        b = slots.shape[0]
+        if trees.total_nodes == b:  # root-only trees: nothing to walk, one token each
+            committed = np.ones(b, np.int64)
+            tokens = target[:, 0].copy()
+            nodes = np.zeros(0, np.int64)
+        else:
+            counts, on_path = accepted_counts(trees, target)
+            committed = counts + 1
+            bonus = target[np.arange(b), np.minimum(counts, target.shape[1] - 1)]
+            ends = np.cumsum(committed)
+            tokens = np.empty(int(ends[-1]), np.int64)
+            is_bonus = np.zeros(tokens.shape[0], bool)
+            is_bonus[ends - 1] = True
+            tokens[is_bonus] = bonus
+            tokens[~is_bonus] = trees.tokens[on_path]
+            nodes = np.flatnonzero(on_path) - np.repeat(trees.offsets[:-1], counts)
+        self.context_len[slots] += committed
+        self.generated[slots] += committed
+        return BatchVerifyResult(committed, tokens, nodes)

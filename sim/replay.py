@@ -16,57 +16,61 @@ What this module does not do: record traces (the real backend does) or time anyt
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from bastion.batch import BatchMarginals
 from bastion.errors import ConfigError
 from bastion.trace import Trace, read_trace
-from bastion.tree import DraftMarginals
 
-__all__ = ["TraceRequest", "load_traces", "replay_factory"]
+__all__ = ["TraceSource", "load_traces", "trace_source"]
 
 
-class TraceRequest:
-    """A ``SimRequest`` that replays one recorded request."""
+class TraceSource:
+    """A :class:`sim.backend.DraftSource` that replays recorded requests: request i replays
+    trace i mod (number of traces); its prompt and output lengths are the trace's."""
 
-    def __init__(self, trace: Trace, request_id: int = 0, origin: str = "<trace>") -> None:
-        self.trace = trace
-        self.origin = origin
-        self.request_id = request_id
-        self.sequence = np.array((*trace.prompt_ids, *trace.output_ids), dtype=np.int64)
-        self.context_len = len(trace.prompt_ids)  # the root is output_ids[0]
-        self.generated = 1
-        self.output_len = len(trace.output_ids)
+    def __init__(self, traces: list[tuple[Trace, str]]) -> None:
+        if not traces:
+            raise ConfigError("trace replay needs at least one trace")
+        self.traces = traces
+        sequences = [np.array((*t.prompt_ids, *t.output_ids), dtype=np.int64) for t, _ in traces]
         # the run's own marginals at its roots win over the dense recording's at the same spot
-        self.marginals = {**trace.dense, **{s.position: s.marginals for s in trace.steps}}
-        self._target = np.empty(0, dtype=np.int64)
+        marginals = [{**t.dense, **{s.position: s.marginals for s in t.steps}} for t, _ in traces]
+        self._requests = list(zip(sequences, marginals, traces, strict=True))
+        self._slots: dict[int, int] = {}  # slot → trace index
 
-    def draft(self) -> DraftMarginals:
-        root = self.context_len
-        m = self.marginals.get(root)
-        if m is None:
-            raise ConfigError(
-                f"{self.origin}: no drafter marginals at position {root}; this trace can replay "
-                f"only policies whose steps start where the recorded run's did (recorded policy: "
-                f"{self.trace.metadata.get('policy', 'unknown')})"
-            )
-        rows = self.sequence[root + 1 : root + 1 + m.depth]
-        self._target = np.concatenate((rows, np.full(m.depth - rows.size, -1, dtype=np.int64)))
-        return m
+    def lengths(self, index: int, requested: tuple[int, int] | None = None) -> tuple[int, int]:
+        del requested  # a replayed request is as long as its recording
+        trace = self.traces[index % len(self.traces)][0]
+        return len(trace.prompt_ids), len(trace.output_ids)
 
-    def target_tokens(self) -> npt.NDArray[np.int64]:
-        return self._target
+    def admit(self, slot: int, index: int) -> None:
+        self._slots[slot] = index % len(self.traces)
 
-    def bonus(self, accepted: int) -> int:
-        idx = self.context_len + 1 + accepted
-        return int(self.sequence[idx]) if idx < self.sequence.size else -1
-
-    def commit(self, n: int) -> None:
-        self.context_len += n
-        self.generated += n
+    def draft(
+        self, slots: npt.NDArray[np.int64], context_lens: npt.NDArray[np.int64]
+    ) -> tuple[BatchMarginals, npt.NDArray[np.int64]]:
+        rows, targets = [], []
+        for slot, root in zip(slots.tolist(), context_lens.tolist(), strict=True):
+            sequence, marginals, (trace, origin) = self._requests[self._slots[slot]]
+            m = marginals.get(root)
+            if m is None:
+                raise ConfigError(
+                    f"{origin}: no drafter marginals at position {root}; this trace can replay "
+                    f"only policies whose steps start where the recorded run's did (recorded "
+                    f"policy: {trace.metadata.get('policy', 'unknown')})"
+                )
+            rows.append(m)
+            targets.append(sequence[root + 1 :])
+        batch = BatchMarginals.from_rows(rows)
+        width = batch.probs.shape[1] + 1
+        target = np.full((len(rows), width), -1, np.int64)
+        for j, t in enumerate(targets):
+            target[j, : min(width, t.shape[0])] = t[:width]
+        return batch, target
 
 
 def _check(trace: Trace, origin: str) -> None:
@@ -121,13 +125,6 @@ def load_traces(path: Path) -> list[tuple[Trace, str]]:
     return traces
 
 
-def replay_factory(path: Path, seed: int = 0) -> Callable[[int], TraceRequest]:
-    """Request i replays trace i mod (number of traces) under ``path``."""
-    traces = load_traces(path)
-    del seed  # replay is deterministic; the argument keeps the factories interchangeable
-
-    def make(index: int) -> TraceRequest:
-        trace, origin = traces[index % len(traces)]
-        return TraceRequest(trace, request_id=index, origin=origin)
-
-    return make
+def trace_source(path: Path) -> TraceSource:
+    """A source replaying every trace under ``path`` (a file or a directory)."""
+    return TraceSource(load_traces(path))

@@ -1,17 +1,25 @@
-"""Serving on the simulated GPU: batch 1 and closed-loop continuous batching, in SimPy.
+"""Serving on the simulated GPU: closed- or open-loop continuous batching with chunked prefill.
 
-One server process owns the GPU. Each serving step takes every runnable request (at most C in
-flight; a finished request is replaced at once while requests remain — a closed loop, as in
-SGLang's continuous batching), and for each request calls the shared engine's
-:meth:`bastion.engine.SpecEngine.step`: draft → the policy (the adaptive controller sees the
-batch through ``StepLoad.co_batched``) → verify and commit. The step's time is then charged on
-the simulated GPU as SimPy timeouts, one per pass: the batched drafter pass plus host
-preparation (top-K normalisation, tree building, masks), then the batched verification pass.
-Target-only AR steps have no draft and an unmasked one-token pass per request.
+One server process owns the GPU. Requests arrive — in a *closed loop* (``concurrency`` clients,
+each sending its next request the moment its last one finishes, as SGLang's and DFlash's batch
+benchmarks do) or in an *open loop* (arrival times given: a Poisson process or a file) — and wait
+until fewer than ``concurrency`` requests are in service. An admitted request is first
+*prefilled*: its prompt is processed in chunks of at most ``prefill_chunk`` tokens per step
+(first come, first served), each chunk riding in the same forward pass as the decoding requests'
+verification (chunked prefill mixed into decode, as Sarathi-Serve and vLLM do), or in a
+prefill-only pass when nothing is decoding. The pass that finishes a prompt produces the
+request's first token (its time to first token); from the next step on it decodes.
 
-Measured per request: tokens, steps, committed lengths (τ), tree sizes, and TPOT (decode time
-from its first step to its last commit, over the tokens generated after prefill's first token).
-Prefill is not simulated. Per step: draft, preparation and verification seconds, batch size.
+Each decode step is one call of the shared engine's :meth:`bastion.engine.SpecEngine.step` for
+every decoding request at once: the drafter drafts the batch, the policy chooses all trees
+together (the adaptive controller under one joint budget), the verifier accepts and commits.
+The step's time is then charged on the simulated GPU as SimPy timeouts, one per pass: the
+batched drafter pass plus host preparation, then the batched verification pass. Target-only AR
+steps have no draft and a one-token pass per request.
+
+Measured per request: arrival, first token, finish, tokens, steps, committed lengths (τ) and tree
+sizes; TTFT = first token − arrival, TPOT = (finish − first token) / (tokens − 1), end-to-end =
+finish − arrival. Per step: draft, preparation and verification seconds, and the batch size.
 
 What this module does not do: decide trees (the engine and its policy do), price passes (the
 simulated GPU does), or compare policies (see :mod:`sim.simulate`).
@@ -20,57 +28,94 @@ simulated GPU does), or compare policies (see :mod:`sim.simulate`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import simpy
 
-from bastion.engine import SpecEngine
-from bastion.interfaces import CostModel, RequestLoad, StepLoad, TreePolicy
-from bastion.policies import AutoregressivePolicy, ChainPolicy
-from sim.backend import SimDrafter, SimRequest, SimVerifier
-from sim.gpu import SimulatedGPU
+from bastion.batch import StepRequests
+from bastion.engine import SpecEngine, batch_policy, observed_load
+from bastion.errors import ConfigError
+from bastion.interfaces import BatchTreePolicy, CostModel, TreePolicy
+from sim.arrivals import Arrival
+from sim.backend import DraftSource, SimBatch
+from sim.gpu import DEFAULT_PREFILL_CHUNK, SimulatedGPU
+from sim.latency import RequestLatency
 
 __all__ = ["RequestStats", "ServingResult", "serve"]
 
 log = logging.getLogger(__name__)
 
-RequestFactory = Callable[[int], SimRequest]  # request index → a fresh request
+
+class LengthSource(DraftSource, Protocol):
+    """A draft source that also starts requests (synthetic or replayed)."""
+
+    def admit(self, slot: int, index: int) -> object: ...
+
+    def lengths(self, index: int, requested: tuple[int, int] | None = None) -> tuple[int, int]:
+        """(prompt_len, output_len) of request ``index``; ``requested`` is an arrival's (a
+        replayed request keeps its recording's)."""
+        ...
 
 
 @dataclass
 class RequestStats:
-    """What one request did."""
+    """What one request did (times in simulated seconds)."""
 
     request_id: int
     tokens: int = 0  # generated tokens (prefill's first token included)
     committed: list[int] = field(default_factory=list)  # per step, bonus included
     tree_sizes: list[int] = field(default_factory=list)
-    start_s: float = 0.0
-    end_s: float = 0.0
+    arrival_s: float = 0.0
+    start_s: float = 0.0  # its first token (end of its prefill)
+    end_s: float = 0.0  # its last commit
+    prompt_len: int = 0
 
     @property
     def tau(self) -> float:
         return float(np.mean(self.committed)) if self.committed else 0.0
 
     @property
+    def ttft_s(self) -> float:
+        return self.start_s - self.arrival_s
+
+    @property
     def tpot_s(self) -> float:
         decoded = self.tokens - 1
         return (self.end_s - self.start_s) / decoded if decoded > 0 else 0.0
 
+    @property
+    def e2e_s(self) -> float:
+        return self.end_s - self.arrival_s
+
+    def latency(self) -> RequestLatency:
+        return RequestLatency(
+            self.request_id,
+            self.arrival_s,
+            self.start_s,
+            self.end_s,
+            self.prompt_len,
+            self.tokens,
+            len(self.committed),
+            sum(self.committed),
+        )
+
 
 @dataclass
 class ServingResult:
-    """One policy served over a set of requests at one concurrency."""
+    """One policy served over a set of requests."""
 
     policy: str
     concurrency: int
     requests: list[RequestStats]
-    elapsed_s: float  # simulated time from the first step to the last commit
+    elapsed_s: float  # simulated time from the first arrival to the last commit
     draft_s: float = 0.0  # summed over steps
     prep_s: float = 0.0
     verify_s: float = 0.0
+    prefill_s: float = 0.0  # prefill-only passes
     steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)
 
@@ -104,105 +149,213 @@ class ServingResult:
 
 
 def serve(
-    policy: TreePolicy,
+    policy: TreePolicy | BatchTreePolicy,
     gpu: SimulatedGPU,
-    new_request: RequestFactory,
-    n_requests: int,
+    source: LengthSource,
+    n_requests: int | None = None,
     concurrency: int = 1,
     cost_model: CostModel | None = None,
     progress: Callable[[int, int], None] | None = None,
+    arrivals: Sequence[Arrival] | None = None,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> ServingResult:
-    """Serve ``n_requests`` requests with ``policy``, at most ``concurrency`` in flight."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be ≥ 1; got {concurrency}")
+    """Serve requests with ``policy``, at most ``concurrency`` in service at once.
+
+    Closed loop: ``n_requests`` requests, ``concurrency`` at a time, each replaced when it
+    finishes. Open loop: ``arrivals`` (sorted by time) give each request's arrival and lengths.
+    ``prefill_chunk`` = 0 skips prefill (a request's first token comes at its admission).
+    """
+    if arrivals is not None:
+        n = len(arrivals)
+        if n_requests is not None and n_requests != n:
+            raise ConfigError(f"{n_requests} requests asked for but {n} arrivals given")
+    elif n_requests is None:
+        raise ConfigError("serve needs n_requests (closed loop) or arrivals (open loop)")
+    else:
+        n = n_requests
+    if n < 1:
+        raise ConfigError(f"a simulation needs at least one request; got {n}")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError(f"concurrency must be an integer ≥ 1; got {concurrency!r}")
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
+        raise ConfigError(f"prefill_chunk must be an integer ≥ 0; got {prefill_chunk!r}")
+
     env = simpy.Environment()
-    table: dict[int, SimRequest] = {}
+    pool = SimBatch(source, n)
     engine = SpecEngine(
-        SimDrafter(table),
+        pool,
         policy,
-        SimVerifier(table),
+        pool,
         cost_model=cost_model,
         clock=lambda: env.now,
         observe_costs=False,  # the server reports the true batched pass time instead
     )
-    is_ar = isinstance(policy, AutoregressivePolicy)
-    topk = not isinstance(policy, ChainPolicy)
+    batched = batch_policy(policy)
+    is_ar = not getattr(batched, "uses_drafter", True)
+    topk = bool(getattr(policy, "uses_topk", True))
+    # a cost model learns from measured passes unless it says it does not (static, bare)
+    learns = getattr(cost_model, "mode", "ema") in ("ema", "ema+calib")
+    observe = cost_model is not None and not is_ar and learns
     result = ServingResult(policy.name, concurrency, [], 0.0)
     stats: dict[int, RequestStats] = {}
-    gpu_lock = simpy.Resource(env, capacity=1)
+    output_len = np.zeros(n, np.int64)
+    prev_size = np.zeros(n, np.int64)  # by request id: last tree size, Â
+    prev_expected = np.zeros(n)
+    zeros: dict[int, np.ndarray] = {}
+    logs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per step: ids, committed, N
 
-    def admit(index: int) -> None:
-        req = new_request(index)
-        table[req.request_id] = req
-        stats[req.request_id] = RequestStats(req.request_id, tokens=1, start_s=env.now)
+    waiting: deque[int] = deque()
+    prefilling: list[list[int]] = []  # [request, tokens done, prompt_len]
+    decoding: list[int] = []  # request ids in service, decode phase
+    next_arrival = 0  # open loop: index of the next arrival
+
+    def arrive(index: int) -> None:
+        requested = None
+        if arrivals is not None:
+            requested = (int(arrivals[index].prompt_len), int(arrivals[index].output_len))
+        prompt, out = source.lengths(index, requested)
+        stats[index] = RequestStats(index, arrival_s=env.now, prompt_len=prompt)
+        output_len[index] = out
+        waiting.append(index)
+
+    def start_decoding(index: int) -> None:
+        """The request's prompt is in the KV cache and its first token exists."""
+        st = stats[index]
+        st.start_s = env.now
+        st.tokens = 1
+        slot = pool.admit(index, st.prompt_len, int(output_len[index]))
+        source.admit(slot, index)
+        if output_len[index] <= 1:
+            finish(index)
+        else:
+            decoding.append(index)
+
+    def finish(index: int) -> None:
+        st = stats[index]
+        st.end_s = env.now
+        st.tokens = int(min(pool.generated[pool.slot_of[index]], output_len[index]))
+        result.requests.append(st)
+        pool.release(index)
+        if progress is not None:
+            progress(len(result.requests), n)
+        if arrivals is None and len(stats) < n:
+            arrive(len(stats))  # closed loop: the client sends its next request
+
+    def admit_waiting() -> None:
+        while waiting and len(decoding) + len(prefilling) < concurrency:
+            index = waiting.popleft()
+            if prefill_chunk == 0:
+                start_decoding(index)
+            else:
+                prefilling.append([index, 0, stats[index].prompt_len])
+
+    def plan_prefill() -> tuple[list[int], list[int]]:
+        """This step's prompt chunks (tokens, context before them), first come first served."""
+        budget, tokens, contexts = prefill_chunk, [], []
+        for entry in prefilling:
+            if budget == 0:
+                break
+            take = min(budget, entry[2] - entry[1])
+            tokens.append(take)
+            contexts.append(entry[1])
+            budget -= take
+        return tokens, contexts
+
+    def advance_prefill(tokens: list[int]) -> None:
+        finished = []
+        for entry, take in zip(prefilling, tokens, strict=False):
+            entry[1] += take
+            if entry[1] >= entry[2]:
+                finished.append(entry)
+        for entry in finished:
+            prefilling.remove(entry)
+            start_decoding(entry[0])
 
     def server() -> Generator[simpy.Event, object, None]:
-        admitted = 0
-        last_size: dict[int, int] = {}
-        last_accept: dict[int, float] = {}  # each request's Â in its previous step
-        while admitted < min(concurrency, n_requests):
-            admit(admitted)
-            admitted += 1
-        done = 0
-        while table:
-            ids = list(table)
-            contexts = [table[i].context_len for i in ids]
-            sizes = [last_size.get(i, 0) for i in ids]
-            accepts = [last_accept.get(i, 0.0) for i in ids]
-            if 0 in sizes:  # new requests: assume the batch's typical tree until they choose
-                guess = max(1, int(np.mean(list(last_size.values())))) if last_size else 1
-                typical = float(np.mean(list(last_accept.values()))) if last_accept else 1.0
-                accepts = [a if s else typical for a, s in zip(accepts, sizes, strict=True)]
-                sizes = [s or guess for s in sizes]
-            records = []
-            loads = [RequestLoad(s, c, a) for s, c, a in zip(sizes, contexts, accepts, strict=True)]
-            for j, rid in enumerate(ids):
-                load = StepLoad(contexts[j], (*loads[:j], *loads[j + 1 :]))
-                rec = engine.step(rid, [0], None, load, last_size.get(rid))
-                sizes[j] = rec.tree.size
-                accepts[j] = float(rec.tree.scores.sum())
-                loads[j] = RequestLoad(sizes[j], contexts[j], accepts[j])
-                records.append((rid, rec, load))
-            with gpu_lock.request() as turn:
-                yield turn
-                if is_ar:
-                    t_draft, t_prep = 0.0, 0.0
-                    t_verify = gpu.ar_s(contexts)
-                else:
-                    t_draft = gpu.draft_s(contexts)
-                    t_prep = gpu.prep_s(sizes, topk)
-                    yield env.timeout(t_draft + t_prep)
-                    t_verify = gpu.verify_s(sizes, contexts)
-                yield env.timeout(t_verify)
+        nonlocal next_arrival
+        if arrivals is None:
+            for i in range(min(concurrency, n)):
+                arrive(i)
+        while len(result.requests) < n:
+            if arrivals is not None:
+                while next_arrival < n and arrivals[next_arrival].time_s <= env.now:
+                    arrive(next_arrival)
+                    next_arrival += 1
+            admit_waiting()
+            if not decoding and not prefilling:
+                if arrivals is None or next_arrival >= n:  # pragma: no cover - guarded above
+                    raise ConfigError("internal error: nothing to serve and nothing to come")
+                yield env.timeout(arrivals[next_arrival].time_s - env.now)
+                continue
+            chunk_tokens, chunk_contexts = plan_prefill()
+            if not decoding:
+                t = gpu.prefill_s(chunk_tokens, chunk_contexts)
+                yield env.timeout(t)
+                result.prefill_s += t
+                advance_prefill(chunk_tokens)
+                continue
+            ids = np.array(decoding, np.int64)
+            slots = pool.slot_of[ids]
+            contexts = pool.context_len[slots]
+            b = ids.shape[0]
+            if b not in zeros:
+                zeros[b] = np.zeros(b, np.int64)
+            requests = StepRequests(ids, contexts, zeros[b], prev_size[ids], prev_expected[ids])
+            rec = engine.step(requests)
+            sizes = rec.trees.sizes
+            ride = {"prefill_tokens": chunk_tokens, "prefill_contexts": chunk_contexts}
+            if is_ar:
+                t_draft = t_prep = 0.0
+                t_verify = gpu.ar_s(contexts, **ride)
+            else:
+                t_draft = gpu.draft_s(contexts)
+                t_prep = gpu.prep_s(sizes, topk)
+                yield env.timeout(t_draft + t_prep)
+                t_verify = gpu.verify_s(sizes, contexts, **ride)
+            yield env.timeout(t_verify)
             result.steps += 1
             result.draft_s += t_draft
             result.prep_s += t_prep
             result.verify_s += t_verify
-            result.batch_sizes.append(len(ids))
-            for rid, rec, load in records:
-                if cost_model is not None and not is_ar:
-                    cost_model.observe(rec.tree.size, load, t_verify)
-                req, st = table[rid], stats[rid]
-                last_size[rid] = rec.tree.size
-                last_accept[rid] = float(rec.tree.scores.sum())
-                st.committed.append(rec.committed_len)
-                st.tree_sizes.append(rec.tree.size)
-                st.tokens = min(req.generated, req.output_len)
-                if req.generated >= req.output_len:
-                    st.end_s = env.now
-                    result.requests.append(st)
-                    del table[rid]
-                    last_size.pop(rid, None)
-                    last_accept.pop(rid, None)
-                    done += 1
-                    if progress is not None:
-                        progress(done, n_requests)
-                    if admitted < n_requests:
-                        admit(admitted)
-                        admitted += 1
+            result.batch_sizes.append(b)
+            if observe:
+                assert cost_model is not None
+                cost_model.observe(*observed_load(requests, rec.trees), t_verify)
+            committed = rec.result.committed_lens
+            logs.append((ids, committed, sizes))
+            prev_size[ids] = sizes
+            prev_expected[ids] = rec.trees.expected_tokens()
+            done = pool.generated[slots] >= output_len[ids]
+            if np.any(done):
+                for index in ids[done].tolist():
+                    decoding.remove(index)
+                    finish(index)
+            if chunk_tokens:
+                advance_prefill(chunk_tokens)
         result.elapsed_s = env.now
 
     env.process(server())
     env.run()
+    _attach_steps(stats, logs)
     result.requests.sort(key=lambda r: r.request_id)
     return result
+
+
+def _attach_steps(
+    stats: dict[int, RequestStats], logs: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+) -> None:
+    """Per-request committed lengths and tree sizes, from the per-step logs (in step order)."""
+    if not logs:
+        return
+    ids = np.concatenate([x[0] for x in logs])
+    committed = np.concatenate([x[1] for x in logs])
+    sizes = np.concatenate([x[2] for x in logs])
+    order = np.argsort(ids, kind="stable")
+    ids, committed, sizes = ids[order], committed[order], sizes[order]
+    bounds = np.flatnonzero(np.diff(ids)) + 1
+    for c, s, i in zip(
+        np.split(committed, bounds), np.split(sizes, bounds), ids[np.r_[0, bounds]], strict=True
+    ):
+        st = stats[int(i)]
+        st.committed = c.tolist()
+        st.tree_sizes = s.tolist()

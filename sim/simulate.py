@@ -3,8 +3,11 @@
 :func:`simulate` builds the simulated GPU for a (model, device) pair, calibrates the
 controller's cost model by profiling that GPU (the cost model's 42-point sweep, 3 repeats, with
 the tile-step term offered to the fit), then serves the same seeded requests with target-only
-AR decoding and with each policy. Speedup is AR's mean TPOT over the policy's (the reference
-benchmarks' definition); τ is macro-averaged over requests.
+AR decoding and with each policy — in a closed loop (``concurrency`` clients) or an open loop
+(Poisson arrivals at ``arrival_rate`` per second, or an arrivals file), prompts prefilled in
+chunks of ``prefill_chunk`` tokens. Speedup is AR's mean TPOT over the policy's (the reference
+benchmarks' definition); τ is macro-averaged over requests. Each row also carries the latency
+percentiles (TTFT, TPOT, end-to-end) and the simulated and wall seconds its serving loop took.
 
 What this module does not do: sweep many settings (see :mod:`sim.experiments`) or print.
 """
@@ -26,10 +29,12 @@ from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.errors import ConfigError
 from bastion.policies import AdaptivePolicy, make_policy
-from sim.backend import SimRequest
-from sim.gpu import GroundTruth, SimulatedGPU
-from sim.serving import ServingResult, serve
-from sim.workloads import SyntheticRequest, get_workload
+from sim.arrivals import Arrival, poisson_arrivals, read_arrivals
+from sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
+from sim.latency import latency_summary
+from sim.serving import LengthSource, ServingResult, serve
+from sim.synthetic import SyntheticSource
+from sim.workloads import get_workload
 
 __all__ = ["PolicyResult", "SimSpec", "SimulationResult", "calibrated_cost_model", "simulate"]
 
@@ -47,8 +52,11 @@ class SimSpec:
     workload: str = "math"  # a preset name, or a trace file / directory (sim.replay)
     policies: tuple[str, ...] = DEFAULT_POLICIES
     temperature: float = 0.0
-    concurrency: int = 1
+    concurrency: int = 1  # closed loop: clients; open loop: the most requests in service
     requests: int = 8
+    arrival_rate: float | None = None  # open loop: Poisson arrivals per second
+    arrivals: str | None = None  # open loop: an arrivals file (sim.arrivals)
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens prefilled per step (0: none)
     seed: int = 0
     output_len: int | None = None  # override the workload's tokens per request
     cost_mode: CostMode = "static"
@@ -56,10 +64,20 @@ class SimSpec:
     truth: GroundTruth = field(default_factory=GroundTruth)
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ConfigError(f"concurrency must be ≥ 1; got {self.concurrency}")
+        if isinstance(self.concurrency, bool) or self.concurrency < 1:
+            raise ConfigError(f"concurrency must be an integer ≥ 1; got {self.concurrency!r}")
         if self.requests < 1:
             raise ConfigError(f"requests must be ≥ 1; got {self.requests}")
+        if self.arrival_rate is not None and self.arrivals is not None:
+            raise ConfigError("give an arrival rate or an arrivals file, not both")
+        if self.arrival_rate is not None and not 0 < self.arrival_rate < float("inf"):
+            raise ConfigError(
+                f"arrival_rate must be a finite number > 0 (requests/s); got {self.arrival_rate}"
+            )
+        if isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 0:
+            raise ConfigError(
+                f"prefill_chunk must be an integer ≥ 0 (0: no prefill); got {self.prefill_chunk!r}"
+            )
         if self.output_len is not None and self.output_len < 2:
             raise ConfigError(f"output_len must be ≥ 2; got {self.output_len}")
         if not self.policies:
@@ -88,9 +106,17 @@ class PolicyResult:
     verify_s: float
     steps: int
     mean_batch: float
+    simulated_s: float  # simulated time of this policy's run
+    wall_s: float  # wall time of its serving loop
+    ttft_p50_s: float
+    ttft_p99_s: float
+    tpot_p50_s: float
+    tpot_p99_s: float
+    e2e_p50_s: float
+    e2e_p99_s: float
 
     @classmethod
-    def of(cls, r: ServingResult, ar_tpot_s: float) -> PolicyResult:
+    def of(cls, r: ServingResult, ar_tpot_s: float, wall_s: float) -> PolicyResult:
         return cls(
             policy=r.policy,
             speedup=ar_tpot_s / r.tpot_s if r.tpot_s > 0 else float("nan"),
@@ -103,6 +129,9 @@ class PolicyResult:
             verify_s=r.verify_s,
             steps=r.steps,
             mean_batch=r.mean_batch,
+            simulated_s=r.elapsed_s,
+            wall_s=wall_s,
+            **latency_summary(q.latency() for q in r.requests),
         )
 
 
@@ -114,6 +143,11 @@ class SimulationResult:
     calibration_rmse_calibrated_s: float
     simulated_s: float  # total simulated time over all policies
     wall_s: float  # wall time of the whole simulation
+    served: tuple[ServingResult, ...] = ()  # each policy's run, request by request
+
+    def request_rows(self) -> list[dict[str, Any]]:
+        """One row per policy and request: the policy, then the latency columns."""
+        return [{"policy": r.policy, **q.latency().row()} for r in self.served for q in r.requests]
 
     def row(self, policy: str) -> PolicyResult:
         for r in self.rows:
@@ -140,21 +174,34 @@ def calibrated_cost_model(
     return model, record
 
 
-def _request_factory(spec: SimSpec) -> Callable[[int], SimRequest]:
+def request_source(spec: SimSpec) -> LengthSource:
+    """The drafter–target streams of ``spec``: a synthetic preset or recorded traces."""
     path = Path(spec.workload)
     if path.suffix == ".json" or path.is_dir():
-        from sim.replay import replay_factory
+        from sim.replay import trace_source
 
-        return replay_factory(path, spec.seed)
+        return trace_source(path)
     workload = get_workload(spec.workload)
     if spec.output_len is not None:
-        workload = workload.with_(output_len=spec.output_len)
+        workload = workload.with_(output_len=spec.output_len, output_len_sigma=0.0)
+    return SyntheticSource(workload, spec.seed, spec.temperature)
 
-    def make(index: int) -> SimRequest:
-        rng = np.random.default_rng([spec.seed, index])
-        return SyntheticRequest(workload, rng, spec.temperature, request_id=index)
 
-    return make
+def arrivals_of(spec: SimSpec) -> list[Arrival] | None:
+    """The open-loop arrivals of ``spec`` (None for the closed loop)."""
+    if spec.arrivals is not None:
+        return read_arrivals(spec.arrivals)
+    if spec.arrival_rate is None:
+        return None
+    path = Path(spec.workload)
+    if path.suffix == ".json" or path.is_dir():  # replayed requests keep their own lengths
+        workload = get_workload("math")
+    else:
+        workload = get_workload(spec.workload)
+        if spec.output_len is not None:
+            workload = workload.with_(output_len=spec.output_len, output_len_sigma=0.0)
+    rng = np.random.default_rng([spec.seed, 0x61727276])
+    return poisson_arrivals(spec.arrival_rate, spec.requests, workload, rng)
 
 
 def simulate(
@@ -172,8 +219,9 @@ def simulate(
         )
 
     cost_model, record = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed)
-    factory = _request_factory(spec)
-    results: list[ServingResult] = []
+    arrivals = arrivals_of(spec)
+    n_requests = None if arrivals is not None else spec.requests
+    results: list[tuple[ServingResult, float]] = []
     for name in ("ar", *[p for p in spec.policies if p != "ar"]):
         policy = make_policy(name)
         if isinstance(policy, AdaptivePolicy):
@@ -182,16 +230,28 @@ def simulate(
         if cm is not None and spec.cost_mode in ("ema", "ema+calib"):
             cm = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed)[0]  # fresh γ
         tick = (lambda d, n, name=name: progress(name, d, n)) if progress else None
-        results.append(
-            serve(policy, gpu(), factory, spec.requests, spec.concurrency, cm, progress=tick)
+        source = request_source(spec)
+        t0 = time.perf_counter()
+        served = serve(
+            policy,
+            gpu(),
+            source,
+            n_requests,
+            spec.concurrency,
+            cm,
+            progress=tick,
+            arrivals=arrivals,
+            prefill_chunk=spec.prefill_chunk,
         )
-    ar_tpot = results[0].tpot_s
-    rows = tuple(PolicyResult.of(r, ar_tpot) for r in results)
+        results.append((served, time.perf_counter() - t0))
+    ar_tpot = results[0][0].tpot_s
+    rows = tuple(PolicyResult.of(r, ar_tpot, wall) for r, wall in results)
     return SimulationResult(
         spec=spec,
         rows=rows,
         calibration_rmse_bare_s=record.rmse_bare_s,
         calibration_rmse_calibrated_s=record.rmse_calibrated_s,
-        simulated_s=sum(r.elapsed_s for r in results),
+        simulated_s=sum(r.elapsed_s for r, _ in results),
+        served=tuple(r for r, _ in results),
         wall_s=time.perf_counter() - start,
     )

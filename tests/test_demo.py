@@ -20,7 +20,7 @@ from bastion.demo import DRAFTER_DIR, TARGET_DIR  # noqa: E402
 from bastion.demo.run import load_prompts, run_demo  # noqa: E402
 from bastion.policies import make_policy  # noqa: E402
 from sim.gpu import SimulatedGPU  # noqa: E402
-from sim.replay import replay_factory  # noqa: E402
+from sim.replay import trace_source  # noqa: E402
 from sim.serving import serve  # noqa: E402
 
 if not (TARGET_DIR / "config.json").exists():  # pragma: no cover - a packaging error
@@ -81,7 +81,7 @@ def replay(trace_dir: Path, recorded: str, policy: str, n: int) -> list[list[int
     files = sorted(trace_dir.glob(f"{recorded.replace(':', '-')}-*.json"))
     committed = []
     for f in files:
-        result = serve(make_policy(policy), gpu, replay_factory(f), 1)
+        result = serve(make_policy(policy), gpu, trace_source(f), 1)
         committed.append(result.requests[0].committed)
     assert len(committed) == n
     return committed

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from bastion.errors import ConfigError
+
+DEFAULT_PREFILL_CHUNK = 512  # sim.gpu.DEFAULT_PREFILL_CHUNK (the CLI does not import sim eagerly)
 
 
 def _progress(enabled: bool):  # type: ignore[no-untyped-def]
@@ -28,8 +31,23 @@ def _progress(enabled: bool):  # type: ignore[no-untyped-def]
     return report
 
 
+def check_output_dir(path: Path) -> None:
+    """Refuse an output directory that cannot be created or written, before any work."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--out {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {path}: {probe} is not writable")
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     from sim.simulate import DEFAULT_POLICIES, SimSpec, simulate
+
+    if args.concurrency is None:
+        open_loop = args.arrival_rate is not None or args.arrivals is not None
+        args.concurrency = 64 if open_loop else 1
 
     policies = tuple(p for group in args.policy for p in group.split(",") if p)
     spec = SimSpec(
@@ -40,23 +58,29 @@ def run_simulate(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         concurrency=args.concurrency,
         requests=args.requests,
+        arrival_rate=args.arrival_rate,
+        arrivals=args.arrivals,
+        prefill_chunk=args.prefill_chunk,
         seed=args.seed,
         output_len=args.output_len,
         cost_mode=args.cost_mode,
         n_max=args.n_max,
     )
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_output_dir(out)  # before the work, not after it
     result = simulate(spec, progress=_progress(show))
     rows = [asdict(r) for r in result.rows]
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         from sim.results import write_csv_atomic, write_json_atomic
 
+        out.mkdir(parents=True, exist_ok=True)
         write_csv_atomic(out / "simulate.csv", rows)
         write_json_atomic(out / "simulate.json", {"spec": spec.to_dict(), "rows": rows})
+        write_csv_atomic(out / "requests.csv", result.request_rows())
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"spec": spec.to_dict(), "records": rows}, indent=2))
         return 0
     print(
         f"{spec.model} on {spec.gpu}, workload {spec.workload}, T = {spec.temperature:g}, "
@@ -73,6 +97,13 @@ def run_simulate(args: argparse.Namespace) -> int:
             f"{r.policy:<12} {r.speedup:>7.2f}× {r.tau:>6.2f} {r.mean_tree_size:>7.1f} "
             f"{r.tpot_s * 1e3:>8.3f} {r.throughput_tok_s:>8.0f}"
         )
+    if spec.arrival_rate is not None or spec.arrivals is not None or spec.prefill_chunk:
+        print(f"{'policy':<12} {'TTFT p50':>9} {'p99':>9} {'TPOT p50':>9} {'p99':>9} (ms)")
+        for r in result.rows:
+            print(
+                f"{r.policy:<12} {r.ttft_p50_s * 1e3:>9.2f} {r.ttft_p99_s * 1e3:>9.2f} "
+                f"{r.tpot_p50_s * 1e3:>9.3f} {r.tpot_p99_s * 1e3:>9.3f}"
+            )
     print(
         f"simulated {result.simulated_s:.1f} s in {result.wall_s:.1f} s wall "
         f"({result.simulated_s / result.wall_s:.0f}× real time)"
@@ -119,7 +150,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--workload", default="math", help="synthetic preset: math, code, chat")
     p.add_argument("--trace", help="replay a recorded trace file or directory instead")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--concurrency", type=int, default=1, help="requests in flight (C)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="closed loop: clients (C); open loop: most requests in service "
+        "(default: 1 closed, 64 open)",
+    )
+    p.add_argument(
+        "--arrival-rate",
+        type=float,
+        help="open loop: Poisson arrivals, requests per second (seeded by --seed)",
+    )
+    p.add_argument(
+        "--arrivals",
+        help="open loop: a file with one request per line: arrival_s prompt_len output_len",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=DEFAULT_PREFILL_CHUNK,
+        help="prompt tokens prefilled per step, riding with decode (0: no prefill)",
+    )
     p.add_argument("--requests", type=int, default=8, help="requests per policy")
     p.add_argument("--output-len", type=int, help="tokens per request (default: workload's)")
     p.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,257 @@
+"""The values of one batched decode step: every request's marginals, trees and outcomes at once.
+
+A serving step drafts, chooses trees for, verifies and commits all of its requests together;
+batch 1 is the same code with one request. The values that cross the batched protocols are
+stored as arrays over the batch, so a simulator can run a step without a Python loop over its
+requests:
+
+- :class:`StepRequests`: who is in the step (ids, KV lengths, roots, last step's tree sizes).
+- :class:`BatchMarginals`: every request's top-K marginals, stacked to ``[B, depth, K]``
+  (rows of a request with a smaller lattice are padded with probability 0, never drafted).
+- :class:`TreeBatch`: every request's tree, concatenated in request order (CSR layout:
+  ``offsets[i]:offsets[i + 1]`` are request i's nodes; parents are indices within the request).
+- :class:`BatchVerifyResult`: committed lengths per request and the committed tokens and
+  accepted nodes concatenated in request order.
+
+Each has a per-request view (``row(i)``, ``tree(i)``, ``result(i)``) returning the single-request
+types of :mod:`bastion.interfaces`, and a constructor from those (``from_rows``, ``from_trees``,
+``from_results``), which is how single-request drafters, policies and verifiers are adapted.
+
+What this module does not do: choose or verify anything (see :mod:`bastion.engine`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.errors import MarginalsError
+from bastion.interfaces import VerifyResult
+from bastion.tree import DraftMarginals, DraftTree
+
+__all__ = ["BatchMarginals", "BatchVerifyResult", "StepRequests", "TreeBatch"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+def _ints(values: npt.ArrayLike) -> IntArray:
+    return np.asarray(values, dtype=np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class StepRequests:
+    """The requests of one step. Arrays are over the batch, in the step's request order."""
+
+    request_ids: IntArray  # [B]
+    context_lens: IntArray  # [B] tokens in each KV cache before its root
+    bonus_tokens: IntArray  # [B] each tree's root: the request's last committed token
+    previous_tree_sizes: IntArray  # [B] last step's tree size, 0 on a request's first step
+    previous_expected: FloatArray  # [B] last step's Â (expected tokens), 0 on the first step
+    feedback: Sequence[object | None] | None = None  # per request, from last step's verify
+    committed: Sequence[Sequence[int]] | None = None  # per request, every token so far
+
+    @classmethod
+    def of(
+        cls,
+        request_ids: npt.ArrayLike,
+        context_lens: npt.ArrayLike,
+        bonus_tokens: npt.ArrayLike,
+        previous_tree_sizes: npt.ArrayLike | None = None,
+        previous_expected: npt.ArrayLike | None = None,
+        feedback: Sequence[object | None] | None = None,
+        committed: Sequence[Sequence[int]] | None = None,
+    ) -> StepRequests:
+        ids = _ints(request_ids)
+        b = ids.shape[0]
+        return cls(
+            ids,
+            _ints(context_lens),
+            _ints(bonus_tokens),
+            np.zeros(b, np.int64) if previous_tree_sizes is None else _ints(previous_tree_sizes),
+            np.zeros(b) if previous_expected is None else np.asarray(previous_expected, float),
+            feedback,
+            committed,
+        )
+
+    @property
+    def size(self) -> int:
+        """B, the number of requests in the step."""
+        return int(self.request_ids.shape[0])
+
+    def __len__(self) -> int:
+        return self.size
+
+
+@dataclass(frozen=True, eq=False)
+class BatchMarginals:
+    """Every request's top-K marginals, ``[B, depth, K]`` (see :class:`DraftMarginals`)."""
+
+    token_ids: IntArray  # [B, depth, K]
+    probs: FloatArray  # [B, depth, K], each row sorted descending
+
+    @property
+    def size(self) -> int:
+        return int(self.probs.shape[0])
+
+    def row(self, i: int) -> DraftMarginals:
+        """Request i's marginals (a view; padding rows have probability 0)."""
+        return DraftMarginals.trusted(self.token_ids[i], self.probs[i])
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[DraftMarginals]) -> BatchMarginals:
+        """Stack per-request marginals; smaller lattices are padded with zero probability."""
+        if not rows:
+            raise MarginalsError("a batch of marginals needs at least one request")
+        shapes = {m.probs.shape for m in rows}
+        if len(shapes) == 1:
+            return cls(np.stack([m.token_ids for m in rows]), np.stack([m.probs for m in rows]))
+        depth = max(s[0] for s in shapes)
+        k = max(s[1] for s in shapes)
+        ids = np.zeros((len(rows), depth, k), np.int64)
+        probs = np.zeros((len(rows), depth, k))
+        for i, m in enumerate(rows):
+            d, kk = m.probs.shape
+            ids[i, :d, :kk] = m.token_ids
+            probs[i, :d, :kk] = m.probs
+            # distinct ids in padded columns (they are never used: their probability is 0)
+            ids[i, :, kk:] = -1 - np.arange(k - kk)
+        return cls(ids, probs)
+
+    @classmethod
+    def empty(cls, batch_size: int) -> BatchMarginals:
+        """What a policy that never drafts (target-only AR) receives: one zero candidate."""
+        return _empty_marginals(batch_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _empty_marginals(batch_size: int) -> BatchMarginals:
+    ids = np.zeros((batch_size, 1, 1), np.int64)
+    probs = np.zeros((batch_size, 1, 1))
+    ids.flags.writeable = probs.flags.writeable = False
+    return BatchMarginals(ids, probs)
+
+
+@dataclass(frozen=True, eq=False)
+class TreeBatch:
+    """Every request's draft tree, concatenated in request order (see :class:`DraftTree`).
+
+    ``parents`` are indices within the request's own tree (−1 for each root), so ``tree(i)`` is a
+    plain slice.
+    """
+
+    offsets: IntArray  # [B + 1], request i's nodes are offsets[i]:offsets[i + 1]
+    parents: IntArray  # [ΣN]
+    tokens: IntArray  # [ΣN]
+    depths: IntArray  # [ΣN]
+    scores: FloatArray  # [ΣN] ρ
+    ranks: IntArray  # [ΣN]
+
+    @property
+    def size(self) -> int:
+        """B, the number of trees."""
+        return int(self.offsets.shape[0]) - 1
+
+    @property
+    def sizes(self) -> IntArray:
+        """[B] tree sizes N_i (roots included)."""
+        return np.diff(self.offsets)
+
+    @property
+    def total_nodes(self) -> int:
+        return int(self.offsets[-1])
+
+    def expected_tokens(self) -> FloatArray:
+        """[B] each tree's Â = Σ ρ over its nodes."""
+        return np.add.reduceat(self.scores, self.offsets[:-1])
+
+    def request_of_node(self) -> IntArray:
+        """[ΣN] the request index of every node."""
+        return np.repeat(np.arange(self.size), self.sizes)
+
+    def tree(self, i: int) -> DraftTree:
+        a, e = int(self.offsets[i]), int(self.offsets[i + 1])
+        return DraftTree.trusted(
+            self.parents[a:e], self.tokens[a:e], self.depths[a:e], self.scores[a:e], self.ranks[a:e]
+        )
+
+    def trees(self) -> list[DraftTree]:
+        return [self.tree(i) for i in range(self.size)]
+
+    def with_root_tokens(self, roots: npt.ArrayLike) -> TreeBatch:
+        """The same trees with each root's token set (the engine sets the bonus tokens)."""
+        tokens = self.tokens.copy()
+        tokens[self.offsets[:-1]] = roots
+        return TreeBatch(self.offsets, self.parents, tokens, self.depths, self.scores, self.ranks)
+
+    @classmethod
+    def from_trees(cls, trees: Sequence[DraftTree]) -> TreeBatch:
+        if not trees:
+            raise MarginalsError("a tree batch needs at least one tree")
+        offsets = np.zeros(len(trees) + 1, np.int64)
+        np.cumsum([t.size for t in trees], out=offsets[1:])
+        return cls(
+            offsets,
+            np.concatenate([t.parents for t in trees]),
+            np.concatenate([t.tokens for t in trees]),
+            np.concatenate([t.depths for t in trees]),
+            np.concatenate([t.scores for t in trees]),
+            np.concatenate([t.ranks for t in trees]),
+        )
+
+    @classmethod
+    def roots(cls, batch_size: int) -> TreeBatch:
+        """B root-only trees (target-only AR)."""
+        return _root_batch(batch_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _root_batch(batch_size: int) -> TreeBatch:
+    minus = np.full(batch_size, -1, np.int64)
+    arrays = (np.arange(batch_size + 1), minus, minus, np.zeros(batch_size, np.int64))
+    for a in arrays:
+        a.flags.writeable = False
+    scores = np.ones(batch_size)
+    scores.flags.writeable = False
+    return TreeBatch(arrays[0], arrays[1], arrays[2], arrays[3], scores, arrays[1])
+
+
+@dataclass(frozen=True, eq=False)
+class BatchVerifyResult:
+    """The outcome of verifying a :class:`TreeBatch`, request by request.
+
+    Request i commits ``committed_lens[i]`` tokens: its accepted draft tokens, then the bonus
+    token (so committed = accepted + 1, and τ counts the bonus). ``tokens`` holds them all in
+    request order; ``accepted_nodes`` holds each request's accepted path (node indices within
+    its tree, root excluded) in the same order.
+    """
+
+    committed_lens: IntArray  # [B]
+    tokens: IntArray  # [Σ committed] accepted tokens then the bonus token, request by request
+    accepted_nodes: IntArray  # [Σ (committed − 1)] path nodes, root excluded
+    feedback: Sequence[object | None] | None = None  # per request, for the drafter's next step
+
+    @property
+    def size(self) -> int:
+        return int(self.committed_lens.shape[0])
+
+    def result(self, i: int) -> VerifyResult:
+        """Request i's outcome as a single-request :class:`VerifyResult`."""
+        ends = np.cumsum(self.committed_lens)
+        a, e = int(ends[i] - self.committed_lens[i]), int(ends[i])
+        pa = a - i  # accepted nodes are committed − 1 per request
+        toks = self.tokens[a:e].tolist()
+        path = (0, *self.accepted_nodes[pa : pa + e - a - 1].tolist())
+        fb = self.feedback[i] if self.feedback is not None else None
+        return VerifyResult(path, tuple(toks[:-1]), int(toks[-1]), fb)
+
+    @classmethod
+    def from_results(cls, results: Sequence[VerifyResult]) -> BatchVerifyResult:
+        lens = np.array([r.committed_len for r in results], np.int64)
+        tokens = [t for r in results for t in (*r.accepted_tokens, r.bonus_token)]
+        nodes = [n for r in results for n in r.accepted_nodes[1:]]
+        return cls(lens, _ints(tokens), _ints(nodes), tuple(r.feedback for r in results) or None)

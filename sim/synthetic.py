@@ -1,0 +1,166 @@
+"""Synthetic drafter–target streams, drawn for a whole batch of requests at once.
+
+The statistical model is that of :mod:`sim.workloads` (read its docstring): at each step a
+request's drafter proposes a row of top-K marginals per future position — the top-1 probability
+from the request's confidence curve, the remaining mass spread over the runners-up — and the
+target's token at each position is the drafter's rank-r candidate with probability λ·q[r], else a
+token outside the row.
+
+Two things make it cheap enough to simulate thousands of request-steps per second:
+
+- **Blocks.** Each request draws ``block_steps`` steps of marginals and target tokens at once
+  from its own generator (seeded by the run's seed and the request's index, so a request's stream
+  does not depend on which other requests share its batch), into a slot of a preallocated array;
+  a step then gathers every request's current step with one fancy index.
+- **A bank of runner-up spreads.** The Dirichlet draw of the runner-up mass is taken from a bank
+  of ``bank_size`` (default 4096) Dirichlet rows drawn once per source, each row picked uniformly
+  at random per position and step. The law of one row is exactly the Dirichlet's; rows repeat
+  only across a bank's worth of draws, which leaves τ unchanged within sampling error (the tests
+  compare it against fresh draws).
+
+Token ids are the candidates' ranks (0 … K−1); a target token outside the drafter's row is K, so
+it never matches a tree node, and the token after the last drafted position is −1 (unknown). Only
+acceptance matters in simulation, not token identity.
+
+What this module does not do: time anything (sim.gpu), choose trees, or replay recorded runs
+(sim.replay).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.batch import BatchMarginals
+from bastion.errors import ConfigError
+from sim.workloads import Workload
+
+__all__ = ["SyntheticSource"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+class SyntheticSource:
+    """Marginals and target tokens for the requests in flight, indexed by slot.
+
+    ``admit(slot, index)`` starts request ``index`` in ``slot``; ``draft(slots, contexts)``
+    returns every listed slot's next step and advances it.
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        seed: int = 0,
+        temperature: float = 0.0,
+        block_steps: int = 64,
+        bank_size: int = 4096,
+    ) -> None:
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ConfigError(f"temperature must be a finite number ≥ 0; got {temperature}")
+        if block_steps < 1 or bank_size < 1:
+            raise ConfigError("block_steps and bank_size must be ≥ 1")
+        self.workload = w = workload
+        self.seed = seed
+        self.block_steps = block_steps
+        self.alignment = w.alignment * math.exp(-w.temperature_penalty * temperature)
+        # the bank: Dirichlet rows over K − 1 runners-up plus the outside-top-K bucket, sorted
+        alpha = np.full(w.k, w.concentration)
+        alpha[-1] = w.tail_alpha
+        bank_rng = np.random.default_rng([seed, 0x62616E6B])
+        gammas = bank_rng.standard_gamma(alpha, size=(bank_size, w.k))
+        spread = (gammas / gammas.sum(axis=1, keepdims=True))[:, :-1]
+        self._bank = -np.sort(-spread, axis=1)  # [bank, K − 1], descending
+        self._ids = np.broadcast_to(np.arange(w.k, dtype=np.int64), (1, w.depth, w.k))
+        self._slots = 0
+        self._probs = np.empty((0, block_steps, w.depth, w.k))
+        self._target = np.empty((0, block_steps, w.depth + 1), np.int64)
+        self._cursor = np.empty(0, np.int64)
+        self._top1 = np.empty((0, w.depth))
+        self._rngs: list[np.random.Generator | None] = []
+
+    # -- slots ----------------------------------------------------------------------------------
+
+    def _grow(self, slots: int) -> None:
+        w, extra = self.workload, slots - self._slots
+        self._probs = np.concatenate((self._probs, np.empty((extra, *self._probs.shape[1:]))))
+        self._target = np.concatenate(
+            (self._target, np.empty((extra, *self._target.shape[1:]), np.int64))
+        )
+        self._cursor = np.concatenate((self._cursor, np.zeros(extra, np.int64)))
+        self._top1 = np.concatenate((self._top1, np.empty((extra, w.depth))))
+        self._rngs.extend([None] * extra)
+        self._slots = slots
+
+    def lengths(self, index: int, requested: tuple[int, int] | None = None) -> tuple[int, int]:
+        """Request ``index``'s (prompt_len, output_len): ``requested`` (an arrival's) if given,
+        else drawn from the workload's length distributions with the request's own seed."""
+        if requested is not None:
+            return requested
+        w = self.workload
+        sample = getattr(w, "sample_lengths", None)
+        if sample is None:
+            return w.prompt_len, w.output_len
+        prompt, out = sample(np.random.default_rng([self.seed, index, 0x6C656E]), 1)
+        return int(prompt[0]), int(out[0])
+
+    def admit(self, slot: int, index: int) -> np.random.Generator:
+        """Start request ``index`` in ``slot``; returns the request's own generator."""
+        if slot >= self._slots:
+            self._grow(max(slot + 1, 2 * self._slots))
+        w = self.workload
+        rng = np.random.default_rng([self.seed, index])
+        shift = rng.normal(0.0, w.difficulty_sd) if w.difficulty_sd else 0.0
+        base = w.top1 * w.decay ** np.arange(w.depth)
+        logits = np.log(base / (1.0 - base)) + shift
+        self._top1[slot] = 1.0 / (1.0 + np.exp(-logits))
+        self._rngs[slot] = rng
+        self._refill(slot)
+        return rng
+
+    def _refill(self, slot: int) -> None:
+        """Draw the next ``block_steps`` steps of ``slot`` in one vectorised pass."""
+        w, rng = self.workload, self._rngs[slot]
+        assert rng is not None
+        steps, k = self.block_steps, w.k
+        top1 = self._top1[slot]  # [D]
+        spread = self._bank[rng.integers(0, self._bank.shape[0], size=(steps, w.depth))]
+        probs = np.empty((steps, w.depth, k))
+        probs[:, :, 1:] = (1.0 - top1)[None, :, None] * spread  # runners-up, descending
+        probs[:, :, 0] = top1
+        above = probs[:, :, 1] > top1  # rows where a runner-up beats the top-1 value
+        if above.any():  # insert the top-1 value where it belongs (rows stay sorted; rare)
+            rows = probs[above]
+            first = rows[:, 0].copy()
+            runners = rows[:, 1:]
+            pos = (runners > first[:, None]).sum(axis=1)[:, None]
+            col = np.arange(k)[None, :]
+            padded = np.concatenate((runners, np.zeros((rows.shape[0], 1))), axis=1)
+            probs[above] = np.where(col < pos, padded, np.where(col == pos, first[:, None], rows))
+        # the target's token at each position: rank r with prob λ·q[r], else outside (K)
+        cdf = np.cumsum(probs, axis=2)
+        cdf *= self.alignment
+        rank = (rng.random((steps, w.depth, 1)) > cdf).sum(axis=2)
+        self._probs[slot] = probs
+        self._target[slot, :, : w.depth] = rank
+        self._target[slot, :, w.depth] = -1
+        self._cursor[slot] = 0
+
+    # -- one step ---------------------------------------------------------------------------------
+
+    def draft(self, slots: IntArray, context_lens: IntArray) -> tuple[BatchMarginals, IntArray]:
+        """Every slot's marginals at its current root and the target's tokens there.
+
+        The second array is ``[B, depth + 1]``: the target's token at positions 1 … depth and
+        after them (−1: not drafted, never matched)."""
+        del context_lens  # synthetic streams are indexed by step, not by position
+        cursor = self._cursor[slots]
+        for slot in slots[cursor >= self.block_steps].tolist():
+            self._refill(slot)
+        cursor = self._cursor[slots]
+        probs = self._probs[slots, cursor]
+        target = self._target[slots, cursor]
+        self._cursor[slots] = cursor + 1
+        ids = np.broadcast_to(self._ids, probs.shape)
+        return BatchMarginals(ids, probs), target
