@@ -284,3 +284,83 @@ class RooflineCostModel:
             return
         bare_s, cal_s = self._base(np.array([float(tree_size)]), load)
         self.ema.update(verify_s, float(self._uncorrected(bare_s, cal_s)[0]))
+
+    def joint_cost_curve(
+        self, context_lens: npt.NDArray[np.int64], grow: npt.NDArray[np.int64]
+    ) -> CostCurve:
+        """Ĉ of a whole batch along a joint allocation (:class:`bastion.joint.JointCostModel`).
+
+        Request i has ``context_lens[i]`` cached tokens and starts with its root; ``grow[j]`` is
+        the request that receives the j-th added node. ``verify_s[m]`` (m = 0 … len(grow)) is
+        the batch's pass after the first m additions. Adding a node to a request that has n
+        raises T by 1, the attention pairs (and mask elements) by c_i + 2n + 1 and the KV
+        tokens by 1, so the pass shapes are cumulative sums, priced exactly like ``cost_curve``
+        (same context buckets, pricers, calibration and correction). L_AR is one unmasked step
+        of the B roots; T_draft the drafter's pass over the batch.
+        """
+        ctx = np.asarray(context_lens)
+        g = np.asarray(grow)
+        if ctx.ndim != 1 or ctx.size == 0 or ctx.dtype.kind not in "iu" or np.any(ctx < 0):
+            raise BudgetError("context_lens must be a non-empty 1-D array of integers ≥ 0")
+        n_req = ctx.size
+        if g.ndim != 1 or (
+            g.size and (g.dtype.kind not in "iu" or g.min() < 0 or g.max() >= n_req)
+        ):
+            raise BudgetError(f"grow must be a 1-D array of request indices in [0, {n_req})")
+        step = self.context_bucket
+        buckets = -(-ctx.astype(np.int64) // step) * step
+        c = buckets.astype(np.float64)
+        g = g.astype(np.int64)
+        counts = np.bincount(g, minlength=n_req)
+        order = np.argsort(g, kind="stable")
+        held = np.empty(g.size, dtype=np.float64)  # nodes request g[j] holds before node j
+        held[order] = np.arange(g.size) - np.repeat(np.cumsum(counts) - counts, counts) + 1.0
+        added = np.arange(g.size + 1, dtype=np.float64)
+        pairs0 = float(np.sum(c + 1.0))
+        pairs = np.empty(g.size + 1)
+        pairs[0] = pairs0
+        np.cumsum(c[g] + 2.0 * held + 1.0, out=pairs[1:])
+        pairs[1:] += pairs0
+
+        def price(shape: PassShape, masked: bool) -> Array:
+            """``_correct`` of ``_base``'s two branches, computing only the one the mode reads."""
+            pricer = self._pricer(masked, tiled=False)
+            if self.mode in ("bare", "ema") or self.calibration is None:
+                compute, memory = pricer.branches(shape)
+                bare_s = (np.maximum(compute, memory) + pricer.launch_s).sum(axis=-1)
+                return self._correct(bare_s, bare_s)  # these modes never read the calibrated
+            # The calibration reads only Σ_op of each branch, affine in the features: one
+            # matrix-vector product each instead of the [len, ops] per-operator matrices.
+            x = pricer.features(shape)
+            memory_s = (pricer._b0.sum() + x @ pricer._b.sum(axis=1)) / pricer._bw
+            if self._tiled is not None:
+                pricer = self._pricer(masked, tiled=True)
+                x = pricer.features(shape)
+            compute_s = (pricer._f0.sum() + x @ pricer._f.sum(axis=1)) / pricer._peak
+            cal_s = np.asarray(self.calibration.predict(compute_s, memory_s), dtype=np.float64)
+            return self._correct(cal_s, cal_s)  # these modes never read the bare branch
+
+        tree = PassShape(
+            tokens=n_req + added, attn_pairs=pairs, kv_tokens=pairs0 + added, mask_elems=pairs
+        )
+        ar = PassShape(
+            tokens=np.array([float(n_req)]),
+            attn_pairs=np.array([pairs0]),
+            kv_tokens=np.array([pairs0]),
+            mask_elems=np.zeros(1),
+        )
+        verify = self._check(price(tree, masked=True), "verify")
+        ar_s = self._check(price(ar, masked=False), "L_AR")
+        draft = 0.0
+        if self.drafter is not None:  # the cache and key of ``draft_s``
+            key = tuple(sorted(buckets.tolist()))
+            hit = self._draft_cache.get(key)
+            if hit is None:
+                hit = float(drafter_pass(self.drafter, self.hardware, key, self.options).total_s)
+                self._draft_cache[key] = hit
+                if len(self._draft_cache) > self._cache_size:
+                    self._draft_cache.popitem(last=False)
+            draft = hit
+        return CostCurve(
+            draft_s=draft, prep_s=self.prep_s, verify_s=verify, ar_step_s=float(ar_s[0])
+        )
