@@ -116,10 +116,10 @@ class BatchMarginals:
         probs = np.zeros((len(rows), depth, k))
         for i, m in enumerate(rows):
             d, kk = m.probs.shape
+            # padding: distinct unused ids (never drafted: their probability is 0)
+            ids[i] = int(m.token_ids.max()) + 1 + np.arange(k)
             ids[i, :d, :kk] = m.token_ids
             probs[i, :d, :kk] = m.probs
-            # distinct ids in padded columns (they are never used: their probability is 0)
-            ids[i, :, kk:] = -1 - np.arange(k - kk)
         return cls(ids, probs)
 
     @classmethod

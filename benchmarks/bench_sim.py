@@ -1,11 +1,15 @@
-"""Simulator speed: simulated seconds per wall second (issue: simulator performance target).
+"""Simulator speed and batched serving: simulated seconds per wall second, per policy and C.
 
-For qwen3-8b on h100-sxm with the ``math`` workload, serves the same requests with each policy
-at batch 1 and at concurrency C = 32 and reports, per policy, simulated time / wall time of the
-serving loop (the one-off calibration sweep is reported separately). Also checks that the same
-seed gives identical results. Reports medians over ``--repeats``.
+For qwen3-8b on h100-sxm with the ``math`` workload (closed loop, prompts prefilled in 512-token
+chunks), serves the same seeded requests with each policy at each concurrency C and reports,
+per (C, policy): throughput (generated tokens per simulated second), τ, mean tree size, and the
+simulator's speed — simulated time / wall time of the serving loop (the one-off calibration
+sweep is reported separately). The wall time is the median over ``--repeats``; every repeat must
+give identical simulated results (asserted). Requests: 8 × 512 tokens at C = 1, otherwise
+2·C requests × 256 tokens (at least 16).
 
-Run: ``python benchmarks/bench_sim.py [--repeats 3]``. Never part of the tests.
+Run: ``python benchmarks/bench_sim.py [--repeats 3] [--concurrency 1,4,8,16,32,64]
+[--policies ar,chain,...]``. Never part of the tests.
 """
 
 from __future__ import annotations
@@ -14,20 +18,21 @@ import argparse
 import statistics
 import time
 
-import numpy as np
-
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.policies import make_policy
 from sim.gpu import SimulatedGPU
 from sim.serving import serve
-from sim.simulate import calibrated_cost_model
-from sim.workloads import SyntheticRequest, get_workload
+from sim.simulate import SimSpec, calibrated_cost_model, request_source
+
+POLICIES = "ar,chain,fixed:16,fixed:64,bastion:per-request,bastion"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--concurrency", default="1,4,8,16,32,64")
+    parser.add_argument("--policies", default=POLICIES)
     args = parser.parse_args()
     model = get_model("qwen3-8b")
     hw = get_profile("h100-sxm")
@@ -36,30 +41,32 @@ def main() -> None:
     cost_model, _ = calibrated_cost_model(SimulatedGPU(hw, model, drafter))
     calib_s = time.perf_counter() - t0
     print(f"# bench_sim — qwen3-8b · h100-sxm · math; calibration sweep + fit: {calib_s:.2f} s\n")
-    print("| C | policy | requests × tokens | simulated s | wall s | simulated / wall |")
-    print("|---:|---|---:|---:|---:|---:|")
-    for concurrency, requests, out_len in ((1, 8, 512), (32, 64, 256)):
-        workload = get_workload("math").with_(output_len=out_len)
-
-        def new(i: int, w=workload) -> SyntheticRequest:  # type: ignore[no-untyped-def]
-            return SyntheticRequest(w, np.random.default_rng([0, i]), request_id=i)
-
-        for spec in ("ar", "chain", "fixed:64", "bastion"):
-            ratios, walls, sims, taus = [], [], [], []
+    print(
+        "| C | policy | requests × tokens | throughput tok/s | τ | mean N | simulated s | "
+        "wall s | simulated / wall |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for concurrency in (int(c) for c in args.concurrency.split(",")):
+        requests, out_len = (8, 512) if concurrency == 1 else (max(16, 2 * concurrency), 256)
+        spec = SimSpec(concurrency=concurrency, requests=requests, output_len=out_len)
+        for name in args.policies.split(","):
+            walls, results = [], []
             for _ in range(args.repeats):
+                policy = make_policy(name)
+                cm = cost_model if getattr(policy, "uses_cost_model", False) else None
+                source = request_source(spec)
                 gpu = SimulatedGPU(hw, model, drafter)
-                cm = cost_model if spec == "bastion" else None
                 start = time.perf_counter()
-                r = serve(make_policy(spec), gpu, new, requests, concurrency, cm)
-                wall = time.perf_counter() - start
-                walls.append(wall)
-                sims.append(r.elapsed_s)
-                ratios.append(r.elapsed_s / wall)
-                taus.append(r.tau)
-            assert len(set(sims)) == 1 and len(set(taus)) == 1, "same seed, different result"
+                r = serve(policy, gpu, source, requests, concurrency, cm)
+                walls.append(time.perf_counter() - start)
+                results.append((r.elapsed_s, r.tau, r.mean_tree_size, r.throughput))
+            assert len(set(results)) == 1, "same seed, different result"
+            sim_s, tau, mean_n, tput = results[0]
+            wall = statistics.median(walls)
             print(
-                f"| {concurrency} | {spec} | {requests} × {out_len} | {sims[0]:.2f} | "
-                f"{statistics.median(walls):.2f} | {statistics.median(ratios):.0f}× |"
+                f"| {concurrency} | {name} | {requests} × {out_len} | {tput:.0f} | {tau:.2f} | "
+                f"{mean_n:.1f} | {sim_s:.2f} | {wall:.3f} | {sim_s / wall:.0f}× |",
+                flush=True,
             )
 
 

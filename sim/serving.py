@@ -13,8 +13,9 @@ request's first token (its time to first token); from the next step on it decode
 Each decode step is one call of the shared engine's :meth:`bastion.engine.SpecEngine.step` for
 every decoding request at once: the drafter drafts the batch, the policy chooses all trees
 together (the adaptive controller under one joint budget), the verifier accepts and commits.
-The step's time is then charged on the simulated GPU as SimPy timeouts, one per pass: the
-batched drafter pass plus host preparation, then the batched verification pass. Target-only AR
+The step's time — the batched drafter pass, host preparation and the batched verification
+pass, each priced on the simulated GPU — is then charged as one SimPy timeout (nothing can
+happen between passes that run back to back on the one GPU). Target-only AR
 steps have no draft and a one-token pass per request.
 
 Measured per request: arrival, first token, finish, tokens, steps, committed lengths (τ) and tree
@@ -210,11 +211,12 @@ def serve(
     next_arrival = 0  # open loop: index of the next arrival
 
     def arrive(index: int) -> None:
-        requested = None
-        if arrivals is not None:
-            requested = (int(arrivals[index].prompt_len), int(arrivals[index].output_len))
+        requested, arrival = None, env.now  # closed loop: a request arrives when admitted
+        if arrivals is not None:  # the server notices arrivals between steps; record the truth
+            a = arrivals[index]
+            requested, arrival = (int(a.prompt_len), int(a.output_len)), float(a.time_s)
         prompt, out = source.lengths(index, requested)
-        stats[index] = RequestStats(index, arrival_s=env.now, prompt_len=prompt)
+        stats[index] = RequestStats(index, arrival_s=arrival, prompt_len=prompt)
         output_len[index] = out
         waiting.append(index)
 
@@ -310,9 +312,9 @@ def serve(
             else:
                 t_draft = gpu.draft_s(contexts)
                 t_prep = gpu.prep_s(sizes, topk)
-                yield env.timeout(t_draft + t_prep)
                 t_verify = gpu.verify_s(sizes, contexts, **ride)
-            yield env.timeout(t_verify)
+            # the passes run back to back on the one GPU and nothing can happen between them
+            yield env.timeout(t_draft + t_prep + t_verify)
             result.steps += 1
             result.draft_s += t_draft
             result.prep_s += t_prep

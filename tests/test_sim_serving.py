@@ -1,0 +1,139 @@
+"""Serving: closed and open loop, chunked prefill, per-request latency, the CLI's new inputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bastion.cli import main
+from bastion.cost.hardware import get_profile
+from bastion.cost.models import DrafterSpec, get_model
+from bastion.errors import ConfigError
+from bastion.policies import make_policy
+from sim.arrivals import Arrival
+from sim.gpu import GroundTruth, SimulatedGPU
+from sim.serving import serve
+from sim.synthetic import SyntheticSource
+from sim.workloads import get_workload
+
+
+def gpu() -> SimulatedGPU:
+    m = get_model("qwen3-8b")
+    return SimulatedGPU(get_profile("h100-sxm"), m, DrafterSpec.dflash_for(m), GroundTruth(noise=0))
+
+
+def source() -> SyntheticSource:
+    return SyntheticSource(get_workload("math").with_(output_len_sigma=0.0, prompt_len_sigma=0.0))
+
+
+def test_an_idle_server_prefills_a_prompt_in_chunks() -> None:
+    """TTFT of a lone request = its prompt's prefill passes, chunk by chunk, nothing else."""
+    g = gpu()
+    arrivals = [Arrival(0.5, 1300, 20)]
+    r = serve(make_policy("chain"), g, source(), arrivals=arrivals, prefill_chunk=512)
+    q = r.requests[0]
+    expected = sum(g.prefill_truth([n], [c]) for n, c in ((512, 0), (512, 512), (276, 1024)))
+    assert q.arrival_s == 0.5
+    assert q.ttft_s == pytest.approx(expected, rel=1e-12)
+    assert q.tokens == 20 and q.e2e_s == pytest.approx(q.ttft_s + (q.end_s - q.start_s))
+    no_prefill = serve(make_policy("chain"), gpu(), source(), arrivals=arrivals, prefill_chunk=0)
+    assert no_prefill.requests[0].ttft_s == 0.0
+
+
+def test_open_loop_requests_start_no_earlier_than_they_arrive() -> None:
+    arrivals = [Arrival(t, 64, 32) for t in (0.0, 0.0, 0.01, 2.0, 2.0005)]
+    r = serve(make_policy("fixed:16"), gpu(), source(), arrivals=arrivals, concurrency=2)
+    assert [q.arrival_s for q in r.requests] == [a.time_s for a in arrivals]
+    for q in r.requests:
+        assert q.arrival_s <= q.start_s <= q.end_s and q.tokens == 32
+    assert max(r.batch_sizes) <= 2
+    assert r.elapsed_s > 2.0  # the server idled until the late arrivals
+
+
+def test_queueing_raises_time_to_first_token() -> None:
+    """Negative control for TTFT: the same requests arriving 50× faster than they can be
+    served queue up, and their p99 TTFT grows by orders of magnitude."""
+    calm = [Arrival(i * 1.0, 128, 64) for i in range(12)]
+    rush = [Arrival(i * 0.02, 128, 64) for i in range(12)]
+    ttft = {}
+    for name, arr in (("calm", calm), ("rush", rush)):
+        r = serve(make_policy("chain"), gpu(), source(), arrivals=arr, concurrency=1)
+        ttft[name] = np.percentile([q.ttft_s for q in r.requests], 99)
+    assert ttft["rush"] > 10 * ttft["calm"]
+
+
+def test_closed_loop_arrival_is_admission() -> None:
+    r = serve(make_policy("ar"), gpu(), source(), n_requests=4, concurrency=2)
+    starts = sorted(q.arrival_s for q in r.requests)
+    assert starts[:2] == [0.0, 0.0] and starts[2] > 0.0  # the third waits for a finished one
+    assert all(q.ttft_s > 0 for q in r.requests)  # prefill is simulated by default
+
+
+def test_bad_serving_input() -> None:
+    with pytest.raises(ConfigError, match="prefill_chunk"):
+        serve(make_policy("ar"), gpu(), source(), n_requests=1, prefill_chunk=-1)
+    with pytest.raises(ConfigError, match="n_requests"):
+        serve(make_policy("ar"), gpu(), source())
+    with pytest.raises(ConfigError, match="arrivals"):
+        serve(make_policy("ar"), gpu(), source(), n_requests=3, arrivals=[Arrival(0, 8, 8)])
+
+
+def test_cli_open_loop_writes_requests_csv(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arrivals = tmp_path / "arrivals.txt"
+    arrivals.write_text("arrival_s,prompt_len,output_len\n0.0 100 16\n0.01 300 24\n0.02 50 8\n")
+    out = tmp_path / "out"
+    code = main(
+        ["simulate", "--arrivals", str(arrivals), "--policy", "chain", "--out", str(out), "--json"]
+    )
+    assert code == 0
+    records = json.loads(capsys.readouterr().out)["records"]
+    assert [r["policy"] for r in records] == ["ar", "chain"]
+    with open(out / "requests.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6
+    assert {r["policy"] for r in rows} == {"ar", "chain"}
+    assert sorted(int(r["output_len"]) for r in rows if r["policy"] == "chain") == [8, 16, 24]
+    assert all(float(r["ttft_s"]) > 0 for r in rows)
+
+
+def test_cli_poisson_arrivals_are_seeded(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--arrival-rate", "20", "--requests", "6", "--policy", "chain", "--json"]
+    runs = []
+    for _ in range(2):
+        assert main([*args, "--output-len", "16"]) == 0
+        runs.append(json.loads(capsys.readouterr().out)["records"])
+    strip = [[{k: v for k, v in r.items() if k != "wall_s"} for r in run] for run in runs]
+    assert strip[0] == strip[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--arrival-rate", "-1"], "arrival_rate"),
+        (["--arrival-rate", "nan"], "arrival_rate"),
+        (["--arrivals", "/nonexistent/arrivals.txt"], "arrivals.txt"),
+        (["--arrival-rate", "5", "--arrivals", "x.txt"], "not both"),
+        (["--prefill-chunk", "-5"], "prefill_chunk"),
+    ],
+)
+def test_cli_bad_open_loop_input(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", *args]) != 0
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_refuses_an_unwritable_out_before_working(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["simulate", "--out", str(blocker / "sub")]) != 0
+    assert "not a directory" in capsys.readouterr().err
