@@ -32,10 +32,11 @@ its best Ŝ is the best over all allocations. With the roofline Ĉ (which also d
 M nodes are spread, through the attention pairs Σ N_i·(c_i + N_i)) the chain is the
 surrogate-optimal allocation for each M, and the controller picks the best M along it.
 
-The chain is grown lazily in doubling chunks: each request's best-first arrays are built to a
-budget b; a truncated request's next node may have ρ as large as its last computed one, so only
-the merged prefix that no unseen node can precede is final; b doubles while the stop rule needs
-more of the chain. The answer equals a node-by-node scan.
+The chain is grown lazily in chunks: each request's best-first arrays are built to a budget b;
+a truncated request's next node may have ρ as large as its last computed one, so only the merged
+prefix that no unseen node can precede is final; while the stop rule needs more of the chain, b
+doubles (or grows up to 8×, when the priced Ĉ shows that auto's bound needs a much longer
+chain). The answer equals a node-by-node scan; the chunks only save work.
 
 What this module does not do: price passes (a :class:`JointCostModel` such as
 :class:`bastion.cost.costmodel.RooflineCostModel` does), decide which requests share a pass, or
@@ -236,6 +237,22 @@ def _gain_bound(
     return (a_valid + gain) * (1.0 + 1e-12)  # slack for the rounding of the sums
 
 
+def _growth(c_hat: FloatArray, c_needed: float) -> int:
+    """How much to grow the budgets so that the chain reaches Ĉ = ``c_needed`` (2 … 8).
+
+    Only a speed heuristic (the stop rule decides the answer): extrapolates Ĉ linearly from
+    the last half of the priced chain, since every round has a fixed cost.
+    """
+    v = c_hat.shape[0] - 1
+    if v < 2:
+        return 2
+    slope = (float(c_hat[-1]) - float(c_hat[v // 2])) / (v - v // 2)
+    if slope <= 0.0:
+        return 8
+    target = v + (c_needed - float(c_hat[-1])) / slope
+    return int(min(8.0, max(2.0, np.ceil(target / v))))
+
+
 def choose_joint(
     marginals: Sequence[DraftMarginals],
     curve: JointCurve,
@@ -268,7 +285,7 @@ def choose_joint(
     rule: Rule = "bounded" if mode == "auto" else mode
     shape = batch[0].probs.shape
     stacked = (
-        np.stack([m.probs for m in batch]) if all(m.probs.shape == shape for m in batch) else None
+        np.array([m.probs for m in batch]) if all(m.probs.shape == shape for m in batch) else None
     )
     mass = (
         _lattice_mass(stacked)
@@ -278,6 +295,7 @@ def choose_joint(
 
     budgets = np.full(b, n_max if rule == "exhaustive" else min(initial, n_max), dtype=np.int64)
     while True:
+        growth = 2
         arrays: list[TreeArrays] = (
             best_first_many(stacked, budgets)
             if stacked is not None
@@ -309,9 +327,11 @@ def choose_joint(
                 a_far = _gain_bound(
                     merged, valid, float(a_hat[-1]), mass, truncated, n_max, rho_next
                 )
-                if a_far * cc.ar_step_s / float(c_hat[-1]) <= s_hat[chosen]:
+                c_needed = a_far * cc.ar_step_s / float(s_hat[chosen])
+                if c_needed <= c_hat[-1]:
                     break
-        budgets = np.where(truncated, np.minimum(2 * budgets, n_max), budgets)
+                growth = _growth(c_hat, c_needed)
+        budgets = np.where(truncated, np.minimum(growth * budgets, n_max), budgets)
 
     alloc = 1 + np.bincount(req[:chosen], minlength=b)
     diag = JointDiagnostics(
@@ -342,7 +362,7 @@ def _trees(
             tree_from_arrays((a[0][:n], a[1][:n], a[2][:n], a[3][:n]), m, r)
             for a, m, r, n in zip(arrays, batch, roots, alloc.tolist(), strict=True)
         ]
-    ids = np.stack([m.token_ids for m in batch])
+    ids = np.array([m.token_ids for m in batch])
     node_req = np.repeat(np.arange(len(batch)), sizes)
     depths = np.concatenate([a[1] for a in arrays])
     ranks = np.concatenate([a[2] for a in arrays])

@@ -433,7 +433,7 @@ def explicit(cm: RooflineCostModel, sizes: Sequence[int], ctx: Sequence[int]) ->
     ctx=st.lists(st.integers(0, 5000), min_size=1, max_size=5),
     picks=st.lists(st.integers(0, 4), max_size=40),
 )
-@settings(max_examples=25)
+@settings(max_examples=25, deadline=None)
 def test_joint_curve_prices_each_allocation_like_the_batched_base(
     mode: CostMode, cal: LinearCalibration | None, ctx: list[int], picks: list[int]
 ) -> None:
@@ -515,7 +515,7 @@ def test_bad_joint_curve_input() -> None:
     st.integers(1, 200),
     st.integers(1, 32),
 )
-@settings(max_examples=30)
+@settings(max_examples=30, deadline=None)
 def test_auto_equals_exhaustive_with_the_roofline(
     batch: Batch, ctx: list[int], n_max: int, initial: int
 ) -> None:

@@ -303,16 +303,22 @@ class RooflineCostModel:
         if ctx.ndim != 1 or ctx.size == 0 or ctx.dtype.kind not in "iu" or np.any(ctx < 0):
             raise BudgetError("context_lens must be a non-empty 1-D array of integers ≥ 0")
         n_req = ctx.size
-        if g.ndim != 1 or (
-            g.size and (g.dtype.kind not in "iu" or g.min() < 0 or g.max() >= n_req)
-        ):
-            raise BudgetError(f"grow must be a 1-D array of request indices in [0, {n_req})")
+        try:
+            if g.ndim != 1 or (g.size and g.dtype.kind not in "iu"):
+                raise ValueError
+            counts = np.bincount(g, minlength=n_req)  # ValueError on a negative index
+            if counts.size > n_req:
+                raise ValueError
+        except ValueError:
+            raise BudgetError(
+                f"grow must be a 1-D array of request indices in [0, {n_req})"
+            ) from None
         step = self.context_bucket
         buckets = -(-ctx.astype(np.int64) // step) * step
         c = buckets.astype(np.float64)
         g = g.astype(np.int64)
-        counts = np.bincount(g, minlength=n_req)
-        order = np.argsort(g, kind="stable")
+        # stable sort by request (radix sort on 16-bit keys): each request's additions in order
+        order = np.argsort(g.astype(np.int16) if n_req < 1 << 15 else g, kind="stable")
         held = np.empty(g.size, dtype=np.float64)  # nodes request g[j] holds before node j
         held[order] = np.arange(g.size) - np.repeat(np.cumsum(counts) - counts, counts) + 1.0
         added = np.arange(g.size + 1, dtype=np.float64)
