@@ -19,12 +19,23 @@ The controller never reads any of this: its ``CostModel`` is calibrated by runni
 model's profiling sweep against :meth:`SimulatedGPU.verify_s`, exactly as on real hardware
 (registered as the ``sim`` calibration backend).
 
-Passes are priced with :class:`~bastion.cost.roofline.LinearPricer` (one per masked flag, built
-with the truth's device and options): the same per-operator roofline as ``price_pass``, as two
-small matrix products, with the tree-attention penalty applied per operator. Batch-1 truth
-curves are also cached per context bucket (``context_quantum`` tokens); the bucket only coarsens
-the truth's dependence on context (attention grows by well under 0.1 % per 16 tokens), not its
-dependence on the tree.
+Passes are priced from the per-operator FLOP and byte counts of
+:class:`~bastion.cost.roofline.LinearPricer` (built with the truth's device and options): every
+count of a target pass is affine in seven features (1, T, padded T, attention pairs, KV tokens,
+mask elements, experts touched), so one pass is one small matrix-vector product, the per-operator
+max(compute, memory) and a weighted sum (the tree-attention penalty is a per-operator weight).
+The batch's features come from one Gram matrix of the rows (1, s_i, ⌈c_i / quantum⌉) kept in a
+reused buffer. A drafter pass over n requests is affine in Σ c_i for fixed n (tile padding and
+experts touched depend on n alone), so its per-operator counts are read off
+:func:`~bastion.cost.roofline.drafter_pass` at Σ c = 0 and Σ c = 1 once per batch size. Both routes
+give the per-operator roofline's numbers to rounding (≪ 1e-12 relative; the tests compare them
+with ``price_pass`` and ``drafter_pass``). Batch-1 truth curves are also cached per context bucket
+(``context_quantum`` tokens); the bucket only coarsens the truth's dependence on context
+(attention grows by well under 0.1 % per 16 tokens), not its dependence on the tree.
+
+Noise: pass i is multiplied by exp(noise · z_i), z the standard normals of the GPU's generator
+(seeded by ``seed``) in order, drawn 1024 at a time; the sequence is a function of the seed (and,
+as the per-pass draws it replaced, the same z_i).
 
 Prefill. :meth:`SimulatedGPU.prefill_truth` prices one pass that processes chunks of new prompt
 tokens for several requests (causal attention, no tree mask), and ``verify_*`` / ``ar_*`` accept
@@ -50,6 +61,7 @@ environment and charges these durations as timeouts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,7 +70,13 @@ import numpy.typing as npt
 from bastion.cost.backends import register_backend
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
-from bastion.cost.roofline import LinearPricer, PassShape, RooflineOptions, drafter_pass
+from bastion.cost.roofline import (
+    LinearPricer,
+    RooflineBreakdown,
+    RooflineOptions,
+    drafter_pass,
+    experts_touched,
+)
 from bastion.errors import ConfigError
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "GroundTruth", "SimulatedGPU", "causal_chunk_pairs"]
@@ -66,6 +84,10 @@ __all__ = ["DEFAULT_PREFILL_CHUNK", "GroundTruth", "SimulatedGPU", "causal_chunk
 _ATTENTION_OPS = ("attn_scores", "attn_values")
 
 Array = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+_NOISE_BLOCK = 1024  # standard normals drawn per numpy call for the pass noise
+_min = np.minimum.reduce
 
 DEFAULT_PREFILL_CHUNK = 512
 """Prompt tokens one request may put into one forward pass when prefill is chunked.
@@ -90,18 +112,30 @@ def causal_chunk_pairs(new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> Ar
     return np.asarray(n * c + n * (n + 1.0) / 2.0, dtype=np.float64)
 
 
-_NO_CHUNKS = (np.zeros(0), np.zeros(0))
+_Chunks = tuple[list[float], list[float]]
 
 
-def _chunks(new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> tuple[Array, Array]:
-    """Validated prefill chunks as two equal-length float arrays (possibly empty)."""
-    if (
-        isinstance(new_tokens, tuple | list)
-        and isinstance(contexts, tuple | list)
-        and not new_tokens
-        and not contexts
-    ):
-        return _NO_CHUNKS  # the common case (no prefill), without numpy conversions
+def _chunks(new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> _Chunks:
+    """Validated prefill chunks as two equal-length lists of floats (possibly empty).
+
+    Lists or tuples of Python ints (what the serving loop passes) are checked in Python; anything
+    else goes through numpy.
+    """
+    if isinstance(new_tokens, list | tuple) and isinstance(contexts, list | tuple):
+        if not new_tokens and not contexts:
+            return [], []  # the common case (no prefill)
+        if all(type(x) is int for x in new_tokens) and all(type(x) is int for x in contexts):
+            if len(new_tokens) != len(contexts):
+                raise ConfigError(
+                    f"prefill chunks need equal-length 1-D token counts and contexts; got "
+                    f"{len(new_tokens)} and {len(contexts)}"
+                )
+            if min(new_tokens) < 1 or min(contexts) < 0:
+                raise ConfigError(
+                    "every prefill chunk needs a whole number ≥ 1 of new tokens and a whole "
+                    f"context ≥ 0; got tokens {list(new_tokens)}, contexts {list(contexts)}"
+                )
+            return [float(x) for x in new_tokens], [float(x) for x in contexts]
     n = np.atleast_1d(np.asarray(new_tokens, dtype=np.float64))
     c = np.atleast_1d(np.asarray(contexts, dtype=np.float64))
     if n.ndim != 1 or n.shape != c.shape:
@@ -116,7 +150,7 @@ def _chunks(new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> tuple[Array, 
             "every prefill chunk needs a whole number ≥ 1 of new tokens and a whole context ≥ 0; "
             f"got tokens {n.tolist()}, contexts {c.tolist()}"
         )
-    return n, c
+    return n.tolist(), c.tolist()
 
 
 @dataclass(frozen=True)
@@ -174,17 +208,47 @@ class SimulatedGPU:
         self.device = hw.with_efficiency(eff_c, eff_m, hw.launch_overhead_s * t.launch_scale)
         self.options = RooflineOptions(tile_tokens=t.tile_tokens)
         self.rng = np.random.default_rng([self.seed, 0x6775])
-        self._pricers = {
-            masked: LinearPricer(self.model, self.device, self.options, masked=masked)
-            for masked in (True, False)
-        }
-        names = self._pricers[True].names
-        self._attention = np.array([name in _ATTENTION_OPS for name in names])
-        self._lm_head = names.index("lm_head")
-        self._tree_scale = np.where(self._attention, 1.0 + t.tree_attention_penalty, 1.0)
+        self._noise_block: list[float] = []
+        self._noise_next = 0
+        # The target's per-operator counts, read off the masked LinearPricer (the unmasked one
+        # differs only by a zero mask column, and an unmasked pass has a zero mask feature).
+        # Rows: the features (1, T, padded T, attention pairs, KV tokens, mask elements,
+        # experts touched); columns: compute seconds of every operator, then memory seconds.
+        pricer = LinearPricer(self.model, self.device, self.options, masked=True)
+        names = pricer.names
+        self._ops = n_ops = len(names)
+        self._peak, self._bw = pricer._peak, pricer._bw
+        self._matrix = np.hstack(
+            (
+                np.vstack((pricer._f0, pricer._f)) / self._peak,
+                np.vstack((pricer._b0, pricer._b)) / self._bw,
+            )
+        )
+        attention = np.array([name in _ATTENTION_OPS for name in names], dtype=np.float64)
+        lm_head = np.array([name == "lm_head" for name in names], dtype=np.float64)
+        launch = np.asarray(pricer.launch_s, dtype=np.float64)
+        penalty = t.tree_attention_penalty
+        self._w_tree = 1.0 + penalty * attention  # per-operator factor of a tree pass
+        self._w_plain = np.ones(n_ops)
+        self._launch_tree = float(np.dot(launch, self._w_tree))
+        self._launch_plain = float(launch.sum())
+        self._launch_attention = float(np.dot(launch, attention))
+        # mixed passes: Σ operators but the LM head, Σ attention operators, the LM head
+        self._w_mixed = np.column_stack((1.0 - lm_head, attention, lm_head))
+        self._tile = t.tile_tokens
+        self._step_s = self.model.layers * t.tile_step_s if t.tile_tokens else 0.0
+        m = self.model
+        self._moe = m.is_moe
+        self._experts, self._per_token = m.experts, m.experts_per_token
+        self._saturating = self.options.expert_touch == "saturating"
         self._verify_cache: dict[int, Array] = {}
         self._ar_cache: dict[int, float] = {}
         self._draft_cache: dict[int, float] = {}
+        self._draft_lines: dict[int, tuple[Array, Array]] = {}
+        self._draft_launch = 0.0
+        self._draft_ones = np.ones(0)
+        self._quantum = float(t.context_quantum)
+        self._rows = np.ones((3, 64))  # scratch rows (1, s, ⌈c / quantum⌉) of a tree pass
 
     # -- truth without noise ------------------------------------------------------------------
 
@@ -192,56 +256,155 @@ class SimulatedGPU:
         q = self.truth.context_quantum
         return np.ceil(np.asarray(contexts, dtype=np.float64) / q) * q
 
-    def _tile_steps(self, tokens: npt.ArrayLike) -> Array | float:
-        """The per-layer step for every GEMM tile beyond the first (0 when steps are off)."""
-        t = self.truth
-        if not (t.tile_tokens and t.tile_step_s):
-            return 0.0
-        extra_tiles = np.ceil(np.asarray(tokens, dtype=np.float64) / t.tile_tokens) - 1.0
-        return np.asarray(self.model.layers * t.tile_step_s * extra_tiles, dtype=np.float64)
+    def _quantise_one(self, context: float) -> float:
+        q = self.truth.context_quantum
+        return float(math.ceil(context / q) * q)
 
-    def _price(self, shape: PassShape, masked: bool) -> Array:
-        """Truth of a pass without prefill chunks (``shape``'s fields may be arrays over N)."""
-        scale = self._tree_scale if masked else None
-        total = self._pricers[masked].total_s(shape, op_scale=scale)
-        return np.asarray(total + self._tile_steps(shape.tokens), dtype=np.float64)
+    def _buckets(self, contexts: npt.ArrayLike) -> Array:
+        """⌈c / context_quantum⌉ per request as a 1-D float array (validated: ≥ 0)."""
+        c = np.asarray(contexts)
+        if c.ndim != 1:
+            c = np.atleast_1d(c)
+            if c.ndim != 1:
+                raise ConfigError(f"contexts must be 1-D, got shape {c.shape}")
+        k = c / self._quantum
+        if k.dtype != np.float64:
+            k = k.astype(np.float64)
+        np.ceil(k, out=k)
+        if k.shape[0] and _min(k) < 0:
+            raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
+        return k
+
+    def _features(self, tokens: float, pairs: float, kv: float, mask: float) -> list[float]:
+        """The feature row of a pass (see ``_matrix``)."""
+        tile = self._tile
+        padded = math.ceil(tokens / tile) * tile if tile > 0 else tokens
+        if not self._moe:
+            touched = 0.0
+        elif self._saturating:
+            touched = min(float(self._experts), self._per_token * tokens)
+        else:
+            e = self._experts
+            touched = e * (1.0 - (1.0 - self._per_token / e) ** tokens)
+        return [1.0, tokens, padded, pairs, kv, mask, touched]
+
+    def _tile_steps(self, tokens: float) -> float:
+        """The per-layer step for every GEMM tile beyond the first (0 when steps are off)."""
+        if not self._step_s:
+            return 0.0
+        return self._step_s * (math.ceil(tokens / self._tile) - 1.0)
+
+    def _pass_s(self, tokens: float, pairs: float, kv: float, masked: bool) -> float:
+        """Truth of a pass without prefill chunks whose every token produces logits."""
+        tile = self._tile
+        padded = math.ceil(tokens / tile) * tile if tile > 0 else tokens
+        touched = self._features(tokens, 0.0, 0.0, 0.0)[6] if self._moe else 0.0
+        x = [1.0, tokens, padded, pairs, kv, pairs if masked else 0.0, touched]
+        y = np.dot(x, self._matrix)
+        n = self._ops
+        per_op = np.maximum(y[:n], y[n:])
+        if masked:
+            total = float(np.dot(per_op, self._w_tree)) + self._launch_tree
+        else:
+            total = float(np.dot(per_op, self._w_plain)) + self._launch_plain
+        if self._step_s:  # padded / tile = ⌈T / tile⌉ exactly
+            total += self._step_s * (padded / tile - 1.0)
+        return total
 
     def _price_mixed(
-        self, tokens: Array, contexts: Array, masked: bool, chunks: Array, chunk_ctx: Array
+        self,
+        decode: tuple[int, float, float, float],
+        chunks: _Chunks,
+        masked: bool,
     ) -> float:
-        """Truth of one pass of decode requests (``tokens`` over ``contexts``, either may be
-        empty) and prefill chunks (``chunks`` new tokens over ``chunk_ctx``; not empty)."""
-        decode_pairs = float(np.dot(tokens, contexts + tokens))
-        all_pairs = decode_pairs + float(causal_chunk_pairs(chunks, chunk_ctx).sum())
-        total_tokens = float(tokens.sum() + chunks.sum())
-        logit_rows = float(tokens.sum() + chunks.size)
-        kv = float((contexts + tokens).sum() + (chunk_ctx + chunks).sum())
-        masked = masked and tokens.size > 0
+        """Truth of one pass of decode requests (``decode`` = count, tokens, pairs, KV tokens;
+        the count may be 0) and prefill chunks (not empty; contexts not yet quantised)."""
+        n_decode, tokens, decode_pairs, kv = decode
+        new, ctx = chunks
+        q = self.truth.context_quantum
+        all_pairs = decode_pairs
+        for n, c in zip(new, ctx, strict=True):
+            cq = math.ceil(c / q) * q
+            all_pairs += n * cq + n * (n + 1.0) / 2.0  # causal_chunk_pairs
+            kv += cq + n
+        total_tokens = tokens + sum(new)
+        logit_rows = tokens + len(new)
+        masked = masked and n_decode > 0
         # row 0: the whole pass; row 1: the LM head's rows only (other features zero)
-        both = PassShape(
-            tokens=np.array([total_tokens, logit_rows]),
-            attn_pairs=np.array([all_pairs, 0.0]),
-            kv_tokens=np.array([kv, 0.0]),
-            mask_elems=np.array([decode_pairs if masked else 0.0, 0.0]),
-        )
-        pricer = self._pricers[masked]
-        compute, memory = pricer.branches(both)
-        per_op = np.maximum(compute, memory) + pricer.launch_s
-        row = per_op[0].copy()
-        row[self._lm_head] = per_op[1, self._lm_head]
-        if masked and all_pairs > 0:
-            share = decode_pairs / all_pairs
-            row[self._attention] *= 1.0 + self.truth.tree_attention_penalty * share
-        return float(row.sum() + self._tile_steps(total_tokens))
+        x = self._features(total_tokens, all_pairs, kv, decode_pairs if masked else 0.0)
+        head = self._features(logit_rows, 0.0, 0.0, 0.0)
+        y = np.dot([x, head], self._matrix)
+        n_ops = self._ops
+        per_op = np.maximum(y[:, :n_ops], y[:, n_ops:])
+        sums: list[list[float]] = np.dot(per_op, self._w_mixed).tolist()
+        (rest, attention, _), (_, _, lm_head) = sums
+        share = decode_pairs / all_pairs if masked and all_pairs > 0 else 0.0
+        scale = self.truth.tree_attention_penalty * share
+        launches = self._launch_plain + scale * self._launch_attention
+        return rest + lm_head + scale * attention + launches + self._tile_steps(total_tokens)
+
+    def _decode_sums(
+        self, sizes: IntArray, contexts: npt.ArrayLike
+    ) -> tuple[int, float, float, float]:
+        """(requests, Σ s, Σ s·(c + s), Σ (c + s)) of tree passes, contexts quantised.
+
+        The rows (1, s, ⌈c / quantum⌉) go into a reused buffer; their Gram matrix holds every
+        sum at once (whole numbers, so exact) and one reduction their minima."""
+        c = np.asarray(contexts)
+        b = sizes.shape[0]
+        if c.shape != (b,):
+            c = np.atleast_1d(c)
+            if c.ndim != 1:
+                raise ConfigError(f"contexts must be 1-D, got shape {c.shape}")
+            if c.shape[0] != b:
+                raise ConfigError(f"{b} tree sizes but {c.shape[0]} contexts; give one each")
+        if b == 0:
+            return 0, 0.0, 0.0, 0.0
+        if b > self._rows.shape[1]:
+            self._rows = np.ones((3, max(b, 2 * self._rows.shape[1])))
+        rows = self._rows[:, :b]
+        rows[1] = sizes
+        k = rows[2]
+        np.divide(c, self._quantum, out=k)
+        np.ceil(k, out=k)
+        _, s_min, k_min = _min(rows, axis=1).tolist()
+        if s_min < 1 or k_min < 0:
+            raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
+        (_, tokens, k_sum), (_, s_sq, s_k), _ = np.dot(rows, rows.T).tolist()
+        q = self.truth.context_quantum
+        return b, tokens, q * s_k + s_sq, q * k_sum + tokens
+
+    def _ar_sums(self, contexts: npt.ArrayLike) -> tuple[int, float, float, float]:
+        """The same for one token per request (an autoregressive step)."""
+        k = self._buckets(contexts)
+        b = k.shape[0]
+        kv = self.truth.context_quantum * float(np.add.reduce(k)) + b if b else 0.0
+        return b, float(b), kv, kv
 
     def verify_curve(self, context_len: int) -> Array:
         """Noise-free truth of a batch-1 tree pass for s = 1 … max_tree_size at this context."""
-        c = float(self._quantise(context_len))
+        c = self._quantise_one(context_len)
         key = int(c)
         if key not in self._verify_cache:
+            if c < 0:
+                raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
             s = np.arange(1, self.max_tree_size + 1, dtype=np.float64)
-            shape = PassShape.of([(s, c)], masked=True)
-            self._verify_cache[key] = self._price(shape, masked=True)
+            x = np.zeros((s.shape[0], 7))
+            x[:, 0], x[:, 1], x[:, 4] = 1.0, s, c + s
+            x[:, 3] = x[:, 5] = s * (c + s)
+            tile = self._tile
+            x[:, 2] = np.ceil(s / tile) * tile if tile > 0 else s
+            if self._moe:
+                m = self.model
+                x[:, 6] = experts_touched(
+                    s, m.experts, m.experts_per_token, self.options.expert_touch
+                )
+            y = x @ self._matrix
+            per_op = np.maximum(y[:, : self._ops], y[:, self._ops :])
+            total = per_op @ self._w_tree + self._launch_tree
+            if self._step_s:
+                total += self._step_s * (x[:, 2] / tile - 1.0)
+            self._verify_cache[key] = total
         return self._verify_cache[key]
 
     def verify_truth(
@@ -257,21 +420,27 @@ class SimulatedGPU:
         ``prefill_contexts[j]`` cached ones ride in the same pass (see the module docstring);
         with chunks, ``tree_sizes`` may be empty (the pass is then :meth:`prefill_truth`).
         """
-        s = np.atleast_1d(np.asarray(tree_sizes, dtype=np.int64))
-        c = np.atleast_1d(np.asarray(contexts))
-        chunks, chunk_ctx = _chunks(prefill_tokens, prefill_contexts)
-        if chunks.size:
-            if s.size != c.size:
-                raise ConfigError(f"{s.size} tree sizes but {c.size} contexts; give one each")
-            if np.any(s < 1) or np.any(c < 0):
-                raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
-            return self._price_mixed(
-                s.astype(np.float64), self._quantise(c), True, chunks, self._quantise(chunk_ctx)
-            )
-        if s.size == 1 and 1 <= s[0] <= self.max_tree_size:
-            return float(self.verify_curve(int(c[0]))[s[0] - 1])
-        shape = PassShape.of_batch(s, self._quantise(c), masked=True)
-        return float(self._price(shape, masked=True))
+        s = np.asarray(tree_sizes, dtype=np.int64)
+        if s.ndim != 1:
+            s = np.atleast_1d(s)
+            if s.ndim != 1:
+                raise ConfigError(f"tree sizes must be 1-D, got shape {s.shape}")
+        chunks = _chunks(prefill_tokens, prefill_contexts)
+        if chunks[0]:
+            return self._price_mixed(self._decode_sums(s, contexts), chunks, True)
+        if s.shape[0] == 1:
+            s0 = int(s[0])
+            c = np.asarray(contexts)
+            if c.size == 1 and 1 <= s0 <= self.max_tree_size:
+                c0 = int(c.reshape(-1)[0])
+                curve = self._verify_cache.get(int(self._quantise_one(c0)))
+                if curve is None:
+                    curve = self.verify_curve(c0)
+                return float(curve[s0 - 1])
+        b, tokens, pairs, kv = self._decode_sums(s, contexts)
+        if b == 0:
+            raise ConfigError("a pass needs at least one request")
+        return self._pass_s(tokens, pairs, kv, masked=True)
 
     def ar_truth(
         self,
@@ -283,56 +452,109 @@ class SimulatedGPU:
 
         Optional prefill chunks ride in the same pass, as in :meth:`verify_truth`.
         """
-        c = np.atleast_1d(self._quantise(contexts))
-        chunks, chunk_ctx = _chunks(prefill_tokens, prefill_contexts)
-        if chunks.size:
-            if np.any(c < 0):
-                raise ConfigError("every request needs a context c ≥ 0")
-            return self._price_mixed(np.ones(c.size), c, False, chunks, self._quantise(chunk_ctx))
+        chunks = _chunks(prefill_tokens, prefill_contexts)
+        if chunks[0]:
+            return self._price_mixed(self._ar_sums(contexts), chunks, False)
+        c = np.asarray(contexts)
         if c.size == 1:
-            key = int(c[0])
-            if key not in self._ar_cache:
-                shape = PassShape.of([(1, c[0])], masked=False)
-                self._ar_cache[key] = float(self._price(shape, masked=False))
-            return self._ar_cache[key]
-        return float(self._price(PassShape.of_batch(np.ones(c.size), c, masked=False), False))
+            key = int(self._quantise_one(float(c.reshape(-1)[0])))
+            hit = self._ar_cache.get(key)
+            if hit is None:
+                hit = self._ar_cache[key] = self._pass_s(*self._ar_sums(c)[1:], masked=False)
+            return hit
+        b, tokens, pairs, kv = self._ar_sums(c)
+        if b == 0:
+            raise ConfigError("a pass needs at least one request")
+        return self._pass_s(tokens, pairs, kv, masked=False)
 
     def prefill_truth(self, new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> float:
         """Noise-free truth of one prefill pass: request i processes ``new_tokens[i]`` new prompt
         tokens (causally, no tree mask) over ``contexts[i]`` tokens already in its KV cache.
 
         Contexts are priced at multiples of ``context_quantum``, as for decode steps."""
-        chunks, chunk_ctx = _chunks(new_tokens, contexts)
-        if chunks.size == 0:
+        chunks = _chunks(new_tokens, contexts)
+        if not chunks[0]:
             raise ConfigError("a prefill pass needs at least one chunk of new tokens")
-        empty = np.zeros(0)
-        return self._price_mixed(empty, empty, False, chunks, self._quantise(chunk_ctx))
+        return self._price_mixed((0, 0.0, 0.0, 0.0), chunks, False)
+
+    def _draft_line(self, requests: int) -> tuple[Array, Array]:
+        """Per-operator (compute, memory) seconds of a drafter pass over ``requests`` requests
+        as an affine function of Σ contexts: (value at Σ c = 0, change per context token).
+
+        For a fixed number of requests every count of :func:`drafter_pass` is affine in Σ c
+        (attention pairs b·Σc + n·b², KV tokens Σc + n·b); everything else (tile padding,
+        experts touched, the LM head's rows) depends on the count alone. The counts are whole
+        numbers, so the differences below are exact.
+        """
+        line = self._draft_lines.get(requests)
+        if line is None:
+            zero = [0.0] * requests
+            at0 = drafter_pass(self.drafter, self.device, zero, self.options)
+            at1 = drafter_pass(self.drafter, self.device, [1.0, *zero[1:]], self.options)
+
+            def counts(b: RooflineBreakdown) -> Array:
+                flops = [float(op.flops) for op in b.operators]
+                nbytes = [float(op.bytes) for op in b.operators]
+                return np.array(flops + nbytes)
+
+            c0, c1 = counts(at0), counts(at1)
+            n_ops = len(at0.operators)
+            scale = np.repeat([1.0 / self._peak, 1.0 / self._bw], n_ops)
+            line = (c0 * scale, (c1 - c0) * scale)
+            self._draft_lines[requests] = line
+            self._draft_launch = at0.launch_s
+            self._draft_ones = np.ones(n_ops)
+        return line
 
     def draft_truth(self, contexts: npt.ArrayLike) -> float:
         """Noise-free truth of one DFlash drafter pass over a batch."""
-        c = np.atleast_1d(self._quantise(contexts))
+        c = np.asarray(contexts)
         if c.size == 1:
-            key = int(c[0])
-            if key not in self._draft_cache:
-                b = drafter_pass(self.drafter, self.device, [c[0]], self.options)
-                self._draft_cache[key] = float(b.total_s)
-            return self._draft_cache[key]
-        return float(drafter_pass(self.drafter, self.device, list(c), self.options).total_s)
+            key = int(self._quantise_one(float(c.reshape(-1)[0])))
+            hit = self._draft_cache.get(key)
+            if hit is None:
+                hit = self._draft_cache[key] = self._draft_from(self._buckets(c))
+            return hit
+        return self._draft_from(self._buckets(c))
+
+    def _draft_from(self, buckets: Array) -> float:
+        b = buckets.shape[0]
+        if b == 0:
+            raise ConfigError("a pass needs at least one request")
+        at0, slope = self._draft_line(b)
+        y = at0 + (self.truth.context_quantum * float(np.add.reduce(buckets))) * slope
+        n = y.shape[0] // 2
+        return float(np.dot(np.maximum(y[:n], y[n:]), self._draft_ones)) + self._draft_launch
 
     def prep_truth(self, tree_sizes: npt.ArrayLike, topk: bool = True) -> float:
         """Host preparation for one step: per request, plus per node when trees are built."""
-        s = np.atleast_1d(np.asarray(tree_sizes, dtype=np.float64))
         t = self.truth
+        if isinstance(tree_sizes, np.ndarray) and tree_sizes.ndim == 1:
+            n: int = tree_sizes.shape[0]
+            nodes = float(np.add.reduce(tree_sizes)) if topk else 0.0
+        else:
+            s = np.atleast_1d(np.asarray(tree_sizes, dtype=np.float64))
+            n, nodes = s.size, float(s.sum())
         if not topk:  # a chain needs the argmax only: no normalisation, no tree mask
-            return float(s.size * t.prep_request_s * 0.5)
-        return float(s.size * t.prep_request_s + s.sum() * t.prep_node_s)
+            return n * t.prep_request_s * 0.5
+        return n * t.prep_request_s + nodes * t.prep_node_s
 
     # -- what a run observes ------------------------------------------------------------------
 
     def _noisy(self, seconds: float) -> float:
-        if self.truth.noise == 0:
+        """``seconds`` × exp(noise · z), z the next standard normal of this GPU's generator.
+
+        The normals are drawn ``_NOISE_BLOCK`` at a time (one numpy call per block, not per
+        pass); the sequence is the generator's, so it is a function of the seed alone."""
+        sigma = self.truth.noise
+        if sigma == 0:
             return seconds
-        return seconds * float(np.exp(self.truth.noise * self.rng.standard_normal()))
+        i = self._noise_next
+        if i == len(self._noise_block):
+            self._noise_block = np.exp(sigma * self.rng.standard_normal(_NOISE_BLOCK)).tolist()
+            i = 0
+        self._noise_next = i + 1
+        return seconds * self._noise_block[i]
 
     def verify_s(
         self,

@@ -10,7 +10,7 @@ import pytest
 
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
-from bastion.cost.roofline import PassShape, price_pass
+from bastion.cost.roofline import PassShape, drafter_pass, price_pass
 from bastion.errors import ConfigError
 from sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU, causal_chunk_pairs
 
@@ -175,3 +175,78 @@ def test_a_prefill_pass_needs_a_chunk() -> None:
         gpu().prefill_truth([], [])
     with pytest.raises(ConfigError, match="tree sizes"):
         gpu().verify_truth([4, 4], [100], [8], [0])
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("tile", [64, 0])
+def test_draft_truth_equals_drafter_pass(model: str, tile: int) -> None:
+    """The per-batch-size affine route gives drafter_pass's numbers (1e-12 rel), also for a
+    drafter with MoE layers (experts touched depend on the batch size alone)."""
+    m = get_model(model)
+    for drafter in (DrafterSpec.dflash_for(m), DrafterSpec(model=m, block_size=8, taps=3)):
+        g = SimulatedGPU(get_profile("h100-sxm"), m, drafter, GroundTruth(tile_tokens=tile))
+        rng = np.random.default_rng(5)
+        for _ in range(20):
+            b = int(rng.integers(1, 80))
+            c = rng.integers(0, 40_000, b)
+            want = drafter_pass(drafter, g.device, list(g._quantise(c)), g.options).total_s
+            close(g.draft_truth(c), want)
+            close(g.draft_truth(c.tolist()), want)
+
+
+def test_batch_inputs_lists_arrays_and_one_request() -> None:
+    g = gpu(noise=0.0)
+    rng = np.random.default_rng(9)
+    s, c = rng.integers(1, 65, 20), rng.integers(256, 4097, 20)
+    assert g.verify_truth(s, c) == g.verify_truth(s.tolist(), c.tolist())
+    assert g.verify_truth(s, c) == g.verify_truth(s.astype(float), c.astype(float))
+    assert g.ar_truth(c) == g.ar_truth(c.tolist())
+    # one request: the cached curve (or cache) agrees with the batched route's numbers
+    for size, ctx in [(1, 0), (16, 1000), (1024, 77), (1500, 4096)]:
+        shape = PassShape.of_batch([size], g._quantise([ctx]), masked=True)
+        close(g.verify_truth([size], [ctx]), reference(g, shape, True))
+        close(g.verify_truth(np.array([size]), np.array([ctx])), reference(g, shape, True))
+    assert g.verify_truth([5000], 100) == g.verify_truth([5000], [100])  # past the curve
+    ar = PassShape.of_batch([1.0], g._quantise([999]), masked=False)
+    close(g.ar_truth([999]), reference(g, ar, False))
+    close(g.ar_truth(999), reference(g, ar, False))
+
+
+@pytest.mark.parametrize(
+    ("sizes", "contexts", "match"),
+    [
+        ([4, 0], [10, 10], "s ≥ 1"),
+        ([4, 4], [10, -20], "c ≥ 0"),
+        ([4, 4], [10], "tree sizes"),
+        ([], [], "at least one request"),
+        ([[4]], [[10]], "1-D"),
+    ],
+)
+def test_bad_decode_requests(sizes: list[int], contexts: list[int], match: str) -> None:
+    g = gpu(noise=0.0)
+    with pytest.raises(ConfigError, match=match):
+        g.verify_truth(sizes, contexts)
+    if match in ("c ≥ 0", "at least one request"):
+        with pytest.raises(ConfigError, match=match):
+            g.ar_truth(contexts)
+        with pytest.raises(ConfigError, match=match):
+            g.draft_truth(contexts)
+
+
+def test_noise_is_the_generators_normals_drawn_in_blocks() -> None:
+    """Pass i is scaled by exp(σ·z_i), z the generator's standard normals in order (drawn 1024
+    at a time): a function of the seed alone, across block boundaries."""
+    g = gpu(noise=0.05)
+    got = [g.verify_s([16], [512]) / g.verify_truth([16], [512]) for _ in range(2500)]
+    z = np.random.default_rng([0, 0x6775]).standard_normal(2500)
+    np.testing.assert_allclose(got, np.exp(0.05 * z), rtol=1e-14)
+
+
+def test_prep_truth_takes_arrays_lists_and_scalars() -> None:
+    g = gpu(noise=0.0)
+    t = g.truth
+    sizes = np.array([3, 17, 64])
+    want = 3 * t.prep_request_s + 84 * t.prep_node_s
+    assert g.prep_truth(sizes) == g.prep_truth(sizes.tolist()) == pytest.approx(want, rel=1e-15)
+    assert g.prep_truth(sizes, topk=False) == g.prep_truth([1, 1, 1], False) == 1.5 * 30e-6
+    assert g.prep_truth(5) == pytest.approx(t.prep_request_s + 5 * t.prep_node_s, rel=1e-15)
