@@ -197,12 +197,12 @@ def serve(
     # a cost model learns from measured passes unless it says it does not (static, bare)
     learns = getattr(cost_model, "mode", "ema") in ("ema", "ema+calib")
     observe = cost_model is not None and not is_ar and learns
+    history = bool(getattr(batched, "uses_cost_model", False))  # last step's N and Â per request
     result = ServingResult(policy.name, concurrency, [], 0.0)
     stats: dict[int, RequestStats] = {}
     output_len = np.zeros(n, np.int64)
     prev_size = np.zeros(n, np.int64)  # by request id: last tree size, Â
     prev_expected = np.zeros(n)
-    zeros: dict[int, np.ndarray] = {}
     logs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per step: ids, committed, N
 
     waiting: deque[int] = deque()
@@ -275,6 +275,9 @@ def serve(
 
     def server() -> Generator[simpy.Event, object, None]:
         nonlocal next_arrival
+        ids: np.ndarray | None = None  # the decoding batch's ids, slots: rebuilt when it changes
+        slots = zeros = np.zeros(0, np.int64)
+        nothing = np.zeros(0)
         if arrivals is None:
             for i in range(min(concurrency, n)):
                 arrive(i)
@@ -296,23 +299,26 @@ def serve(
                 result.prefill_s += t
                 advance_prefill(chunk_tokens)
                 continue
-            ids = np.array(decoding, np.int64)
-            slots = pool.slot_of[ids]
-            contexts = pool.context_len[slots]
+            if ids is None or ids.shape[0] != len(decoding):  # the batch changed (joins only
+                # grow it; leaves reset ``ids``): gather its arrays once
+                ids = np.array(decoding, np.int64)
+                slots = pool.slot_of[ids]
+                zeros, nothing = np.zeros(ids.shape[0], np.int64), np.zeros(ids.shape[0])
             b = ids.shape[0]
-            if b not in zeros:
-                zeros[b] = np.zeros(b, np.int64)
-            requests = StepRequests(ids, contexts, zeros[b], prev_size[ids], prev_expected[ids])
+            contexts = pool.context_len[slots]
+            if history:
+                requests = StepRequests(ids, contexts, zeros, prev_size[ids], prev_expected[ids])
+            else:  # static policies ignore last step's trees
+                requests = StepRequests(ids, contexts, zeros, zeros, nothing)
             rec = engine.step(requests)
             sizes = rec.trees.sizes
-            ride = {"prefill_tokens": chunk_tokens, "prefill_contexts": chunk_contexts}
             if is_ar:
                 t_draft = t_prep = 0.0
-                t_verify = gpu.ar_s(contexts, **ride)
+                t_verify = gpu.ar_s(contexts, chunk_tokens, chunk_contexts)
             else:
                 t_draft = gpu.draft_s(contexts)
                 t_prep = gpu.prep_s(sizes, topk)
-                t_verify = gpu.verify_s(sizes, contexts, **ride)
+                t_verify = gpu.verify_s(sizes, contexts, chunk_tokens, chunk_contexts)
             # the passes run back to back on the one GPU and nothing can happen between them
             yield env.timeout(t_draft + t_prep + t_verify)
             result.steps += 1
@@ -323,15 +329,16 @@ def serve(
             if observe:
                 assert cost_model is not None
                 cost_model.observe(*observed_load(requests, rec.trees), t_verify)
-            committed = rec.result.committed_lens
-            logs.append((ids, committed, sizes))
-            prev_size[ids] = sizes
-            prev_expected[ids] = rec.trees.expected_tokens()
-            done = pool.generated[slots] >= output_len[ids]
-            if np.any(done):
+            logs.append((ids, rec.result.committed_lens, sizes))
+            if history:
+                prev_size[ids] = sizes
+                prev_expected[ids] = rec.trees.expected_tokens()
+            done = pool.generated[slots] >= pool.output_len[slots]
+            if done.any():
                 for index in ids[done].tolist():
                     decoding.remove(index)
                     finish(index)
+                ids = None
             if chunk_tokens:
                 advance_prefill(chunk_tokens)
         result.elapsed_s = env.now

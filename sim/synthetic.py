@@ -28,6 +28,7 @@ What this module does not do: time anything (sim.gpu), choose trees, or replay r
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -40,6 +41,26 @@ from sim.workloads import Workload
 __all__ = ["SyntheticSource"]
 
 IntArray = npt.NDArray[np.int64]
+
+
+@functools.lru_cache(maxsize=16)
+def _spread_bank(
+    k: int, concentration: float, tail_alpha: float, seed: int, size: int
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Dirichlet rows over the K − 1 runners-up plus the outside-top-K bucket (dropped), each
+    sorted descending, as ``[size, K]`` with a zero column 0 (the top-1 slot), and their
+    row-wise cumulative sums ``[size, K + 1]`` ending in +∞; read-only, shared by every source
+    with these inputs."""
+    alpha = np.full(k, concentration)
+    alpha[-1] = tail_alpha
+    gammas = np.random.default_rng([seed, 0x62616E6B]).standard_gamma(alpha, size=(size, k))
+    spread = (gammas / gammas.sum(axis=1, keepdims=True))[:, :-1]
+    bank = np.zeros((size, k))  # column 0 is the top-1 slot, filled per row
+    bank[:, 1:] = -np.sort(-spread, axis=1)
+    cumulative = np.full((size, k + 1), np.inf)  # column K: past the row, never exceeded
+    cumulative[:, :k] = np.cumsum(bank, axis=1)
+    bank.flags.writeable = cumulative.flags.writeable = False
+    return bank, cumulative
 
 
 class SyntheticSource:
@@ -65,13 +86,9 @@ class SyntheticSource:
         self.seed = seed
         self.block_steps = block_steps
         self.alignment = w.alignment * math.exp(-w.temperature_penalty * temperature)
-        # the bank: Dirichlet rows over K − 1 runners-up plus the outside-top-K bucket, sorted
-        alpha = np.full(w.k, w.concentration)
-        alpha[-1] = w.tail_alpha
-        bank_rng = np.random.default_rng([seed, 0x62616E6B])
-        gammas = bank_rng.standard_gamma(alpha, size=(bank_size, w.k))
-        spread = (gammas / gammas.sum(axis=1, keepdims=True))[:, :-1]
-        self._bank = -np.sort(-spread, axis=1)  # [bank, K − 1], descending
+        self._bank, self._bank_cdf = _spread_bank(
+            w.k, w.concentration, w.tail_alpha, seed, bank_size
+        )
         self._ids = np.broadcast_to(np.arange(w.k, dtype=np.int64), (1, w.depth, w.k))
         self._slots = 0
         self._probs = np.empty((0, block_steps, w.depth, w.k))
@@ -114,7 +131,8 @@ class SyntheticSource:
         shift = rng.normal(0.0, w.difficulty_sd) if w.difficulty_sd else 0.0
         base = w.top1 * w.decay ** np.arange(w.depth)
         logits = np.log(base / (1.0 - base)) + shift
-        self._top1[slot] = 1.0 / (1.0 + np.exp(-logits))
+        # the logistic of a finite logit is < 1, but may round to 1.0: keep 1 − top-1 > 0
+        self._top1[slot] = np.minimum(1.0 / (1.0 + np.exp(-logits)), 1.0 - 1e-12)
         self._rngs[slot] = rng
         self._refill(slot)
         return rng
@@ -124,13 +142,19 @@ class SyntheticSource:
         w, rng = self.workload, self._rngs[slot]
         assert rng is not None
         steps, k = self.block_steps, w.k
-        top1 = self._top1[slot]  # [D]
-        spread = self._bank[rng.integers(0, self._bank.shape[0], size=(steps, w.depth))]
-        probs = np.empty((steps, w.depth, k))
-        probs[:, :, 1:] = (1.0 - top1)[None, :, None] * spread  # runners-up, descending
-        probs[:, :, 0] = top1
-        above = probs[:, :, 1] > top1  # rows where a runner-up beats the top-1 value
-        if above.any():  # insert the top-1 value where it belongs (rows stay sorted; rare)
+        top1 = self._top1[slot][None, :, None]  # [1, D, 1]
+        pick = rng.integers(0, self._bank.shape[0], size=(steps, w.depth))
+        # rows: the top-1 value, then the bank's runners-up (descending) scaled to 1 − top-1
+        probs = np.take(self._bank, pick, axis=0)
+        probs *= 1.0 - top1
+        probs[:, :, :1] = top1
+        # the target's token: rank r with probability λ·q[r], else outside (rank K) — the first
+        # rank whose cumulative mass (the bank's cumulative rows, scaled; +∞ after K) exceeds u
+        cdf = np.take(self._bank_cdf, pick, axis=0)
+        cdf *= 1.0 - top1
+        cdf += top1
+        above = probs[:, :, 1] > probs[:, :, 0]  # a runner-up beats the top-1 value (rare)
+        if above.any():  # move the top-1 value to where it belongs, so each row stays sorted
             rows = probs[above]
             first = rows[:, 0].copy()
             runners = rows[:, 1:]
@@ -138,12 +162,10 @@ class SyntheticSource:
             col = np.arange(k)[None, :]
             padded = np.concatenate((runners, np.zeros((rows.shape[0], 1))), axis=1)
             probs[above] = np.where(col < pos, padded, np.where(col == pos, first[:, None], rows))
-        # the target's token at each position: rank r with prob λ·q[r], else outside (K)
-        cdf = np.cumsum(probs, axis=2)
-        cdf *= self.alignment
-        rank = (rng.random((steps, w.depth, 1)) > cdf).sum(axis=2)
+            cdf[above, :k] = np.cumsum(probs[above], axis=1)
         self._probs[slot] = probs
-        self._target[slot, :, : w.depth] = rank
+        u = rng.random((steps, w.depth, 1)) / self.alignment
+        self._target[slot, :, : w.depth] = np.argmin(u > cdf, axis=2)
         self._target[slot, :, w.depth] = -1
         self._cursor[slot] = 0
 

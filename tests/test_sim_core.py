@@ -205,3 +205,31 @@ def test_batching_raises_throughput_but_slows_each_request() -> None:
 def test_bad_concurrency() -> None:
     with pytest.raises(ConfigError, match="concurrency"):
         serve(ChainPolicy(), gpu(), factory(small()), 2, concurrency=0)
+
+
+def target_law_error(w: Workload, claimed_alignment: float) -> float:
+    """Largest z-score, over ranks 0–2 and 'outside', of the target's empirical rank frequency
+    against λ·q[r] (row by row), over 32 requests × 256 steps × 15 positions."""
+    src = SyntheticSource(w, seed=9)
+    slots = np.arange(32)
+    for s in slots:
+        src.admit(int(s), int(s))
+    hits, expected, variance = np.zeros(4), np.zeros(4), np.zeros(4)
+    for _ in range(256):
+        m, target = src.draft(slots, slots)
+        q = claimed_alignment * m.probs  # [B, D, K]
+        rank = target[:, : w.depth]
+        law = np.concatenate((q[:, :, :3], 1.0 - q.sum(axis=2, keepdims=True)), axis=2)
+        seen = np.stack([rank == 0, rank == 1, rank == 2, rank == w.k], axis=2)
+        hits += seen.sum(axis=(0, 1))
+        expected += law.sum(axis=(0, 1))
+        variance += (law * (1 - law)).sum(axis=(0, 1))
+    return float(np.max(np.abs(hits - expected) / np.sqrt(variance)))
+
+
+def test_target_tokens_follow_the_alignment_law() -> None:
+    """The target takes the drafter's rank-r candidate with probability λ·q[r] (z < 5 for every
+    rank); the same check with a wrong λ (the negative control) fails."""
+    w = get_workload("chat")
+    assert target_law_error(w, w.alignment) < 5.0
+    assert target_law_error(w, w.alignment * 0.97) > 5.0
