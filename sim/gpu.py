@@ -153,6 +153,10 @@ def _chunks(new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> _Chunks:
     return n.tolist(), c.tolist()
 
 
+# (drafter, device, options) reprs → {batch size → drafter-pass line}; see _draft_line
+_DRAFT_LINES: dict[tuple[str, str, str], dict[int, tuple[Array, Array, float]]] = {}
+
+
 @dataclass(frozen=True)
 class GroundTruth:
     """How the simulated device departs from the bare roofline (all configurable)."""
@@ -244,9 +248,10 @@ class SimulatedGPU:
         self._verify_cache: dict[int, Array] = {}
         self._ar_cache: dict[int, float] = {}
         self._draft_cache: dict[int, float] = {}
-        self._draft_lines: dict[int, tuple[Array, Array]] = {}
-        self._draft_launch = 0.0
-        self._draft_ones = np.ones(0)
+        # shared by every simulated GPU of the same drafter, device and options: the lines are
+        # a pure function of them, and each costs two full roofline evaluations to read off
+        key = (repr(self.drafter), repr(self.device), repr(self.options))
+        self._draft_lines = _DRAFT_LINES.setdefault(key, {})
         self._quantum = float(t.context_quantum)
         self._rows = np.ones((3, 64))  # scratch rows (1, s, ⌈c / quantum⌉) of a tree pass
 
@@ -477,9 +482,10 @@ class SimulatedGPU:
             raise ConfigError("a prefill pass needs at least one chunk of new tokens")
         return self._price_mixed((0, 0.0, 0.0, 0.0), chunks, False)
 
-    def _draft_line(self, requests: int) -> tuple[Array, Array]:
+    def _draft_line(self, requests: int) -> tuple[Array, Array, float]:
         """Per-operator (compute, memory) seconds of a drafter pass over ``requests`` requests
-        as an affine function of Σ contexts: (value at Σ c = 0, change per context token).
+        as an affine function of Σ contexts: (value at Σ c = 0, change per context token), and
+        the pass's launch overhead.
 
         For a fixed number of requests every count of :func:`drafter_pass` is affine in Σ c
         (attention pairs b·Σc + n·b², KV tokens Σc + n·b); everything else (tile padding,
@@ -500,10 +506,8 @@ class SimulatedGPU:
             c0, c1 = counts(at0), counts(at1)
             n_ops = len(at0.operators)
             scale = np.repeat([1.0 / self._peak, 1.0 / self._bw], n_ops)
-            line = (c0 * scale, (c1 - c0) * scale)
+            line = (c0 * scale, (c1 - c0) * scale, float(at0.launch_s))
             self._draft_lines[requests] = line
-            self._draft_launch = at0.launch_s
-            self._draft_ones = np.ones(n_ops)
         return line
 
     def draft_truth(self, contexts: npt.ArrayLike) -> float:
@@ -521,10 +525,10 @@ class SimulatedGPU:
         b = buckets.shape[0]
         if b == 0:
             raise ConfigError("a pass needs at least one request")
-        at0, slope = self._draft_line(b)
+        at0, slope, launch_s = self._draft_line(b)
         y = at0 + (self.truth.context_quantum * float(np.add.reduce(buckets))) * slope
         n = y.shape[0] // 2
-        return float(np.dot(np.maximum(y[:n], y[n:]), self._draft_ones)) + self._draft_launch
+        return float(np.add.reduce(np.maximum(y[:n], y[n:]))) + launch_s
 
     def prep_truth(self, tree_sizes: npt.ArrayLike, topk: bool = True) -> float:
         """Host preparation for one step: per request, plus per node when trees are built."""

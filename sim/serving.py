@@ -183,6 +183,9 @@ def serve(
 
     env = simpy.Environment()
     pool = SimBatch(source, n)
+    reserve = getattr(source, "reserve", None)
+    if reserve is not None:
+        reserve(min(concurrency, n))
     engine = SpecEngine(
         pool,
         policy,

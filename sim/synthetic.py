@@ -96,6 +96,7 @@ class SyntheticSource:
         self._cursor = np.empty(0, np.int64)
         self._top1 = np.empty((0, w.depth))
         self._rngs: list[np.random.Generator | None] = []
+        self._id_views: dict[int, IntArray] = {}  # read-only [B, D, K] views of the rank ids
 
     # -- slots ----------------------------------------------------------------------------------
 
@@ -122,10 +123,15 @@ class SyntheticSource:
         prompt, out = sample(np.random.default_rng([self.seed, index, 0x6C656E]), 1)
         return int(prompt[0]), int(out[0])
 
+    def reserve(self, slots: int) -> None:
+        """Make room for ``slots`` requests in flight at once (growing later is slower)."""
+        if slots > self._slots:
+            self._grow(slots)
+
     def admit(self, slot: int, index: int) -> np.random.Generator:
         """Start request ``index`` in ``slot``; returns the request's own generator."""
         if slot >= self._slots:
-            self._grow(max(slot + 1, 2 * self._slots))
+            self._grow(max(slot + 1, 2 * self._slots, 8))
         w = self.workload
         rng = np.random.default_rng([self.seed, index])
         shift = rng.normal(0.0, w.difficulty_sd) if w.difficulty_sd else 0.0
@@ -178,11 +184,16 @@ class SyntheticSource:
         after them (−1: not drafted, never matched)."""
         del context_lens  # synthetic streams are indexed by step, not by position
         cursor = self._cursor[slots]
-        for slot in slots[cursor >= self.block_steps].tolist():
-            self._refill(slot)
-        cursor = self._cursor[slots]
-        probs = self._probs[slots, cursor]
-        target = self._target[slots, cursor]
+        spent = cursor >= self.block_steps
+        if spent.any():
+            for slot in slots[spent].tolist():
+                self._refill(slot)
+            cursor = self._cursor[slots]
         self._cursor[slots] = cursor + 1
-        ids = np.broadcast_to(self._ids, probs.shape)
-        return BatchMarginals(ids, probs), target
+        row = slots * self.block_steps + cursor  # (slot, step) as one index into the blocks
+        w = self.workload
+        probs = np.take(self._probs.reshape(-1, w.depth, w.k), row, axis=0)
+        target = np.take(self._target.reshape(-1, w.depth + 1), row, axis=0)
+        if probs.shape[0] not in self._id_views:
+            self._id_views[probs.shape[0]] = np.broadcast_to(self._ids, probs.shape)
+        return BatchMarginals(self._id_views[probs.shape[0]], probs), target
