@@ -13,11 +13,27 @@
  *   budgets: B int64 values, each >= 1
  *   outputs: concatenated per-request trees (int64, int64, int64, float64) and B + 1 int64
  *            offsets into them.
+ *
+ * forest(...), accept(...): the joint budget's merged chain and the simulator's acceptance walk
+ *   over a batch of trees (see the comments above each).
+ *
+ * chunk(...) -> (status, n, chosen): one growth round of bastion.budget.choose_tree (see
+ *   chunk_doc below): validate the priced curve, build T_budget, write its tree arrays and
+ *   Â/Ĉ/Ŝ into caller-owned buffers, apply the stopping rule. Every floating-point operation
+ *   is the one numpy performs in the reference path, in the same order, so the results are
+ *   bit-identical; contraction into fused multiply-adds is therefore switched off.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 typedef struct {
     double score;
@@ -26,9 +42,16 @@ typedef struct {
     int32_t rank;
 } entry;
 
-/* a precedes b in best-first order */
+#if defined(__GNUC__) || defined(__clang__)
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#else
+#define LIKELY(x) (x)
+#endif
+
+/* a precedes b in best-first order. Scores almost never tie, so the first test is predictable
+   and the answer is a plain comparison the compiler can turn into a flag, not a branch. */
 static inline int before(const entry *a, const entry *b) {
-    if (a->score != b->score) return a->score > b->score;
+    if (LIKELY(a->score != b->score)) return a->score > b->score;
     if (a->depth != b->depth) return a->depth < b->depth;
     if (a->parent != b->parent) return a->parent < b->parent;
     return a->rank < b->rank;
@@ -45,23 +68,23 @@ static void push(entry *heap, Py_ssize_t *n, entry e) {
     heap[i] = e;
 }
 
-static entry pop(entry *heap, Py_ssize_t *n) {
-    entry top = heap[0];
-    entry last = heap[--(*n)];
-    Py_ssize_t i = 0, size = *n;
+/* Put e at the root (replacing the top) and sift it down. */
+static void replace_top(entry *heap, Py_ssize_t size, entry e) {
+    Py_ssize_t i = 0;
     for (;;) {
         Py_ssize_t c = 2 * i + 1;
         if (c >= size) break;
-        if (c + 1 < size && before(&heap[c + 1], &heap[c])) c++;
-        if (!before(&heap[c], &last)) break;
+        if (c + 1 < size) c += before(&heap[c + 1], &heap[c]);
+        if (!before(&heap[c], &e)) break;
         heap[i] = heap[c];
         i = c;
     }
-    if (size > 0) heap[i] = last;
-    return top;
+    heap[i] = e;
 }
 
-/* One request: writes up to `budget` nodes, returns how many. */
+/* One request: writes up to `budget` nodes, returns how many. The top of the heap is the next
+   node; the (up to two) nodes it makes available replace it in one sift-down plus a push,
+   instead of a pop and two pushes. Any correct heap pops the same sequence: keys are unique. */
 static Py_ssize_t build_one(const double *p, Py_ssize_t depth, Py_ssize_t k, Py_ssize_t budget,
                             entry *heap, int64_t *parents, int64_t *depths, int64_t *ranks,
                             double *scores) {
@@ -75,25 +98,36 @@ static Py_ssize_t build_one(const double *p, Py_ssize_t depth, Py_ssize_t k, Py_
         push(heap, &hn, e);
     }
     while (hn > 0 && n < budget) {
-        entry e = pop(heap, &hn);
+        entry e = heap[0];
         Py_ssize_t pos = n++;
         parents[pos] = e.parent;
         depths[pos] = e.depth;
         ranks[pos] = e.rank;
         scores[pos] = e.score;
+        entry add[2];
+        int m = 0;
         if (e.rank + 1 < k) { /* next sibling */
             double s = scores[e.parent] * p[(e.depth - 1) * k + e.rank + 1];
             if (s > 0.0) {
                 entry sib = {s, e.depth, e.parent, e.rank + 1};
-                push(heap, &hn, sib);
+                add[m++] = sib;
             }
         }
         if (e.depth < depth) { /* first child */
             double s = e.score * p[e.depth * k];
             if (s > 0.0) {
                 entry child = {s, e.depth + 1, (int32_t)pos, 0};
-                push(heap, &hn, child);
+                add[m++] = child;
             }
+        }
+        if (m == 0) { /* plain pop */
+            entry last = heap[--hn];
+            if (hn > 0) replace_top(heap, hn, last);
+        } else {
+            /* the earlier of the two tends to stay near the top, the later near the bottom */
+            int late = m == 2 && before(&add[0], &add[1]) ? 1 : 0;
+            replace_top(heap, hn, add[m == 2 ? 1 - late : 0]);
+            if (m == 2) push(heap, &hn, add[late]);
         }
     }
     return n;
@@ -159,8 +193,395 @@ done:
     return result;
 }
 
+/* Rules of bastion.budget.choose_tree. */
+#define RULE_FIRST_DECREASE 0
+#define RULE_EXHAUSTIVE 1
+#define RULE_BOUNDED 2
+
+#define STATUS_BAD_CURVE (-1) /* the caller re-validates in Python to raise the named error */
+#define STATUS_GROW 0
+#define STATUS_STOP 1
+
+static const char chunk_doc[] =
+    "chunk(probs, token_ids, depth, k, budget, ahead, n_max, rule, root_token, verify, draft,\n"
+    "      prep, dp, ar, base, a_ceiling, ints, floats) -> (status, n, chosen)\n\n"
+    "One growth round of the controller. probs/token_ids: depth*k float64/int64 (C order);\n"
+    "verify: >= ahead float64 (T_verify); dp = draft + prep as Python computed it; ints and\n"
+    "floats: writable 4*budget int64/float64 buffers, filled as rows [parents, depths, ranks,\n"
+    "tokens] and [scores, a_hat, c_hat, s_hat] for the n nodes built. status -1: the curve\n"
+    "fails validation (nothing built); 0: grow; 1: stop with tree size `chosen`.";
+
+static PyObject *chunk(PyObject *self, PyObject *args) {
+    Py_buffer probs, ids, verify, ints, floats;
+    Py_ssize_t depth, k, budget, ahead, n_max;
+    int rule;
+    long long root_token;
+    double draft, prep, dp, ar, base, a_ceiling;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*nnnnniLy*ddddddw*w*", &probs, &ids, &depth, &k, &budget,
+                          &ahead, &n_max, &rule, &root_token, &verify, &draft, &prep, &dp, &ar,
+                          &base, &a_ceiling, &ints, &floats))
+        return NULL;
+    if (depth < 1 || k < 1 || budget < 1 || budget > INT32_MAX / 2 || ahead < budget ||
+        n_max < ahead || rule < RULE_FIRST_DECREASE || rule > RULE_BOUNDED ||
+        probs.len != (Py_ssize_t)sizeof(double) * depth * k ||
+        ids.len != (Py_ssize_t)sizeof(int64_t) * depth * k ||
+        verify.len < (Py_ssize_t)sizeof(double) * ahead ||
+        ints.len < (Py_ssize_t)sizeof(int64_t) * 4 * budget ||
+        floats.len < (Py_ssize_t)sizeof(double) * 4 * budget) {
+        PyErr_SetString(PyExc_ValueError, "chunk: buffer sizes or arguments do not match");
+        goto done;
+    }
+    {
+        const double *v = (const double *)verify.buf;
+        /* validate_cost_curve: scalars finite (ar > 0, the others >= 0), every Ĉ(N) = dp + v
+           for N <= ahead finite and > 0; and whether Ĉ is non-decreasing on that range */
+        int ok = isfinite(draft) && draft >= 0 && isfinite(prep) && prep >= 0 && isfinite(ar) &&
+                 ar > 0;
+        int monotone = 1;
+        for (Py_ssize_t i = 0; ok && i < ahead; i++) {
+            double c = dp + v[i];
+            ok = isfinite(c) && c > 0.0;
+            if (i > 0 && !(c - (dp + v[i - 1]) >= 0.0)) monotone = 0;
+        }
+        if (!ok) {
+            result = Py_BuildValue("(inn)", STATUS_BAD_CURVE, (Py_ssize_t)0, (Py_ssize_t)0);
+            goto done;
+        }
+        int64_t *parents = (int64_t *)ints.buf, *dep = parents + budget, *ranks = dep + budget,
+                *tokens = ranks + budget;
+        double *scores = (double *)floats.buf, *a_hat = scores + budget, *c_hat = a_hat + budget,
+               *s_hat = c_hat + budget;
+        const int64_t *tid = (const int64_t *)ids.buf;
+        entry *heap = PyMem_Malloc(sizeof(entry) * (size_t)(2 * budget + 2));
+        if (!heap) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        Py_ssize_t n = build_one((const double *)probs.buf, depth, k, budget, heap, parents, dep,
+                                 ranks, scores);
+        PyMem_Free(heap);
+        /* tokens (tree_from_arrays), Â = cumsum(ρ), Ĉ, Ŝ = (A_o + Â)·L_AR / Ĉ */
+        double a = 0.0;
+        tokens[0] = (int64_t)root_token;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i > 0) tokens[i] = tid[(dep[i] - 1) * k + ranks[i]];
+            a = i > 0 ? a + scores[i] : scores[0];
+            a_hat[i] = a;
+            c_hat[i] = dp + v[i];
+            s_hat[i] = (base + a) * ar / c_hat[i];
+        }
+        int done_growing = n < budget || budget >= n_max;
+        int status = STATUS_GROW;
+        Py_ssize_t chosen = n;
+        if (rule == RULE_FIRST_DECREASE) {
+            Py_ssize_t stop = 0;
+            for (Py_ssize_t i = 0; i + 1 < n; i++)
+                if (s_hat[i + 1] < s_hat[i]) {
+                    stop = i + 1;
+                    break;
+                }
+            if (stop || done_growing) {
+                status = STATUS_STOP;
+                chosen = stop ? stop : n;
+            }
+        } else {
+            Py_ssize_t best = 0; /* argmax: the first maximum */
+            for (Py_ssize_t i = 1; i < n; i++)
+                if (s_hat[i] > s_hat[best]) best = i;
+            chosen = best + 1;
+            if (done_growing) {
+                status = STATUS_STOP;
+            } else if (monotone) {
+                /* the bound of choose_tree: Â(N') ≤ min(Â(n) + (N' − n)·ρ_n, depth + 1) */
+                double rho = scores[n - 1], a_n = a_hat[n - 1], bound = 0.0;
+                for (Py_ssize_t j = n + 1; j <= ahead; j++) {
+                    double an = a_n + (double)(j - n) * rho;
+                    if (an > a_ceiling) an = a_ceiling;
+                    double q = (base + an) / (dp + v[j - 1]);
+                    if (q > bound) bound = q;
+                }
+                double a_far = a_n + (double)(n_max - n) * rho;
+                if (a_ceiling < a_far) a_far = a_ceiling;
+                double far = (base + a_far) / (dp + v[ahead - 1]);
+                if (far > bound) bound = far;
+                if (bound * ar <= s_hat[best]) status = STATUS_STOP;
+            }
+        }
+        result = Py_BuildValue("(inn)", status, n, chosen);
+    }
+done:
+    PyBuffer_Release(&probs);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&verify);
+    PyBuffer_Release(&ints);
+    PyBuffer_Release(&floats);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * forest(probs, depth, k, caps, total)
+ *     -> (parents, depths, ranks, scores, offsets, order, order_scores, more)
+ *
+ * The B best-first trees of one serving step grown together: one heap over every request's
+ * frontier, key (-score, request, depth, parent position, rank), so the nodes are added in the
+ * merged order of bastion.joint (by score, ties by request index, each request's own best-first
+ * order kept: within a request the key is build()'s). Request i takes at most caps[i] nodes
+ * (its root included); `total` caps the nodes added beyond the B roots.
+ *   outputs: the B trees concatenated request by request, each in its own best-first order,
+ *            root first (as build() returns them), B + 1 offsets; order, order_scores: for the
+ *            j-th added node, its request (int64) and its score; more: 1 if some request could
+ *            still grow.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct {
+    double score;
+    double parent_score;
+    int32_t request;
+    int32_t depth;
+    int32_t parent;
+    int32_t rank;
+} fentry;
+
+static inline int fbefore(const fentry *a, const fentry *b) {
+    if (LIKELY(a->score != b->score)) return a->score > b->score;
+    if (a->request != b->request) return a->request < b->request;
+    if (a->depth != b->depth) return a->depth < b->depth;
+    if (a->parent != b->parent) return a->parent < b->parent;
+    return a->rank < b->rank;
+}
+
+static void fpush(fentry *heap, Py_ssize_t *n, fentry e) {
+    Py_ssize_t i = (*n)++;
+    while (i > 0) {
+        Py_ssize_t up = (i - 1) / 2;
+        if (!fbefore(&e, &heap[up])) break;
+        heap[i] = heap[up];
+        i = up;
+    }
+    heap[i] = e;
+}
+
+static void fpop(fentry *heap, Py_ssize_t *n) {
+    fentry e = heap[--(*n)];
+    Py_ssize_t size = *n, i = 0;
+    if (size == 0) return;
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= size) break;
+        if (c + 1 < size) c += fbefore(&heap[c + 1], &heap[c]);
+        if (!fbefore(&heap[c], &e)) break;
+        heap[i] = heap[c];
+        i = c;
+    }
+    heap[i] = e;
+}
+
+static PyObject *forest(PyObject *self, PyObject *args) {
+    Py_buffer probs, caps;
+    Py_ssize_t depth, k, total;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*nny*n", &probs, &depth, &k, &caps, &total)) return NULL;
+    Py_ssize_t b = caps.len / (Py_ssize_t)sizeof(int64_t);
+    const double *p = (const double *)probs.buf;
+    const int64_t *cap = (const int64_t *)caps.buf;
+    fentry *heap = NULL;
+    int64_t *count = NULL, *g_req = NULL, *g_pos = NULL, *g_par = NULL, *g_dep = NULL,
+            *g_rnk = NULL;
+    double *g_sco = NULL;
+    PyObject *o_par = NULL, *o_dep = NULL, *o_rnk = NULL, *o_sco = NULL, *o_off = NULL,
+             *o_ord = NULL, *o_osc = NULL;
+    if (depth < 1 || k < 1 || total < 0 || b <= 0 || caps.len % (Py_ssize_t)sizeof(int64_t) ||
+        depth > INT32_MAX || k > INT32_MAX || b > INT32_MAX ||
+        b > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(double) / depth / k ||
+        probs.len != b * depth * k * (Py_ssize_t)sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "forest: inconsistent sizes");
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < b; r++) {
+        if (cap[r] < 1) {
+            PyErr_SetString(PyExc_ValueError, "forest: every cap must be >= 1");
+            goto done;
+        }
+    }
+    /* every added node pushes at most two entries and pops one: the heap never exceeds
+       B + total + 1 entries */
+    if (total > (PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(fentry)) - b - 1) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    heap = (fentry *)malloc((size_t)(b + total + 1) * sizeof(fentry));
+    count = (int64_t *)calloc((size_t)b, sizeof(int64_t));
+    g_req = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
+    g_pos = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
+    g_par = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
+    g_dep = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
+    g_rnk = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
+    g_sco = (double *)malloc((size_t)(total + 1) * sizeof(double));
+    if (!heap || !count || !g_req || !g_pos || !g_par || !g_dep || !g_rnk || !g_sco) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t hn = 0, m = 0;
+    for (Py_ssize_t r = 0; r < b; r++) {
+        count[r] = 1;
+        const double *pr = p + r * depth * k;
+        if (depth > 0 && k > 0 && cap[r] > 1 && pr[0] > 0.0) {
+            fentry e = {pr[0], 1.0, (int32_t)r, 1, 0, 0};
+            fpush(heap, &hn, e);
+        }
+    }
+    while (hn > 0 && m < total) {
+        fentry e = heap[0];
+        fpop(heap, &hn);
+        Py_ssize_t r = e.request;
+        if (count[r] >= cap[r]) continue; /* this request is full: its frontier is dropped */
+        Py_ssize_t pos = count[r]++;
+        g_req[m] = r;
+        g_pos[m] = pos;
+        g_par[m] = e.parent;
+        g_dep[m] = e.depth;
+        g_rnk[m] = e.rank;
+        g_sco[m] = e.score;
+        m++;
+        const double *pr = p + r * depth * k;
+        if (e.rank + 1 < k) { /* next sibling */
+            double s = e.parent_score * pr[(e.depth - 1) * k + e.rank + 1];
+            if (s > 0.0) {
+                fentry sib = {s, e.parent_score, e.request, e.depth, e.parent, e.rank + 1};
+                fpush(heap, &hn, sib);
+            }
+        }
+        if (e.depth < depth) { /* first child */
+            double s = e.score * pr[e.depth * k];
+            if (s > 0.0) {
+                fentry child = {s, e.score, e.request, e.depth + 1, (int32_t)pos, 0};
+                fpush(heap, &hn, child);
+            }
+        }
+    }
+    int more = 0;
+    for (Py_ssize_t i = 0; i < hn && !more; i++) more = count[heap[i].request] < cap[heap[i].request];
+    Py_ssize_t n = b + m;
+    o_par = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    o_dep = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    o_rnk = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    o_sco = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(double));
+    o_off = PyBytes_FromStringAndSize(NULL, (b + 1) * (Py_ssize_t)sizeof(int64_t));
+    o_ord = PyBytes_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(int64_t));
+    o_osc = PyBytes_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(double));
+    if (!o_par || !o_dep || !o_rnk || !o_sco || !o_off || !o_ord || !o_osc) goto done;
+    {
+        int64_t *par = (int64_t *)PyBytes_AS_STRING(o_par);
+        int64_t *dep = (int64_t *)PyBytes_AS_STRING(o_dep);
+        int64_t *rnk = (int64_t *)PyBytes_AS_STRING(o_rnk);
+        double *sco = (double *)PyBytes_AS_STRING(o_sco);
+        int64_t *off = (int64_t *)PyBytes_AS_STRING(o_off);
+        int64_t *ord = (int64_t *)PyBytes_AS_STRING(o_ord);
+        double *osc = (double *)PyBytes_AS_STRING(o_osc);
+        off[0] = 0;
+        for (Py_ssize_t r = 0; r < b; r++) {
+            off[r + 1] = off[r] + count[r];
+            par[off[r]] = -1;
+            dep[off[r]] = 0;
+            rnk[off[r]] = -1;
+            sco[off[r]] = 1.0;
+        }
+        for (Py_ssize_t j = 0; j < m; j++) {
+            Py_ssize_t at = off[g_req[j]] + g_pos[j];
+            par[at] = g_par[j];
+            dep[at] = g_dep[j];
+            rnk[at] = g_rnk[j];
+            sco[at] = g_sco[j];
+            ord[j] = g_req[j];
+            osc[j] = g_sco[j];
+        }
+    }
+    result = Py_BuildValue("(OOOOOOOi)", o_par, o_dep, o_rnk, o_sco, o_off, o_ord, o_osc, more);
+done:
+    Py_XDECREF(o_par);
+    Py_XDECREF(o_dep);
+    Py_XDECREF(o_rnk);
+    Py_XDECREF(o_sco);
+    Py_XDECREF(o_off);
+    Py_XDECREF(o_ord);
+    Py_XDECREF(o_osc);
+    free(heap);
+    free(count);
+    free(g_req);
+    free(g_pos);
+    free(g_par);
+    free(g_dep);
+    free(g_rnk);
+    free(g_sco);
+    PyBuffer_Release(&probs);
+    PyBuffer_Release(&caps);
+    return result;
+}
+
+/* accept(parents, tokens, depths, offsets, target, width) -> (counts, on_path)
+ *   One batch of trees (concatenated, parents local to each tree, parents before children)
+ *   walked against the target's tokens: target[i * width + d - 1] is request i's token at
+ *   depth d. A node is on its request's accepted path iff it matches and its parent is on it
+ *   (the root always is). counts: accepted draft tokens per request (int64 [B]); on_path: one
+ *   byte per node (roots 0). */
+static PyObject *accept(PyObject *self, PyObject *args) {
+    Py_buffer par, tok, dep, off, tgt;
+    Py_ssize_t width;
+    PyObject *result = NULL, *o_cnt = NULL, *o_on = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*n", &par, &tok, &dep, &off, &tgt, &width)) return NULL;
+    Py_ssize_t n = par.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t b = off.len / (Py_ssize_t)sizeof(int64_t) - 1;
+    const int64_t *parents = (const int64_t *)par.buf, *tokens = (const int64_t *)tok.buf;
+    const int64_t *depths = (const int64_t *)dep.buf, *offsets = (const int64_t *)off.buf;
+    const int64_t *target = (const int64_t *)tgt.buf;
+    if (b < 1 || width < 1 || tok.len != par.len || dep.len != par.len ||
+        tgt.len != b * width * (Py_ssize_t)sizeof(int64_t) || offsets[0] != 0 ||
+        offsets[b] != n) {
+        PyErr_SetString(PyExc_ValueError, "accept: inconsistent sizes");
+        goto done;
+    }
+    o_cnt = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
+    o_on = PyBytes_FromStringAndSize(NULL, n);
+    if (!o_cnt || !o_on) goto done;
+    {
+        int64_t *counts = (int64_t *)PyBytes_AS_STRING(o_cnt);
+        char *on = PyBytes_AS_STRING(o_on);
+        for (Py_ssize_t i = 0; i < b; i++) {
+            Py_ssize_t a = offsets[i], e = offsets[i + 1];
+            int64_t c = 0;
+            if (a >= e || e > n || a < 0) {
+                PyErr_SetString(PyExc_ValueError, "accept: offsets must increase");
+                goto done;
+            }
+            on[a] = 1; /* the root, while walking; cleared below */
+            for (Py_ssize_t j = a + 1; j < e; j++) {
+                int64_t pj = parents[j], d = depths[j];
+                int ok = pj >= 0 && pj < j - a && d >= 1 && d <= width && on[a + pj] &&
+                         tokens[j] == target[i * width + d - 1];
+                on[j] = (char)ok;
+                c += ok;
+            }
+            on[a] = 0;
+            counts[i] = c;
+        }
+    }
+    result = Py_BuildValue("(OO)", o_cnt, o_on);
+done:
+    Py_XDECREF(o_cnt);
+    Py_XDECREF(o_on);
+    PyBuffer_Release(&par);
+    PyBuffer_Release(&tok);
+    PyBuffer_Release(&dep);
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&tgt);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS, "Best-first trees for B requests (see module comment)."},
+    {"chunk", chunk, METH_VARARGS, chunk_doc},
+    {"forest", forest, METH_VARARGS, "B best-first trees grown together in merged order."},
+    {"accept", accept, METH_VARARGS, "Accepted paths of a batch of trees against targets."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -116,3 +116,125 @@ def best_first_many(probs: FloatArray, budgets: npt.ArrayLike) -> list[TreeArray
     return [
         (parents[a:e], depths[a:e], ranks[a:e], scores[a:e]) for a, e in itertools.pairwise(offsets)
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# A forest: the B trees of one serving step grown together (the joint budget's merged order)
+# ---------------------------------------------------------------------------------------------
+
+ForestArrays = tuple[IntArray, IntArray, IntArray, FloatArray, IntArray, IntArray, FloatArray, bool]
+"""(parents, depths, ranks, scores, offsets, order, order_scores, more): the B trees concatenated
+request by request (each in its own best-first order, root first; ``offsets`` [B + 1]), the
+request of every added node in the order it was added and its ρ, and whether some request could
+still grow."""
+
+
+def best_first_forest_heap(probs: FloatArray, caps: npt.ArrayLike, total: int) -> ForestArrays:
+    """Reference: one lazy heap over the frontiers of B requests, key (−ρ, request, depth,
+    parent position, rank) — the merged best-first order of :mod:`bastion.joint`."""
+    b, depth_max, k = probs.shape
+    cap = np.broadcast_to(np.asarray(caps, dtype=np.int64), (b,)).tolist()
+    p = probs.tolist()
+    trees: list[tuple[list[int], list[int], list[int], list[float]]] = [
+        ([-1], [0], [-1], [1.0]) for _ in range(b)
+    ]
+    heap: list[tuple[float, int, int, int, int, float]] = []
+    for r in range(b):
+        if depth_max and k and cap[r] > 1 and p[r][0][0] > 0.0:
+            heap.append((-p[r][0][0], r, 1, 0, 0, 1.0))
+    heapq.heapify(heap)
+    order: list[int] = []
+    order_scores: list[float] = []
+    while heap and len(order) < total:
+        neg, r, d, par, rank, parent_score = heapq.heappop(heap)
+        parents, depths, ranks, scores = trees[r]
+        if len(scores) >= cap[r]:
+            continue  # this request is full: its frontier is dropped
+        pos = len(scores)
+        parents.append(par)
+        depths.append(d)
+        ranks.append(rank)
+        scores.append(-neg)
+        order.append(r)
+        order_scores.append(-neg)
+        if rank + 1 < k:
+            s = parent_score * p[r][d - 1][rank + 1]
+            if s > 0.0:
+                heapq.heappush(heap, (-s, r, d, par, rank + 1, parent_score))
+        if d < depth_max:
+            s = -neg * p[r][d][0]
+            if s > 0.0:
+                heapq.heappush(heap, (-s, r, d + 1, pos, 0, -neg))
+    more = any(len(trees[e[1]][3]) < cap[e[1]] for e in heap)
+    sizes = [len(t[3]) for t in trees]
+    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    cat = [np.concatenate([np.asarray(t[f]) for t in trees]) for f in range(4)]
+    return (
+        cat[0].astype(np.int64),
+        cat[1].astype(np.int64),
+        cat[2].astype(np.int64),
+        cat[3].astype(np.float64),
+        offsets,
+        np.asarray(order, dtype=np.int64),
+        np.asarray(order_scores, dtype=np.float64),
+        more,
+    )
+
+
+def best_first_forest(probs: FloatArray, caps: npt.ArrayLike, total: int) -> ForestArrays:
+    """The B best-first trees of ``probs`` [B, D, K] grown together in merged order: at most
+    ``caps[i]`` nodes for request i (root included), at most ``total`` nodes added beyond the
+    roots. Compiled when the kernel is built; identical to :func:`best_first_forest_heap`."""
+    b, depth, k = probs.shape
+    cap = np.ascontiguousarray(np.broadcast_to(np.asarray(caps, dtype=np.int64), (b,)))
+    forest = getattr(_compiled, "forest", None)
+    if forest is None:
+        return best_first_forest_heap(probs, cap, total)
+    p = np.ascontiguousarray(probs, dtype=np.float64)
+    par, dep, rnk, sco, off, order, order_scores, more = forest(p, depth, k, cap, total)
+    ints = (np.frombuffer(x, dtype=np.int64) for x in (par, dep, rnk))
+    return (
+        *ints,
+        np.frombuffer(sco, dtype=np.float64),
+        np.frombuffer(off, dtype=np.int64),
+        np.frombuffer(order, dtype=np.int64),
+        np.frombuffer(order_scores, dtype=np.float64),
+        bool(more),
+    )  # type: ignore[return-value]
+
+
+def best_first_flat(probs: FloatArray, budgets: npt.ArrayLike) -> tuple[TreeArrays, IntArray]:
+    """:func:`best_first_many` concatenated: the B trees' arrays one after another, and the
+    B + 1 offsets into them (the layout of :class:`bastion.batch.TreeBatch`)."""
+    b, depth, k = probs.shape
+    bud = np.ascontiguousarray(np.broadcast_to(np.asarray(budgets, dtype=np.int64), (b,)))
+    if _compiled is None:
+        trees = [best_first_heap(probs[j], int(bud[j])) for j in range(b)]
+        offsets = np.concatenate(([0], np.cumsum([t[0].shape[0] for t in trees])))
+        flat = tuple(np.concatenate([t[f] for t in trees]) for f in range(4))
+        return flat, offsets.astype(np.int64)  # type: ignore[return-value]
+    p = np.ascontiguousarray(probs, dtype=np.float64)
+    par, dep, rnk, sco, off = _compiled.build(p, depth, k, bud)
+    ints = tuple(np.frombuffer(x, dtype=np.int64) for x in (par, dep, rnk))
+    flat = (*ints, np.frombuffer(sco, dtype=np.float64))
+    return flat, np.frombuffer(off, dtype=np.int64)  # type: ignore[return-value]
+
+
+def accepted_paths(
+    parents: IntArray, tokens: IntArray, depths: IntArray, offsets: IntArray, target: IntArray
+) -> tuple[IntArray, npt.NDArray[np.bool_]] | None:
+    """The compiled acceptance walk of a batch of trees (see :func:`sim.backend.accepted_counts`
+    for the definition and the numpy form), or None without the compiled kernel."""
+    accept = getattr(_compiled, "accept", None)
+    if accept is None:
+        return None
+    t = np.ascontiguousarray(target, dtype=np.int64)
+    counts, on_path = accept(
+        np.ascontiguousarray(parents, dtype=np.int64),
+        np.ascontiguousarray(tokens, dtype=np.int64),
+        np.ascontiguousarray(depths, dtype=np.int64),
+        np.ascontiguousarray(offsets, dtype=np.int64),
+        t,
+        t.shape[1],
+    )
+    return np.frombuffer(counts, dtype=np.int64), np.frombuffer(on_path, dtype=np.bool_)

@@ -32,11 +32,12 @@ its best Ŝ is the best over all allocations. With the roofline Ĉ (which also d
 M nodes are spread, through the attention pairs Σ N_i·(c_i + N_i)) the chain is the
 surrogate-optimal allocation for each M, and the controller picks the best M along it.
 
-The chain is grown lazily in chunks: each request's best-first arrays are built to a budget b;
-a truncated request's next node may have ρ as large as its last computed one, so only the merged
-prefix that no unseen node can precede is final; while the stop rule needs more of the chain, b
-doubles (or grows up to 8×, when the priced Ĉ shows that auto's bound needs a much longer
-chain). The answer equals a node-by-node scan; the chunks only save work.
+The chain is grown lazily: :func:`bastion.bestfirst.best_first_forest` grows the B best-first
+trees together with one heap over every request's frontier (key −ρ, then request index, then
+the single-tree key), which adds nodes exactly in the merged order, up to a total; while the
+stop rule needs more of the chain, it is regrown 2× longer (up to 8× when the priced Ĉ shows
+that auto's bound needs a much longer chain). The answer equals a node-by-node scan; the chunks
+only save work.
 
 What this module does not do: price passes (a :class:`JointCostModel` such as
 :class:`bastion.cost.costmodel.RooflineCostModel` does), decide which requests share a pass, or
@@ -52,17 +53,19 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from bastion.bestfirst import TreeArrays, best_first, best_first_many
+from bastion.batch import BatchMarginals, TreeBatch
+from bastion.bestfirst import best_first_forest
 from bastion.budget import ControllerMode, Rule, first_decrease
 from bastion.errors import BudgetError, CostModelError
 from bastion.interfaces import CostCurve, CostModel, RequestLoad, StepLoad
-from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
+from bastion.tree import DraftMarginals, DraftTree
 
 __all__ = [
     "JointCostModel",
     "JointCurve",
     "JointDiagnostics",
     "choose_joint",
+    "choose_joint_batch",
     "joint_curve_from_cost_model",
     "merge_order",
 ]
@@ -117,7 +120,8 @@ class JointDiagnostics:
 
 
 def merge_order(scores: Sequence[FloatArray]) -> tuple[IntArray, FloatArray]:
-    """The joint best-first order of B requests' added nodes.
+    """The joint best-first order of B requests' added nodes (the definition; the controller
+    grows it directly with :func:`bastion.bestfirst.best_first_forest`, which tests check equal).
 
     ``scores[i]`` is request i's best-first ρ array, root first (ρ non-increasing). Returns
     (request index, ρ) of every non-root node, sorted by ρ descending, ties by request index,
@@ -125,33 +129,13 @@ def merge_order(scores: Sequence[FloatArray]) -> tuple[IntArray, FloatArray]:
     """
     if len(scores) == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
-    merged = _merge(scores)
-    return merged.req, merged.rho
-
-
-@dataclass(frozen=True)
-class _Merged:
-    req: IntArray  # merged order: request of each added node
-    rho: FloatArray  # merged order: its ρ
-    sizes: IntArray  # nodes per request (roots included)
-    last: FloatArray  # each request's last ρ
-    built: FloatArray  # each request's Σ ρ over its built nodes (Â of its whole array)
-
-
-def _merge(scores: Sequence[FloatArray]) -> _Merged:
-    """:func:`merge_order`, plus what the controller needs to know of each request."""
     sizes = np.fromiter((s.shape[0] for s in scores), dtype=np.int64, count=len(scores))
     if np.any(sizes < 1):
         raise BudgetError("every request's best-first scores start with its root")
-    cat = np.concatenate(scores)
-    ends = np.cumsum(sizes)
-    keep = np.ones(cat.shape[0], dtype=bool)
-    keep[ends - sizes] = False  # the roots
-    rho = cat[keep]
+    rho = np.concatenate([s[1:] for s in scores])
     req = np.repeat(np.arange(sizes.shape[0], dtype=np.int64), sizes - 1)
     order = np.argsort(-rho, kind="stable")  # B sorted runs: timsort merges them
-    built = np.add.reduceat(cat, ends - sizes)
-    return _Merged(req[order], rho[order], sizes, cat[ends - 1], built)
+    return req[order], rho[order]
 
 
 def _check_int(value: object, name: str) -> int:
@@ -182,26 +166,6 @@ def _chain_costs(cc: CostCurve, m: int) -> FloatArray:
     return total
 
 
-def _valid_prefix(
-    req: IntArray, rho: FloatArray, last: FloatArray, truncated: npt.NDArray[np.bool_]
-) -> tuple[int, float]:
-    """How much of the merged order is final, and a bound on the ρ of the chain's next node.
-
-    A truncated request j's unseen nodes have ρ ≤ last[j] and sort after its computed ones, so a
-    merged node is final iff its key (−ρ, request) precedes (−τ, j*), τ = max last[j] over the
-    truncated requests and j* the smallest such j attaining it.
-    """
-    if not truncated.any():
-        return int(rho.shape[0]), 0.0
-    lasts = np.where(truncated, last, -1.0)
-    j_star = int(np.argmax(lasts))  # the first maximum: the smallest index attaining τ
-    tau = float(lasts[j_star])
-    # the merged order is sorted by that key, so the final nodes are a prefix
-    valid = int(np.searchsorted(-rho, -tau, side="left"))
-    valid += int(np.count_nonzero(req[valid : valid + np.count_nonzero(rho == tau)] <= j_star))
-    return valid, tau
-
-
 def _lattice_mass(probs: FloatArray) -> FloatArray:
     """Σ ρ over every node of the lattice of ``probs`` ([..., D, K]), root included.
 
@@ -213,32 +177,8 @@ def _lattice_mass(probs: FloatArray) -> FloatArray:
     return np.asarray((1.0 + rows.sum(axis=-1)) * (1.0 + 1e-9), dtype=np.float64)
 
 
-def _gain_bound(
-    merged: _Merged,
-    valid: int,
-    a_valid: float,
-    mass: FloatArray,
-    truncated: npt.NDArray[np.bool_],
-    n_max: int,
-    rho_next: float,
-) -> float:
-    """An upper bound on Σ Â over every longer chain: Σ Â(M) + what the chain can still gain.
-
-    The gain is bounded two ways: each further node gains ≤ ``rho_next`` (gains never grow
-    along the chain), at most as many nodes as the caps leave; and per request, by the built
-    nodes not yet in the final prefix plus, for a truncated request j, min((N_max − n_j)·ρ_last,
-    its lattice mass not yet built).
-    """
-    sizes = merged.sizes
-    room = float(np.sum(np.where(truncated, n_max, sizes)) - sizes.shape[0] - valid)
-    pending = float(merged.built.sum()) - a_valid  # built, not in the final prefix
-    unseen = np.minimum((n_max - sizes) * merged.last, np.maximum(mass - merged.built, 0.0))
-    gain = min(room * rho_next, pending + float(np.sum(unseen[truncated])))
-    return (a_valid + gain) * (1.0 + 1e-12)  # slack for the rounding of the sums
-
-
 def _growth(c_hat: FloatArray, c_needed: float) -> int:
-    """How much to grow the budgets so that the chain reaches Ĉ = ``c_needed`` (2 … 8).
+    """How much to grow the chain so that it reaches Ĉ = ``c_needed`` (2 … 8).
 
     Only a speed heuristic (the stop rule decides the answer): extrapolates Ĉ linearly from
     the last half of the priced chain, since every round has a fixed cost.
@@ -254,7 +194,7 @@ def _growth(c_hat: FloatArray, c_needed: float) -> int:
 
 
 def choose_joint(
-    marginals: Sequence[DraftMarginals],
+    marginals: Sequence[DraftMarginals] | BatchMarginals,
     curve: JointCurve,
     n_max: int,
     mode: ControllerMode = "auto",
@@ -269,71 +209,91 @@ def choose_joint(
     best-first prefix of its request) and the diagnostics. Modes as in
     :func:`bastion.budget.choose_tree`: ``first-decrease`` (optimal for a convex Ĉ along the
     chain), ``exhaustive``, ``auto`` (the exhaustive argmax, pruned; exact when Ĉ is
-    non-decreasing along the chain).
+    non-decreasing along the chain). :func:`choose_joint_batch` is the same on a
+    :class:`BatchMarginals`, returning a :class:`TreeBatch`.
     """
-    batch = list(marginals)
-    b = len(batch)
+    if isinstance(marginals, BatchMarginals):
+        batch = marginals
+    else:
+        rows = list(marginals)
+        if not rows:
+            raise BudgetError("a joint budget needs at least one request")
+        batch = BatchMarginals.from_rows(rows)
+    trees, diag = choose_joint_batch(batch, curve, n_max, mode, initial_budget, root_tokens)
+    return trees.trees(), diag
+
+
+def choose_joint_batch(
+    marginals: BatchMarginals,
+    curve: JointCurve,
+    n_max: int,
+    mode: ControllerMode = "auto",
+    initial_budget: int = 64,
+    root_tokens: npt.ArrayLike | None = None,
+) -> tuple[TreeBatch, JointDiagnostics]:
+    """:func:`choose_joint` on a batch's stacked marginals; the trees as one :class:`TreeBatch`.
+
+    The chain is :func:`bastion.bestfirst.best_first_forest`: the B best-first trees grown
+    together in merged order (one heap over every request's frontier), so every node it returns
+    is final; while the stop rule needs more, the chain is regrown longer (2–8×).
+    """
+    probs = marginals.probs
+    b = probs.shape[0]
     if b == 0:
         raise BudgetError("a joint budget needs at least one request")
     n_max = _check_int(n_max, "n_max")
     if mode not in _MODES:
         raise BudgetError(f"unknown controller mode {mode!r}; known: {', '.join(_MODES)}")
     initial = _check_int(initial_budget, "initial_budget")
-    roots = [-1] * b if root_tokens is None else [int(t) for t in root_tokens]
-    if len(roots) != b:
-        raise BudgetError(f"{len(roots)} root tokens for {b} requests")
+    roots = np.full(b, -1, np.int64) if root_tokens is None else np.asarray(root_tokens)
+    if roots.shape != (b,) or roots.dtype.kind not in "iu":
+        raise BudgetError(f"root_tokens must be {b} integers, one per request; got {root_tokens!r}")
     rule: Rule = "bounded" if mode == "auto" else mode
-    shape = batch[0].probs.shape
-    stacked = (
-        np.array([m.probs for m in batch]) if all(m.probs.shape == shape for m in batch) else None
-    )
-    mass = (
-        _lattice_mass(stacked)
-        if stacked is not None
-        else np.array([_lattice_mass(m.probs) for m in batch])
-    )
+    mass = _lattice_mass(probs)
+    most = b * (n_max - 1)  # nodes that can be added at all
+    total = most if rule == "exhaustive" else min(b * (min(initial, n_max) - 1), most)
 
-    budgets = np.full(b, n_max if rule == "exhaustive" else min(initial, n_max), dtype=np.int64)
     while True:
         growth = 2
-        arrays: list[TreeArrays] = (
-            best_first_many(stacked, budgets)
-            if stacked is not None
-            else [best_first(m.probs, int(n)) for m, n in zip(batch, budgets, strict=True)]
+        parents, depths, ranks, scores, offsets, order, rho, more = best_first_forest(
+            probs, n_max, total
         )
-        merged = _merge([a[3] for a in arrays])
-        req, rho, sizes = merged.req, merged.rho, merged.sizes
-        ran_out = sizes < budgets
-        truncated = ~ran_out & (budgets < n_max)
-        valid, rho_next = _valid_prefix(req, rho, merged.last, truncated)
-        cc = curve(req[:valid])
-        c_hat = _chain_costs(cc, valid)
-        a_hat = np.cumsum(np.concatenate(([float(b)], rho[:valid])))
+        m = order.shape[0]
+        cc = curve(order)
+        c_hat = _chain_costs(cc, m)
+        a_hat = np.empty(m + 1)
+        a_hat[0] = b
+        a_hat[1:] = rho
+        np.cumsum(a_hat, out=a_hat)  # the sums in the order choose_tree adds them
         s_hat = a_hat * cc.ar_step_s / c_hat
-        done = not truncated.any()
+        done = not more
         if rule == "first-decrease":
             stop = first_decrease(s_hat)
             if stop is not None or done:
-                chosen = stop - 1 if stop is not None else valid
+                chosen = stop - 1 if stop is not None else m
                 break
         else:
             chosen = int(np.argmax(s_hat))
             if done:
                 break
-            # No longer chain can beat Ŝ(chosen) if even the most optimistic Σ Â cannot
-            # (_gain_bound), with Ĉ of any longer chain ≥ Ĉ at the end of the final prefix (Ĉ
-            # non-decreasing; checked on the priced range, else keep scanning).
-            if bool(np.all(c_hat[1:] >= c_hat[:-1])):
-                a_far = _gain_bound(
-                    merged, valid, float(a_hat[-1]), mass, truncated, n_max, rho_next
-                )
+            # No longer chain can beat Ŝ(chosen) if even the most optimistic Σ Â cannot: each
+            # request j still gains at most min((N_max − n_j)·ρ_last, its unbuilt lattice
+            # mass), ρ_last the chain's last gain (gains never grow along the merged order);
+            # and Ĉ of any longer chain ≥ Ĉ at its end (Ĉ non-decreasing; checked on the
+            # priced range, else keep scanning).
+            if m > 0 and bool(np.all(c_hat[1:] >= c_hat[:-1])):
+                sizes = np.diff(offsets)
+                built = np.add.reduceat(scores, offsets[:-1])
+                unseen = np.minimum((n_max - sizes) * rho[-1], np.maximum(mass - built, 0.0))
+                a_far = (float(a_hat[-1]) + float(unseen.sum())) * (1.0 + 1e-12)
                 c_needed = a_far * cc.ar_step_s / float(s_hat[chosen])
                 if c_needed <= c_hat[-1]:
                     break
                 growth = _growth(c_hat, c_needed)
-        budgets = np.where(truncated, np.minimum(growth * budgets, n_max), budgets)
+        total = min(max(growth * total, total + b), most)
 
-    alloc = 1 + np.bincount(req[:chosen], minlength=b)
+    alloc = 1 + np.bincount(order[:chosen], minlength=b)
+    sizes = np.diff(offsets)
     diag = JointDiagnostics(
         tree_sizes=tuple(alloc.tolist()),
         total_size=b + chosen,
@@ -342,38 +302,18 @@ def choose_joint(
         c_hat=c_hat,
         s_hat=s_hat,
         ar_step_s=float(cc.ar_step_s),
-        exhausted=bool(np.all(ran_out)),
+        exhausted=not more and bool(np.all(sizes < n_max)),
         capped=bool(np.any(alloc == n_max)),
     )
-    return _trees(batch, arrays, alloc, sizes, roots, stacked is not None), diag
-
-
-def _trees(
-    batch: list[DraftMarginals],
-    arrays: list[TreeArrays],
-    alloc: IntArray,
-    sizes: IntArray,
-    roots: list[int],
-    same_shape: bool,
-) -> list[DraftTree]:
-    """Each request's best-first prefix of ``alloc[i]`` nodes, tokens gathered in one pass."""
-    if not same_shape:
-        return [
-            tree_from_arrays((a[0][:n], a[1][:n], a[2][:n], a[3][:n]), m, r)
-            for a, m, r, n in zip(arrays, batch, roots, alloc.tolist(), strict=True)
-        ]
-    ids = np.array([m.token_ids for m in batch])
-    node_req = np.repeat(np.arange(len(batch)), sizes)
-    depths = np.concatenate([a[1] for a in arrays])
-    ranks = np.concatenate([a[2] for a in arrays])
-    tokens = ids[node_req, depths - 1, ranks]  # the roots' entries are overwritten below
-    starts = np.cumsum(sizes) - sizes
-    tokens[starts] = roots
-    tokens.flags.writeable = False
-    return [
-        DraftTree.trusted(a[0][:n], tokens[s : s + n], a[1][:n], a[3][:n], a[2][:n])
-        for a, s, n in zip(arrays, starts.tolist(), alloc.tolist(), strict=True)
-    ]
+    request = np.repeat(np.arange(b), sizes)
+    keep = np.arange(offsets[-1]) - offsets[request] < alloc[request]  # each tree's prefix
+    request, depths, ranks = request[keep], depths[keep], ranks[keep]
+    tokens = marginals.token_ids[request, np.maximum(depths - 1, 0), np.maximum(ranks, 0)]
+    starts = np.zeros(b + 1, np.int64)
+    np.cumsum(alloc, out=starts[1:])
+    tokens[starts[:-1]] = roots
+    trees = TreeBatch(starts, parents[keep], tokens, depths, scores[keep], ranks)
+    return trees, diag
 
 
 def joint_curve_from_cost_model(

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.batch import BatchMarginals, TreeBatch
-from bastion.bestfirst import best_first_many
+from bastion.bestfirst import best_first_flat
 from bastion.budget import ControllerMode, choose_tree
 from bastion.engine import PerRequestPolicy
 from bastion.errors import BudgetError, UnknownNameError
@@ -375,31 +375,23 @@ class AdaptivePolicy:
         joint_curve = getattr(cost_model, "joint_cost_curve", None)
         if req.size == 1 or not self.joint or joint_curve is None:
             return PerRequestPolicy(self).choose_batch(marginals, context)
-        from bastion.joint import choose_joint
+        from bastion.joint import choose_joint_batch
 
         contexts = req.context_lens
         start = self.initial_budget
         known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
-        if known.size:  # begin near the last choices: fewer growth rounds
-            start = max(16, 2 * int(known.max()))
-        trees, diag = choose_joint(
-            [marginals.row(i) for i in range(req.size)],
-            lambda grow: joint_curve(contexts, grow),
-            self.n_max,
-            self.mode,
-            start,
+        if known.size:  # begin near the last choices (per request): fewer growth rounds
+            start = max(8, 4 * int(known.mean()))
+        trees, diag = choose_joint_batch(
+            marginals, lambda grow: joint_curve(contexts, grow), self.n_max, self.mode, start
         )
-        return BatchChoice(TreeBatch.from_trees(trees), diag)
+        return BatchChoice(trees, diag)
 
 
 def best_first_batch(marginals: BatchMarginals, budget: int) -> TreeBatch:
     """Best-first trees of size ``budget`` for every request of a batch, in one compiled call."""
-    arrays = best_first_many(marginals.probs, budget)
-    parents, depths, ranks, scores = (np.concatenate([a[f] for a in arrays]) for f in range(4))
-    sizes = [a[0].shape[0] for a in arrays]
-    offsets = np.zeros(len(sizes) + 1, np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    request = np.repeat(np.arange(len(sizes)), sizes)
+    (parents, depths, ranks, scores), offsets = best_first_flat(marginals.probs, budget)
+    request = np.repeat(np.arange(offsets.shape[0] - 1), np.diff(offsets))
     tokens = marginals.token_ids[request, np.maximum(depths - 1, 0), np.maximum(ranks, 0)]
     tokens[offsets[:-1]] = -1
     return TreeBatch(offsets, parents, tokens, depths, scores, ranks)

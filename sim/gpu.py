@@ -71,10 +71,9 @@ from bastion.cost.backends import register_backend
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.roofline import (
+    DrafterPricer,
     LinearPricer,
-    RooflineBreakdown,
     RooflineOptions,
-    drafter_pass,
     experts_touched,
 )
 from bastion.errors import ConfigError
@@ -153,8 +152,8 @@ def _chunks(new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> _Chunks:
     return n.tolist(), c.tolist()
 
 
-# (drafter, device, options) reprs → {batch size → drafter-pass line}; see _draft_line
-_DRAFT_LINES: dict[tuple[str, str, str], dict[int, tuple[Array, Array, float]]] = {}
+# (drafter, device, options) reprs → the drafter's pass pricer (see SimulatedGPU.__post_init__)
+_DRAFTERS: dict[tuple[str, str, str], DrafterPricer] = {}
 
 
 @dataclass(frozen=True)
@@ -248,10 +247,12 @@ class SimulatedGPU:
         self._verify_cache: dict[int, Array] = {}
         self._ar_cache: dict[int, float] = {}
         self._draft_cache: dict[int, float] = {}
-        # shared by every simulated GPU of the same drafter, device and options: the lines are
+        # shared by every simulated GPU of the same drafter, device and options: its lines are
         # a pure function of them, and each costs two full roofline evaluations to read off
         key = (repr(self.drafter), repr(self.device), repr(self.options))
-        self._draft_lines = _DRAFT_LINES.setdefault(key, {})
+        if key not in _DRAFTERS:
+            _DRAFTERS[key] = DrafterPricer(self.drafter, self.device, self.options)
+        self._drafter = _DRAFTERS[key]
         self._quantum = float(t.context_quantum)
         self._rows = np.ones((3, 64))  # scratch rows (1, s, ⌈c / quantum⌉) of a tree pass
 
@@ -482,34 +483,6 @@ class SimulatedGPU:
             raise ConfigError("a prefill pass needs at least one chunk of new tokens")
         return self._price_mixed((0, 0.0, 0.0, 0.0), chunks, False)
 
-    def _draft_line(self, requests: int) -> tuple[Array, Array, float]:
-        """Per-operator (compute, memory) seconds of a drafter pass over ``requests`` requests
-        as an affine function of Σ contexts: (value at Σ c = 0, change per context token), and
-        the pass's launch overhead.
-
-        For a fixed number of requests every count of :func:`drafter_pass` is affine in Σ c
-        (attention pairs b·Σc + n·b², KV tokens Σc + n·b); everything else (tile padding,
-        experts touched, the LM head's rows) depends on the count alone. The counts are whole
-        numbers, so the differences below are exact.
-        """
-        line = self._draft_lines.get(requests)
-        if line is None:
-            zero = [0.0] * requests
-            at0 = drafter_pass(self.drafter, self.device, zero, self.options)
-            at1 = drafter_pass(self.drafter, self.device, [1.0, *zero[1:]], self.options)
-
-            def counts(b: RooflineBreakdown) -> Array:
-                flops = [float(op.flops) for op in b.operators]
-                nbytes = [float(op.bytes) for op in b.operators]
-                return np.array(flops + nbytes)
-
-            c0, c1 = counts(at0), counts(at1)
-            n_ops = len(at0.operators)
-            scale = np.repeat([1.0 / self._peak, 1.0 / self._bw], n_ops)
-            line = (c0 * scale, (c1 - c0) * scale, float(at0.launch_s))
-            self._draft_lines[requests] = line
-        return line
-
     def draft_truth(self, contexts: npt.ArrayLike) -> float:
         """Noise-free truth of one DFlash drafter pass over a batch."""
         c = np.asarray(contexts)
@@ -525,10 +498,7 @@ class SimulatedGPU:
         b = buckets.shape[0]
         if b == 0:
             raise ConfigError("a pass needs at least one request")
-        at0, slope, launch_s = self._draft_line(b)
-        y = at0 + (self.truth.context_quantum * float(np.add.reduce(buckets))) * slope
-        n = y.shape[0] // 2
-        return float(np.add.reduce(np.maximum(y[:n], y[n:]))) + launch_s
+        return self._drafter.total_s(b, self.truth.context_quantum * float(np.add.reduce(buckets)))
 
     def prep_truth(self, tree_sizes: npt.ArrayLike, topk: bool = True) -> float:
         """Host preparation for one step: per request, plus per node when trees are built."""

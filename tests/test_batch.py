@@ -22,7 +22,7 @@ from bastion.interfaces import (
 )
 from bastion.policies import make_policy
 from bastion.tree import DraftMarginals, DraftTree, best_first_tree
-from sim.backend import accepted_counts
+from sim.backend import accepted_counts, accepted_counts_numpy
 from tests.strategies import marginals
 
 BATCHED = ["ar", "chain", "chain:3", "fixed:1", "fixed:7", "fixed:40"]
@@ -59,12 +59,13 @@ def test_batched_choice_equals_each_request_alone(spec: str, rows: list[DraftMar
         assert ours.tree(i) == ref.tree(i)
 
 
+@pytest.mark.parametrize("accept", [accepted_counts, accepted_counts_numpy])
 @given(rows=batches(max_batch=3), data=st.data())
 def test_vectorised_acceptance_is_the_greedy_walk(
-    rows: list[DraftMarginals], data: st.DataObject
+    accept: object, rows: list[DraftMarginals], data: st.DataObject
 ) -> None:
-    """Invariant: pointer-jumping acceptance over a whole batch of trees gives, for each tree,
-    the path of the core's sequential walk against that request's target tokens."""
+    """Invariant: acceptance over a whole batch of trees (compiled, or numpy pointer jumping)
+    gives, for each tree, the path of the core's sequential walk against its target tokens."""
     trees, targets = [], []
     for m in rows:
         trees.append(best_first_tree(m, data.draw(st.integers(1, 50))))
@@ -72,7 +73,7 @@ def test_vectorised_acceptance_is_the_greedy_walk(
         target = [int(m.token_ids[d, r]) if r < m.k else 10**9 for d, r in enumerate(pick)]
         targets.append([*target, -1])
     batch = TreeBatch.from_trees(trees)
-    counts, on_path = accepted_counts(batch, np.array(targets))
+    counts, on_path = accept(batch, np.array(targets))  # type: ignore[operator]
     for i, tree in enumerate(trees):
         t = targets[i]
         ref = walk(tree, lambda node, t=t, tree=tree: t[tree.depths[node]])

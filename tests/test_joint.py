@@ -526,3 +526,35 @@ def test_auto_equals_exhaustive_with_the_roofline(
     _, d_ex = choose_joint(batch, curve, n_max, "exhaustive")
     assert d_auto.predicted_speedup == pytest.approx(float(d_ex.s_hat.max()), rel=1e-12)
     assert d_auto.tree_sizes == d_ex.tree_sizes
+
+
+# --------------------------------------------------------------------------------------------
+# The forest: the chain the controller actually grows
+# --------------------------------------------------------------------------------------------
+
+
+@given(small_batches, st.integers(0, 80), st.integers(1, 30))
+def test_forest_grows_the_merged_order(batch: Batch, total: int, n_max: int) -> None:
+    """Invariant: growing the B trees together (one heap over every frontier) adds nodes in
+    exactly the merged order of :func:`merge_order`, restricted to trees of ≤ N_max nodes,
+    and each request's nodes form its own best-first tree."""
+    from bastion.batch import BatchMarginals
+    from bastion.bestfirst import best_first_forest, best_first_forest_heap
+
+    probs = BatchMarginals.from_rows(batch).probs
+    full = all_scores(batch)
+    capped = [s[:n_max] for s in full]
+    req, rho = merge_order(capped)
+    for grow in (best_first_forest, best_first_forest_heap):
+        par, dep, rnk, sco, off, order, order_rho, more = grow(probs, n_max, total)
+        m = min(total, req.size)
+        assert order.tolist() == req[:m].tolist() and order_rho.tolist() == rho[:m].tolist()
+        assert more == (m < req.size)
+        for i, m_i in enumerate(batch):
+            a, e = int(off[i]), int(off[i + 1])
+            ref = best_first(m_i.probs, e - a)
+            assert [par[a:e].tolist(), rnk[a:e].tolist(), sco[a:e].tolist()] == [
+                ref[0].tolist(),
+                ref[2].tolist(),
+                ref[3].tolist(),
+            ]

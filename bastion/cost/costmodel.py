@@ -30,6 +30,7 @@ from bastion.cost.calibration import CalibrationRecord, EmaCorrection, LinearCal
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.roofline import (
+    DrafterPricer,
     LinearPricer,
     PassShape,
     RooflineBreakdown,
@@ -48,6 +49,33 @@ _CacheKey = tuple[int, int, tuple[tuple[int, int], ...]]
 _Base = tuple[
     Array, Array, Array, Array
 ]  # bare, calibrated (verify curve); bare, calibrated (L_AR)
+_CurveKey = tuple[int, tuple[tuple[int, int], ...]]  # (context bucket, co-batched (N, bucket))
+
+
+class _PricedCurve:
+    """``cost_curve``'s cache entry for one situation: priced for N = 1 … ``length``.
+
+    Each N is priced elementwise (its price does not depend on which other sizes are priced in
+    the same call), so the curve for N ≤ n is the first n entries of a longer one: the roofline
+    runs once per situation at a power-of-two length, grown by doubling. The corrected curve,
+    how many of its leading entries pass the check, and the ``CostCurve`` of each asked length
+    are kept until the correction changes (``stamp``: mode, γ, T_aux).
+    """
+
+    __slots__ = ("ar", "ar_base", "base", "curves", "draft_s", "length", "stamp", "valid", "verify")
+
+    def __init__(
+        self, length: int, base: tuple[Array, Array], ar_base: tuple[Array, Array], draft_s: float
+    ) -> None:
+        self.length = length
+        self.base = base  # bare, calibrated-or-bare verification seconds, [length]
+        self.ar_base = ar_base  # the same for L_AR, [1]
+        self.draft_s = draft_s
+        self.stamp: tuple[object, ...] | None = None
+        self.verify: Array = base[0]  # corrected, read-only
+        self.valid = 0  # leading entries of ``verify`` that are finite and > 0
+        self.ar: float | None = None  # corrected L_AR, None when it fails the check
+        self.curves: dict[int, CostCurve] = {}
 
 
 class RooflineCostModel:
@@ -93,7 +121,7 @@ class RooflineCostModel:
         )
         self._cache: OrderedDict[_CacheKey, _Base] = OrderedDict()
         self._pricers: dict[tuple[bool, bool], LinearPricer] = {}
-        self._draft_cache: OrderedDict[tuple[int, ...], float] = OrderedDict()
+        self._drafter: DrafterPricer | None = None
         self._cache_size = cache_size
         if context_bucket < 1:
             raise ConfigError(f"context_bucket must be ≥ 1, got {context_bucket}")
@@ -190,21 +218,17 @@ class RooflineCostModel:
         """T_draft: the drafter's pass over every request of the batch (0 without a drafter)."""
         if self.drafter is None:
             return 0.0
-        key = tuple(
-            sorted(
-                (
-                    self.bucket(load.context_len),
-                    *(self.bucket(r.context_len) for r in load.co_batched),
-                )
-            )
-        )  # one entry serves every request of a batch
-        hit = self._draft_cache.get(key)
-        if hit is None:
-            hit = float(drafter_pass(self.drafter, self.hardware, key, self.options).total_s)
-            self._draft_cache[key] = hit
-            if len(self._draft_cache) > self._cache_size:
-                self._draft_cache.popitem(last=False)
-        return hit
+        total = self.bucket(load.context_len) + sum(
+            self.bucket(r.context_len) for r in load.co_batched
+        )
+        return self._drafter_pricer().total_s(1 + len(load.co_batched), total)
+
+    def _drafter_pricer(self) -> DrafterPricer:
+        """The drafter's pass priced by batch size and Σ contexts (identical to drafter_pass)."""
+        if self._drafter is None:
+            assert self.drafter is not None
+            self._drafter = DrafterPricer(self.drafter, self.hardware, self.options)
+        return self._drafter
 
     def draft_breakdown(self, load: StepLoad) -> RooflineBreakdown | None:
         if self.drafter is None:
@@ -227,29 +251,78 @@ class RooflineCostModel:
     # CostModel protocol
     # ---------------------------------------------------------------------------------------
 
+    _curves: OrderedDict[_CurveKey, _PricedCurve]  # cost_curve's cache, made on first use
+
     def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
-        """Ĉ(N) for N = 1 … ``max_tree_size``, one vectorised roofline evaluation (cached)."""
+        """Ĉ(N) for N = 1 … ``max_tree_size``, one vectorised roofline evaluation (cached).
+
+        The controller calls this every step, so a hit is a dictionary lookup that returns the
+        same read-only ``CostCurve``: per situation (context bucket, co-batched load) the curve
+        is priced once for a power-of-two number of sizes and sliced, and it is corrected and
+        checked once per correction (in the ema modes γ moves with every ``observe``).
+        """
         if max_tree_size < 1:
             raise BudgetError(f"max_tree_size must be ≥ 1, got {max_tree_size}")
-        key: _CacheKey = (
-            max_tree_size,
+        co = load.co_batched
+        key: _CurveKey = (
             self.bucket(load.context_len),
-            tuple((r.tree_size, self.bucket(r.context_len)) for r in load.co_batched),
+            tuple((r.tree_size, self.bucket(r.context_len)) for r in co) if co else (),
         )
-        cached = self._cache.get(key)
-        if cached is None:
-            n = np.arange(1, max_tree_size + 1, dtype=np.float64)
-            cached = (*self._base(n, load), *self._base(np.ones(1), load, masked=False))
-            self._cache[key] = cached
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+        try:
+            cache = self._curves
+        except AttributeError:
+            cache = self._curves = OrderedDict()
+        entry = cache.get(key)
+        if entry is None or entry.length < max_tree_size:
+            entry = self._price_curve(max_tree_size, load)
+            cache[key] = entry
+            if len(cache) > self._cache_size:
+                cache.popitem(last=False)
         else:
-            self._cache.move_to_end(key)
-        verify = self._check(self._correct(cached[0], cached[1]), "verify")
-        ar = self._check(self._correct(cached[2], cached[3]), "L_AR")
-        return CostCurve(
-            draft_s=self.draft_s(load), prep_s=self.prep_s, verify_s=verify, ar_step_s=float(ar[0])
+            cache.move_to_end(key)
+        stamp = (self.mode, self.ema.gamma, self.prep_s)
+        if entry.stamp != stamp:
+            self._correct_curve(entry, stamp)
+        curve = entry.curves.get(max_tree_size)
+        if curve is None:
+            if max_tree_size > entry.valid:
+                self._check(entry.verify[:max_tree_size], "verify")  # raises
+            if entry.ar is None:
+                self._check(self._correct(*entry.ar_base), "L_AR")  # raises
+                raise AssertionError("unreachable")  # pragma: no cover
+            curve = CostCurve(
+                draft_s=entry.draft_s,
+                prep_s=self.prep_s,
+                verify_s=entry.verify[:max_tree_size],
+                ar_step_s=entry.ar,
+            )
+            if len(entry.curves) >= 64:
+                entry.curves.clear()
+            entry.curves[max_tree_size] = curve
+        return curve
+
+    def _price_curve(self, max_tree_size: int, load: StepLoad) -> _PricedCurve:
+        """Price a situation for N = 1 … the power of two ≥ ``max_tree_size`` (at least 64)."""
+        length = max(64, 1 << (max_tree_size - 1).bit_length())
+        n = np.arange(1, length + 1, dtype=np.float64)
+        return _PricedCurve(
+            length,
+            self._base(n, load),
+            self._base(np.ones(1), load, masked=False),
+            self.draft_s(load),
         )
+
+    def _correct_curve(self, entry: _PricedCurve, stamp: tuple[object, ...]) -> None:
+        """Apply the current correction to ``entry`` and check it once."""
+        verify = self._correct(*entry.base)  # bare / static modes: the base array itself
+        verify.flags.writeable = False
+        ok = np.isfinite(verify) & (verify > 0)
+        ar = self._correct(*entry.ar_base)
+        entry.verify = verify
+        entry.valid = int(np.argmin(ok)) if not ok.all() else verify.size
+        entry.ar = float(ar[0]) if bool(np.isfinite(ar[0]) and ar[0] > 0) else None
+        entry.curves = {}
+        entry.stamp = stamp
 
     def step_cost(self, tree_size: int, load: StepLoad) -> StepCost:
         """One cycle's predicted cost, with per-operator seconds in ``breakdown``.
@@ -358,15 +431,8 @@ class RooflineCostModel:
         verify = self._check(price(tree, masked=True), "verify")
         ar_s = self._check(price(ar, masked=False), "L_AR")
         draft = 0.0
-        if self.drafter is not None:  # the cache and key of ``draft_s``
-            key = tuple(sorted(buckets.tolist()))
-            hit = self._draft_cache.get(key)
-            if hit is None:
-                hit = float(drafter_pass(self.drafter, self.hardware, key, self.options).total_s)
-                self._draft_cache[key] = hit
-                if len(self._draft_cache) > self._cache_size:
-                    self._draft_cache.popitem(last=False)
-            draft = hit
+        if self.drafter is not None:  # as ``draft_s``
+            draft = self._drafter_pricer().total_s(n_req, float(buckets.sum()))
         return CostCurve(
             draft_s=draft, prep_s=self.prep_s, verify_s=verify, ar_step_s=float(ar_s[0])
         )

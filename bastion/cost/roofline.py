@@ -35,6 +35,7 @@ from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.errors import ConfigError
 
 __all__ = [
+    "DrafterPricer",
     "LinearPricer",
     "OperatorCost",
     "PassShape",
@@ -581,3 +582,52 @@ def weight_bytes(
 ) -> float:
     """Bytes of weights one pass of ``tokens`` tokens reads (s = 1: a decode step)."""
     return float(verify_pass(model, hw, [(tokens, 0)], options).weight_bytes)
+
+
+class DrafterPricer:
+    """:func:`drafter_pass` of a whole batch in a few numpy calls, with identical numbers.
+
+    For a fixed number n of requests every FLOP and byte count of a drafter pass is affine in
+    the sum of their contexts Σc (attention pairs b·Σc + n·b², KV tokens Σc + n·b); everything
+    else (tile padding, experts touched, the LM head's rows) depends on n alone. So each
+    operator's compute and memory seconds are read off two evaluations of :func:`drafter_pass`
+    the first time a batch size is seen (Σc = 0 and Σc = 1), and a pass then costs
+    Σ_op max(compute_op(Σc), memory_op(Σc)) + launches.
+    """
+
+    def __init__(
+        self, drafter: DrafterSpec, hw: HardwareProfile, options: RooflineOptions | None = None
+    ) -> None:
+        self.drafter, self.hw = drafter, hw
+        self.options = options or RooflineOptions()
+        self._lines: dict[int, tuple[Array, Array, float]] = {}
+
+    def line(self, requests: int) -> tuple[Array, Array, float]:
+        """(per-operator [compute…, memory…] seconds at Σc = 0, their change per context
+        token, the launch seconds) for a pass over ``requests`` requests."""
+        line = self._lines.get(requests)
+        if line is None:
+            if requests < 1:
+                raise ConfigError(f"a drafter pass needs at least one request; got {requests}")
+            zero = [0.0] * requests
+            at0 = drafter_pass(self.drafter, self.hw, zero, self.options)
+            at1 = drafter_pass(self.drafter, self.hw, [1.0, *zero[1:]], self.options)
+
+            def seconds(b: RooflineBreakdown) -> Array:
+                return np.array(
+                    [float(op.compute_s) for op in b.operators]
+                    + [float(op.memory_s) for op in b.operators]
+                )
+
+            c0 = seconds(at0)
+            line = (c0, seconds(at1) - c0, float(at0.launch_s))
+            self._lines[requests] = line
+        return line
+
+    def total_s(self, requests: int, context_sum: float) -> float:
+        """Seconds of one drafter pass over ``requests`` requests holding ``context_sum``
+        cached tokens in all."""
+        at0, slope, launch_s = self.line(requests)
+        y = at0 + float(context_sum) * slope
+        n = y.shape[0] // 2
+        return float(np.add.reduce(np.maximum(y[:n], y[n:]))) + launch_s
