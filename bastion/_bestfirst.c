@@ -518,16 +518,19 @@ done:
     return result;
 }
 
-/* accept(parents, tokens, depths, offsets, target, width) -> (counts, on_path)
+/* accept(parents, tokens, depths, offsets, target, width)
+ *     -> (counts, on_path, committed, nodes)
  *   One batch of trees (concatenated, parents local to each tree, parents before children)
  *   walked against the target's tokens: target[i * width + d - 1] is request i's token at
- *   depth d. A node is on its request's accepted path iff it matches and its parent is on it
+ *   depth d, and target[i * width + min(c, width - 1)] the token after c accepted ones (the
+ *   bonus). A node is on its request's accepted path iff it matches and its parent is on it
  *   (the root always is). counts: accepted draft tokens per request (int64 [B]); on_path: one
- *   byte per node (roots 0). */
+ *   byte per node (roots 0); committed: each request's accepted tokens then its bonus token,
+ *   request by request (int64); nodes: the accepted nodes' indices within their trees. */
 static PyObject *accept(PyObject *self, PyObject *args) {
     Py_buffer par, tok, dep, off, tgt;
     Py_ssize_t width;
-    PyObject *result = NULL, *o_cnt = NULL, *o_on = NULL;
+    PyObject *result = NULL, *o_cnt = NULL, *o_on = NULL, *o_com = NULL, *o_nod = NULL;
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*n", &par, &tok, &dep, &off, &tgt, &width)) return NULL;
     Py_ssize_t n = par.len / (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t b = off.len / (Py_ssize_t)sizeof(int64_t) - 1;
@@ -535,6 +538,7 @@ static PyObject *accept(PyObject *self, PyObject *args) {
     const int64_t *depths = (const int64_t *)dep.buf, *offsets = (const int64_t *)off.buf;
     const int64_t *target = (const int64_t *)tgt.buf;
     if (b < 1 || width < 1 || tok.len != par.len || dep.len != par.len ||
+        b > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) / width ||
         tgt.len != b * width * (Py_ssize_t)sizeof(int64_t) || offsets[0] != 0 ||
         offsets[b] != n) {
         PyErr_SetString(PyExc_ValueError, "accept: inconsistent sizes");
@@ -543,6 +547,7 @@ static PyObject *accept(PyObject *self, PyObject *args) {
     o_cnt = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
     o_on = PyBytes_FromStringAndSize(NULL, n);
     if (!o_cnt || !o_on) goto done;
+    Py_ssize_t accepted = 0;
     {
         int64_t *counts = (int64_t *)PyBytes_AS_STRING(o_cnt);
         char *on = PyBytes_AS_STRING(o_on);
@@ -563,12 +568,32 @@ static PyObject *accept(PyObject *self, PyObject *args) {
             }
             on[a] = 0;
             counts[i] = c;
+            accepted += c;
+        }
+        o_com = PyBytes_FromStringAndSize(NULL, (accepted + b) * (Py_ssize_t)sizeof(int64_t));
+        o_nod = PyBytes_FromStringAndSize(NULL, accepted * (Py_ssize_t)sizeof(int64_t));
+        if (!o_com || !o_nod) goto done;
+        int64_t *committed = (int64_t *)PyBytes_AS_STRING(o_com);
+        int64_t *nodes = (int64_t *)PyBytes_AS_STRING(o_nod);
+        Py_ssize_t t = 0, v = 0;
+        for (Py_ssize_t i = 0; i < b; i++) {
+            Py_ssize_t a = offsets[i], e = offsets[i + 1];
+            for (Py_ssize_t j = a + 1; j < e; j++) {
+                if (on[j]) {
+                    committed[t++] = tokens[j];
+                    nodes[v++] = j - a;
+                }
+            }
+            int64_t c = counts[i] < width - 1 ? counts[i] : width - 1;
+            committed[t++] = target[i * width + c];
         }
     }
-    result = Py_BuildValue("(OO)", o_cnt, o_on);
+    result = Py_BuildValue("(OOOO)", o_cnt, o_on, o_com, o_nod);
 done:
     Py_XDECREF(o_cnt);
     Py_XDECREF(o_on);
+    Py_XDECREF(o_com);
+    Py_XDECREF(o_nod);
     PyBuffer_Release(&par);
     PyBuffer_Release(&tok);
     PyBuffer_Release(&dep);

@@ -222,14 +222,18 @@ def best_first_flat(probs: FloatArray, budgets: npt.ArrayLike) -> tuple[TreeArra
 
 def accepted_paths(
     parents: IntArray, tokens: IntArray, depths: IntArray, offsets: IntArray, target: IntArray
-) -> tuple[IntArray, npt.NDArray[np.bool_]] | None:
-    """The compiled acceptance walk of a batch of trees (see :func:`sim.backend.accepted_counts`
-    for the definition and the numpy form), or None without the compiled kernel."""
+) -> tuple[IntArray, npt.NDArray[np.bool_], IntArray, IntArray] | None:
+    """The compiled acceptance walk of a batch of trees, or None without the compiled kernel.
+
+    Returns (accepted tokens per request, on-path flag per node, every request's accepted
+    tokens then its bonus token ``target[i, min(accepted, width − 1)]``, the accepted nodes'
+    indices within their trees). :func:`sim.backend.accepted_counts` defines the walk and has
+    its numpy form."""
     accept = getattr(_compiled, "accept", None)
     if accept is None:
         return None
     t = np.ascontiguousarray(target, dtype=np.int64)
-    counts, on_path = accept(
+    counts, on_path, committed, nodes = accept(
         np.ascontiguousarray(parents, dtype=np.int64),
         np.ascontiguousarray(tokens, dtype=np.int64),
         np.ascontiguousarray(depths, dtype=np.int64),
@@ -237,4 +241,9 @@ def accepted_paths(
         t,
         t.shape[1],
     )
-    return np.frombuffer(counts, dtype=np.int64), np.frombuffer(on_path, dtype=np.bool_)
+    return (
+        np.frombuffer(counts, dtype=np.int64),
+        np.frombuffer(on_path, dtype=np.bool_),
+        np.frombuffer(committed, dtype=np.int64),
+        np.frombuffer(nodes, dtype=np.int64),
+    )

@@ -5,8 +5,8 @@ chunks), serves the same seeded requests with each policy at each concurrency C 
 per (C, policy): throughput (generated tokens per simulated second), τ, mean tree size, and the
 simulator's speed — simulated time / wall time of the serving loop (the one-off calibration
 sweep is reported separately). The wall time is the median over ``--repeats``; every repeat must
-give identical simulated results (asserted). Requests: 8 × 512 tokens at C = 1, otherwise
-2·C requests × 256 tokens (at least 16).
+give identical simulated results (asserted). Requests: 8 at C = 1, otherwise 2·C (at least 16),
+with the workload's own prompt and output lengths (log-normal, median 256 and 512 tokens).
 
 Run: ``python benchmarks/bench_sim.py [--repeats 3] [--concurrency 1,4,8,16,32,64]
 [--policies ar,chain,...]``. Never part of the tests.
@@ -42,13 +42,13 @@ def main() -> None:
     calib_s = time.perf_counter() - t0
     print(f"# bench_sim — qwen3-8b · h100-sxm · math; calibration sweep + fit: {calib_s:.2f} s\n")
     print(
-        "| C | policy | requests × tokens | throughput tok/s | τ | mean N | simulated s | "
+        "| C | policy | requests | throughput tok/s | τ | mean N | simulated s | "
         "wall s | simulated / wall |"
     )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for concurrency in (int(c) for c in args.concurrency.split(",")):
-        requests, out_len = (8, 512) if concurrency == 1 else (max(16, 2 * concurrency), 256)
-        spec = SimSpec(concurrency=concurrency, requests=requests, output_len=out_len)
+        requests = 8 if concurrency == 1 else max(16, 2 * concurrency)
+        spec = SimSpec(concurrency=concurrency, requests=requests)
         for name in args.policies.split(","):
             walls, results = [], []
             for _ in range(args.repeats):
@@ -64,7 +64,7 @@ def main() -> None:
             sim_s, tau, mean_n, tput = results[0]
             wall = statistics.median(walls)
             print(
-                f"| {concurrency} | {name} | {requests} × {out_len} | {tput:.0f} | {tau:.2f} | "
+                f"| {concurrency} | {name} | {requests} | {tput:.0f} | {tau:.2f} | "
                 f"{mean_n:.1f} | {sim_s:.2f} | {wall:.3f} | {sim_s / wall:.0f}× |",
                 flush=True,
             )

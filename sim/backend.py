@@ -54,7 +54,7 @@ def accepted_counts(trees: TreeBatch, target: IntArray) -> tuple[IntArray, npt.N
     drafted depth are never compared). The compiled kernel walks each tree once, parents first;
     without it, the numpy form below gives the same answer."""
     compiled = accepted_paths(trees.parents, trees.tokens, trees.depths, trees.offsets, target)
-    return compiled if compiled is not None else accepted_counts_numpy(trees, target)
+    return compiled[:2] if compiled is not None else accepted_counts_numpy(trees, target)
 
 
 def accepted_counts_numpy(
@@ -111,7 +111,7 @@ class SimBatch:
         self.request_id = np.zeros(0, np.int64)
         self._free: list[int] = []
         self._target: IntArray | None = None  # target tokens of the open step
-        self._drafted: IntArray | None = None  # the slots they belong to
+        self._drafted_for: StepRequests | None = None  # the step they belong to
 
     def admit(self, request_id: int, prompt_len: int, output_len: int) -> int:
         """Start a request whose prompt is prefilled (its first token generated); its slot."""
@@ -143,34 +143,47 @@ class SimBatch:
     def draft_batch(self, requests: StepRequests) -> BatchMarginals:
         slots = self.slot_of[requests.request_ids]
         marginals, self._target = self.source.draft(slots, self.context_len[slots])
-        self._drafted = slots
+        self._drafted_for = requests
         return marginals
 
     def verify_batch(self, requests: StepRequests, trees: TreeBatch) -> BatchVerifyResult:
         slots = self.slot_of[requests.request_ids]
         target = self._target
-        if target is None or self._drafted is None or not np.array_equal(self._drafted, slots):
-            if np.any(trees.sizes > 1):
+        if target is None or requests is not self._drafted_for:
+            if trees.total_nodes != trees.size:
                 raise ConfigError("verify_batch needs the same step's draft_batch first")
             # undrafted root-only trees (target-only AR): one token each, identity unknown
             target = np.full((slots.shape[0], 1), -1, np.int64)
-        self._target = self._drafted = None
+        self._target = self._drafted_for = None
         b = slots.shape[0]
         if trees.total_nodes == b:  # root-only trees: nothing to walk, one token each
             committed = np.ones(b, np.int64)
             tokens = target[:, 0].copy()
             nodes = np.zeros(0, np.int64)
         else:
-            counts, on_path = accepted_counts(trees, target)
+            walked = accepted_paths(
+                trees.parents, trees.tokens, trees.depths, trees.offsets, target
+            )
+            if walked is not None:
+                counts, _, tokens, nodes = walked
+            else:
+                counts, tokens, nodes = _committed_numpy(trees, target)
             committed = counts + 1
-            bonus = target[np.arange(b), np.minimum(counts, target.shape[1] - 1)]
-            ends = np.cumsum(committed)
-            tokens = np.empty(int(ends[-1]), np.int64)
-            is_bonus = np.zeros(tokens.shape[0], bool)
-            is_bonus[ends - 1] = True
-            tokens[is_bonus] = bonus
-            tokens[~is_bonus] = trees.tokens[on_path]
-            nodes = np.flatnonzero(on_path) - np.repeat(trees.offsets[:-1], counts)
         self.context_len[slots] += committed
         self.generated[slots] += committed
         return BatchVerifyResult(committed, tokens, nodes)
+
+
+def _committed_numpy(trees: TreeBatch, target: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+    """(accepted per request, accepted tokens then the bonus per request, accepted nodes)."""
+    counts, on_path = accepted_counts_numpy(trees, target)
+    b = counts.shape[0]
+    bonus = target[np.arange(b), np.minimum(counts, target.shape[1] - 1)]
+    ends = np.cumsum(counts + 1)
+    tokens = np.empty(int(ends[-1]), np.int64)
+    is_bonus = np.zeros(tokens.shape[0], bool)
+    is_bonus[ends - 1] = True
+    tokens[is_bonus] = bonus
+    tokens[~is_bonus] = trees.tokens[on_path]
+    nodes = np.flatnonzero(on_path) - np.repeat(trees.offsets[:-1], counts)
+    return counts, tokens, nodes

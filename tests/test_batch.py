@@ -182,3 +182,31 @@ def test_engine_generate_is_the_batched_step_with_one_request() -> None:
     result = engine.generate(0, [1, 2, 3], first_token=9, max_new_tokens=7)
     assert result.output_ids == [9, 1, 100, 1, 100, 1, 100]
     assert result.acceptance_lengths == [2, 2, 2]
+
+
+@given(rows=batches(max_batch=3), data=st.data())
+def test_compiled_commit_equals_the_numpy_form(
+    rows: list[DraftMarginals], data: st.DataObject
+) -> None:
+    """Invariant: the compiled walk's committed tokens (accepted, then the bonus) and accepted
+    nodes equal the numpy form's, request by request."""
+    from bastion.bestfirst import COMPILED, accepted_paths
+    from sim.backend import _committed_numpy
+
+    if not COMPILED:
+        pytest.skip("the compiled kernel is not built")
+    trees, targets = [], []
+    for m in rows:
+        trees.append(best_first_tree(m, data.draw(st.integers(1, 50))))
+        pick = data.draw(st.lists(st.integers(0, 4), min_size=m.depth, max_size=m.depth))
+        bonus = data.draw(st.integers(0, 99))
+        targets.append(
+            [*(int(m.token_ids[d, r]) if r < m.k else 10**9 for d, r in enumerate(pick)), bonus]
+        )
+    batch = TreeBatch.from_trees(trees)
+    target = np.array(targets)
+    walked = accepted_paths(batch.parents, batch.tokens, batch.depths, batch.offsets, target)
+    assert walked is not None
+    counts, _, tokens, nodes = walked
+    ref = _committed_numpy(batch, target)
+    assert [counts.tolist(), tokens.tolist(), nodes.tolist()] == [x.tolist() for x in ref]
