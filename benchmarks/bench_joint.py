@@ -1,12 +1,14 @@
 """Joint-budget controller benchmark: the cost of one ``choose_joint`` call per serving step.
 
-For B ∈ {1, 8, 32} requests with the ``math`` workload's marginals (depth 15, K = 16; request i
-drafted by ``SyntheticRequest(get_workload("math"), default_rng([seed, i]), request_id=i)``),
-contexts ≈ 512 tokens, and a ``RooflineCostModel`` calibrated to a simulated H100 with Qwen3-8B
-and its DFlash drafter (``sim.simulate.calibrated_cost_model``), it times ``choose_joint`` end to
-end (building the trees, merging, pricing the chain with ``joint_cost_curve``, the stop rule,
-the DraftTree objects) and reports the chosen total M, how much of the chain was priced, and the
+For B ∈ {1, 8, 32, 64} requests with the ``math`` workload's marginals (depth 15, K = 16; the
+first step of ``sim.synthetic.SyntheticSource(get_workload("math"), seed)``), contexts ≈ 512
+tokens, and a ``RooflineCostModel`` calibrated to a simulated H100 with Qwen3-8B and its DFlash
+drafter (``sim.simulate.calibrated_cost_model``), it times ``choose_joint_batch`` end to end
+(growing the merged chain with the forest heap, pricing it with ``joint_cost_curve``, the stop
+rule, the ``TreeBatch``) and reports the chosen total M, how much of the chain was priced, and the
 call's time as a share of the predicted cycle Ĉ at the chosen M (target: ≤ 1 % at B = 32).
+The per-request first chunk is the adaptive policy's warm start: 4 × the mean tree size of a
+first call (``--initial-budget`` for that first call).
 
 Run: ``python benchmarks/bench_joint.py [--repeats 30] [--n-max 1024] [--mode auto]``.
 Never part of the tests.
@@ -22,19 +24,20 @@ from collections.abc import Callable
 
 import numpy as np
 
+from bastion.batch import BatchMarginals
 from bastion.bestfirst import COMPILED
 from bastion.budget import ControllerMode
 from bastion.cost.costmodel import RooflineCostModel
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.interfaces import CostCurve
-from bastion.joint import choose_joint, joint_curve_from_cost_model
-from bastion.tree import DraftMarginals
+from bastion.joint import choose_joint_batch, joint_curve_from_cost_model
 from sim.gpu import SimulatedGPU
 from sim.simulate import calibrated_cost_model
-from sim.workloads import SyntheticRequest, get_workload
+from sim.synthetic import SyntheticSource
+from sim.workloads import get_workload
 
-BATCHES = (1, 8, 32)
+BATCHES = (1, 8, 32, 64)
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
@@ -51,12 +54,12 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def batch_marginals(b: int, seed: int) -> list[DraftMarginals]:
-    workload = get_workload("math")
-    return [
-        SyntheticRequest(workload, np.random.default_rng([seed, i]), request_id=i).draft()
-        for i in range(b)
-    ]
+def batch_marginals(b: int, seed: int) -> BatchMarginals:
+    source = SyntheticSource(get_workload("math"), seed)
+    slots = np.arange(b)
+    for i in range(b):
+        source.admit(i, i)
+    return source.draft(slots, slots)[0]
 
 
 def row(
@@ -74,12 +77,13 @@ def row(
         return base(grow)
 
     mode: ControllerMode = args.mode
-    trees, diag = choose_joint(marginals, counted, args.n_max, mode, args.initial_budget)
+    first, _ = choose_joint_batch(marginals, base, args.n_max, mode, args.initial_budget)
+    start = max(8, 4 * int(first.sizes.mean()))  # the adaptive policy's warm start
+    trees, diag = choose_joint_batch(marginals, counted, args.n_max, mode, start)
     seconds = median_time(
-        lambda: choose_joint(marginals, base, args.n_max, mode, args.initial_budget),
-        args.repeats,
+        lambda: choose_joint_batch(marginals, base, args.n_max, mode, start), args.repeats
     )
-    sizes = sorted(t.size for t in trees)
+    sizes = sorted(trees.sizes.tolist())
     cycle = float(diag.c_hat[diag.total_size - b])
     return {
         "B": b,
@@ -101,7 +105,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--n-max", type=int, default=1024, help="cap on each tree (default 1024)")
     parser.add_argument("--mode", default="auto", choices=["auto", "first-decrease", "exhaustive"])
-    parser.add_argument("--initial-budget", type=int, default=64, help="per-request first chunk")
+    parser.add_argument(
+        "--initial-budget", type=int, default=64, help="per-request first chunk of the first call"
+    )
     args = parser.parse_args()
     model = get_model("qwen3-8b")
     gpu = SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model))

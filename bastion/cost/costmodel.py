@@ -419,17 +419,17 @@ class RooflineCostModel:
             cal_s = np.asarray(self.calibration.predict(compute_s, memory_s), dtype=np.float64)
             return self._correct(cal_s, cal_s)  # these modes never read the bare branch
 
-        tree = PassShape(
-            tokens=n_req + added, attn_pairs=pairs, kv_tokens=pairs0 + added, mask_elems=pairs
+        # the tree passes and, as a last row, L_AR's pass (B tokens, no mask): the masked and
+        # unmasked pricers differ only in the mask-element coefficient, so one pricing does both
+        both = PassShape(
+            tokens=np.append(n_req + added, float(n_req)),
+            attn_pairs=np.append(pairs, pairs0),
+            kv_tokens=np.append(pairs0 + added, pairs0),
+            mask_elems=np.append(pairs, 0.0),
         )
-        ar = PassShape(
-            tokens=np.array([float(n_req)]),
-            attn_pairs=np.array([pairs0]),
-            kv_tokens=np.array([pairs0]),
-            mask_elems=np.zeros(1),
-        )
-        verify = self._check(price(tree, masked=True), "verify")
-        ar_s = self._check(price(ar, masked=False), "L_AR")
+        priced = price(both, masked=True)
+        verify = self._check(priced[:-1], "verify")
+        ar_s = self._check(priced[-1:], "L_AR")
         draft = 0.0
         if self.drafter is not None:  # as ``draft_s``
             draft = self._drafter_pricer().total_s(n_req, float(buckets.sum()))
