@@ -3,8 +3,8 @@
 Times ``AdaptivePolicy().choose(m, PolicyContext(StepLoad(ctx), cm, prev))`` — the cost-curve
 lookups, the tree growth, the Ŝ scan and the returned ``DraftTree`` — on realistic inputs:
 
-- marginals: ``sim.workloads.SyntheticRequest(get_workload(w), rng([0, i]), request_id=i)``,
-  ``--steps`` consecutive drafts of each of ``--requests`` requests, for w in math and chat;
+- marginals: ``sim.synthetic.SyntheticSource(get_workload(w), 0)``, ``--steps`` consecutive
+  drafts of each of ``--requests`` requests, for w in math and chat;
 - the cost model: ``sim.simulate.calibrated_cost_model`` of qwen3-8b (DFlash drafter) on a
   simulated h100-sxm (static calibration), a fresh copy per repeat, so its cache warms as in a
   real decode (a miss on the first step of each 64-token context bucket);
@@ -46,7 +46,8 @@ from bastion.policies import AdaptivePolicy
 from bastion.tree import DraftMarginals, tree_from_arrays
 from sim.gpu import SimulatedGPU
 from sim.simulate import calibrated_cost_model
-from sim.workloads import SyntheticRequest, get_workload
+from sim.synthetic import SyntheticSource
+from sim.workloads import get_workload
 
 N_MAX = 1024
 MODES = ("first-decrease", "auto")
@@ -243,8 +244,10 @@ def run(
     wl = get_workload(workload)
     drafts = []
     for i in range(requests):
-        req = SyntheticRequest(wl, np.random.default_rng([0, i]), request_id=i)
-        drafts.append([req.draft() for _ in range(steps)])
+        source = SyntheticSource(wl, 0)
+        source.admit(0, i)
+        one = np.zeros(1, np.int64)
+        drafts.append([source.draft(one, one)[0].row(0) for _ in range(steps)])
     rows = []
     for mode in MODES:
         policy = AdaptivePolicy(mode=mode)  # type: ignore[arg-type]

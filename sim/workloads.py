@@ -18,13 +18,14 @@ Temperature: at T > 0 the target samples, so it agrees less with any fixed propo
 multiplies λ by ``exp(−temperature_penalty · T)``. Otherwise T = 0 and T > 0 are treated alike:
 each step draws the target's tokens afresh relative to that step's rows, which is exactly the
 acceptance law of sample-and-match verification under this model. (Exact replay of a fixed
-target sequence is what traces are for; see sim.trace_replay.)
+target sequence is what traces are for; see sim.replay.)
 
 The presets ``math``, ``code`` and ``chat`` are set so that the DFlash chain (block 16) reaches
 the acceptance lengths the paper and DFlash report on Qwen3-8B — chain τ ≈ 6.5 on math, ≈ 5.5
 on code, ≈ 3.5 on chat — see docs/simulator.md for how they were tuned and what they give.
 
-What this module does not do: time anything (sim.gpu) or run policies (the engine does).
+What this module does not do: draw the streams (sim.synthetic does, for a whole batch at once),
+time anything (sim.gpu) or run policies (the engine does).
 """
 
 from __future__ import annotations
@@ -36,13 +37,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.errors import ConfigError, UnknownNameError
-from bastion.tree import DraftMarginals
 
-__all__ = ["PRESETS", "SyntheticRequest", "Workload", "get_workload"]
-
-# Token ids: the drafter's candidates are drawn from [0, VOCAB); a target token outside the
-# drafter's row is given an id from [VOCAB, 2·VOCAB) so it can never match a tree node.
-VOCAB = 1 << 20
+__all__ = ["PRESETS", "Workload", "get_workload"]
 
 
 @dataclass(frozen=True)
@@ -190,96 +186,3 @@ def get_workload(name: str) -> Workload:
         raise UnknownNameError(
             f"unknown workload {name!r}; known: {', '.join(sorted(PRESETS))} (or a trace path)"
         ) from None
-
-
-def _logit(p: float) -> float:
-    return math.log(p / (1.0 - p))
-
-
-class SyntheticRequest:
-    """One request's drafter and target, drawn from a seeded generator (a ``SimRequest``).
-
-    ``draft()`` returns the marginals at the current root and remembers, hidden from the policy,
-    the target's tokens at those positions; ``commit(n)`` advances the root by n tokens.
-    """
-
-    def __init__(
-        self,
-        workload: Workload,
-        rng: np.random.Generator,
-        temperature: float = 0.0,
-        request_id: int = 0,
-    ) -> None:
-        if temperature < 0 or not math.isfinite(temperature):
-            raise ConfigError(f"temperature must be a finite number ≥ 0; got {temperature}")
-        self.workload = workload
-        self.rng = rng
-        self.temperature = temperature
-        self.request_id = request_id
-        self.alignment = workload.alignment * math.exp(-workload.temperature_penalty * temperature)
-        self.shift = rng.normal(0.0, workload.difficulty_sd) if workload.difficulty_sd else 0.0
-        self.context_len = workload.prompt_len  # KV-cache tokens before the current root
-        self.generated = 1  # the prefill pass produced the first token (the first root)
-        self.output_len = workload.output_len
-        self._top1 = self._top1_curve()
-        self._target = np.empty(0, dtype=np.int64)  # target tokens of the open step
-        self._fresh_bonus = VOCAB
-        self._block_probs = np.empty((0, workload.depth, workload.k))
-        self._block_next = 0
-
-    def _top1_curve(self) -> npt.NDArray[np.float64]:
-        w = self.workload
-        base = np.array([w.top1 * w.decay**k for k in range(w.depth)])
-        logits = np.log(base / (1.0 - base)) + self.shift
-        return 1.0 / (1.0 + np.exp(-logits))
-
-    def _refill(self, steps: int = 32) -> None:
-        """Draw the next ``steps`` steps' marginals and target tokens in one vectorised pass."""
-        w, rng = self.workload, self.rng
-        shape = (steps, w.depth, w.k)
-        # runner-up mass: Dirichlet over K−1 candidates plus the outside-top-K bucket
-        alpha = np.full(w.k, w.concentration)
-        alpha[-1] = w.tail_alpha
-        gammas = rng.standard_gamma(alpha, size=shape)  # Dirichlet rows, vectorised
-        spread = gammas / gammas.sum(axis=2, keepdims=True)  # last column = outside mass
-        probs = np.empty(shape)
-        probs[:, :, 0] = self._top1
-        probs[:, :, 1:] = (1.0 - self._top1)[None, :, None] * spread[:, :, :-1]
-        probs = -np.sort(-probs, axis=2)
-        # distinct ids per row: a random start and a random odd stride modulo 2^20
-        start = rng.integers(0, VOCAB, size=(steps, w.depth, 1))
-        stride = 2 * rng.integers(0, VOCAB // 2, size=(steps, w.depth, 1)) + 1
-        ids = (start + stride * np.arange(w.k)) % VOCAB
-        # the target's token at each position: rank r with prob λ·q[r], else outside the row
-        cdf = np.cumsum(self.alignment * probs, axis=2)
-        rank = (rng.random((steps, w.depth, 1)) > cdf).sum(axis=2)  # K means "outside"
-        outside = VOCAB + rng.integers(0, VOCAB, size=(steps, w.depth))
-        inside = np.take_along_axis(ids, np.minimum(rank, w.k - 1)[:, :, None], axis=2)[:, :, 0]
-        self._block_ids = ids.astype(np.int64)
-        self._block_probs = probs
-        self._block_target = np.where(rank < w.k, inside, outside).astype(np.int64)
-        self._block_bonus = VOCAB + rng.integers(0, VOCAB, size=steps)
-        self._block_next = 0
-
-    def draft(self) -> DraftMarginals:
-        """The drafter's marginals at the current root (the target's tokens are kept)."""
-        if self._block_next >= self._block_probs.shape[0]:
-            self._refill()
-        i = self._block_next
-        self._block_next += 1
-        self._target = self._block_target[i]
-        self._fresh_bonus = int(self._block_bonus[i])
-        return DraftMarginals.trusted(self._block_ids[i], self._block_probs[i])
-
-    def target_tokens(self) -> npt.NDArray[np.int64]:
-        return self._target
-
-    def bonus(self, accepted: int) -> int:
-        """The target's token after ``accepted`` matched positions (a fresh one past the row)."""
-        if accepted < self._target.size:
-            return int(self._target[accepted])
-        return self._fresh_bonus
-
-    def commit(self, n: int) -> None:
-        self.context_len += n
-        self.generated += n
