@@ -23,10 +23,20 @@ from typing import Any
 __all__ = ["RunStore", "spec_key", "write_csv_atomic", "write_json_atomic", "write_text_atomic"]
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary sibling and ``os.replace``: readers see
+    the old file or the new one, never half of one. The file gets the user's umask (mkstemp
+    alone would leave it readable by its owner only)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

@@ -137,3 +137,17 @@ def test_cli_refuses_an_unwritable_out_before_working(
     blocker.write_text("")
     assert main(["simulate", "--out", str(blocker / "sub")]) != 0
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_results_get_the_users_umask(tmp_path: Path) -> None:
+    """Atomic writes keep the user's umask (mkstemp alone leaves files owner-only)."""
+    import os
+
+    from sim.results import write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "a.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
