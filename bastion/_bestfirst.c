@@ -361,10 +361,9 @@ static void fpush(fentry *heap, Py_ssize_t *n, fentry e) {
     heap[i] = e;
 }
 
-static void fpop(fentry *heap, Py_ssize_t *n) {
-    fentry e = heap[--(*n)];
-    Py_ssize_t size = *n, i = 0;
-    if (size == 0) return;
+/* Put e at the root (replacing the top) and sift it down. */
+static void freplace_top(fentry *heap, Py_ssize_t size, fentry e) {
+    Py_ssize_t i = 0;
     for (;;) {
         Py_ssize_t c = 2 * i + 1;
         if (c >= size) break;
@@ -374,6 +373,11 @@ static void fpop(fentry *heap, Py_ssize_t *n) {
         i = c;
     }
     heap[i] = e;
+}
+
+static void fpop(fentry *heap, Py_ssize_t *n) {
+    fentry last = heap[--(*n)];
+    if (*n > 0) freplace_top(heap, *n, last);
 }
 
 static PyObject *forest(PyObject *self, PyObject *args) {
@@ -432,9 +436,11 @@ static PyObject *forest(PyObject *self, PyObject *args) {
     }
     while (hn > 0 && m < total) {
         fentry e = heap[0];
-        fpop(heap, &hn);
         Py_ssize_t r = e.request;
-        if (count[r] >= cap[r]) continue; /* this request is full: its frontier is dropped */
+        if (count[r] >= cap[r]) { /* this request is full: its frontier is dropped */
+            fpop(heap, &hn);
+            continue;
+        }
         Py_ssize_t pos = count[r]++;
         g_req[m] = r;
         g_pos[m] = pos;
@@ -444,19 +450,28 @@ static PyObject *forest(PyObject *self, PyObject *args) {
         g_sco[m] = e.score;
         m++;
         const double *pr = p + r * depth * k;
+        fentry add[2];
+        int n_add = 0;
         if (e.rank + 1 < k) { /* next sibling */
             double s = e.parent_score * pr[(e.depth - 1) * k + e.rank + 1];
             if (s > 0.0) {
                 fentry sib = {s, e.parent_score, e.request, e.depth, e.parent, e.rank + 1};
-                fpush(heap, &hn, sib);
+                add[n_add++] = sib;
             }
         }
         if (e.depth < depth) { /* first child */
             double s = e.score * pr[e.depth * k];
             if (s > 0.0) {
                 fentry child = {s, e.score, e.request, e.depth + 1, (int32_t)pos, 0};
-                fpush(heap, &hn, child);
+                add[n_add++] = child;
             }
+        }
+        if (n_add == 0) {
+            fpop(heap, &hn);
+        } else { /* the earlier successor replaces the top (a short sift), the later is pushed */
+            int late = n_add == 2 && fbefore(&add[0], &add[1]) ? 1 : 0;
+            freplace_top(heap, hn, add[n_add == 2 ? 1 - late : 0]);
+            if (n_add == 2) fpush(heap, &hn, add[late]);
         }
     }
     int more = 0;
