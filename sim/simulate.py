@@ -34,7 +34,7 @@ from sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
 from sim.latency import latency_summary
 from sim.serving import LengthSource, ServingResult, serve
 from sim.synthetic import SyntheticSource
-from sim.workloads import get_workload
+from sim.workloads import Workload, get_workload
 
 __all__ = ["PolicyResult", "SimSpec", "SimulationResult", "calibrated_cost_model", "simulate"]
 
@@ -174,6 +174,12 @@ def calibrated_cost_model(
     return model, record
 
 
+def _fixed_output(workload: Workload, output_len: int) -> Workload:
+    """The workload with every request generating exactly ``output_len`` tokens."""
+    top = max(workload.output_len_max, output_len)
+    return workload.with_(output_len=output_len, output_len_sigma=0.0, output_len_max=top)
+
+
 def request_source(spec: SimSpec) -> LengthSource:
     """The drafter–target streams of ``spec``: a synthetic preset or recorded traces."""
     path = Path(spec.workload)
@@ -183,7 +189,7 @@ def request_source(spec: SimSpec) -> LengthSource:
         return trace_source(path)
     workload = get_workload(spec.workload)
     if spec.output_len is not None:
-        workload = workload.with_(output_len=spec.output_len, output_len_sigma=0.0)
+        workload = _fixed_output(workload, spec.output_len)
     return SyntheticSource(workload, spec.seed, spec.temperature)
 
 
@@ -199,7 +205,7 @@ def arrivals_of(spec: SimSpec) -> list[Arrival] | None:
     else:
         workload = get_workload(spec.workload)
         if spec.output_len is not None:
-            workload = workload.with_(output_len=spec.output_len, output_len_sigma=0.0)
+            workload = _fixed_output(workload, spec.output_len)
     rng = np.random.default_rng([spec.seed, 0x61727276])
     return poisson_arrivals(spec.arrival_rate, spec.requests, workload, rng)
 

@@ -151,3 +151,13 @@ def test_results_get_the_users_umask(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_output_len_override_may_exceed_the_presets_cap(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--output-len fixes every request's length, even past the preset's distribution cap."""
+    args = ["simulate", "--output-len", "9000", "--requests", "1", "--policy", "chain", "--json"]
+    assert main(args) == 0
+    records = json.loads(capsys.readouterr().out)["records"]
+    assert records[0]["simulated_s"] > 9000 * 0.005  # 9000 AR steps of several ms each
