@@ -45,10 +45,6 @@ __all__ = ["CostMode", "RooflineCostModel"]
 
 CostMode = Literal["bare", "static", "ema", "ema+calib"]
 Array = npt.NDArray[np.float64]
-_CacheKey = tuple[int, int, tuple[tuple[int, int], ...]]
-_Base = tuple[
-    Array, Array, Array, Array
-]  # bare, calibrated (verify curve); bare, calibrated (L_AR)
 _CurveKey = tuple[int, tuple[tuple[int, int], ...]]  # (context bucket, co-batched (N, bucket))
 
 
@@ -119,7 +115,6 @@ class RooflineCostModel:
             if self.calibration is not None and self.calibration.tile_tokens
             else None
         )
-        self._cache: OrderedDict[_CacheKey, _Base] = OrderedDict()
         self._pricers: dict[tuple[bool, bool], LinearPricer] = {}
         self._drafter: DrafterPricer | None = None
         self._cache_size = cache_size
