@@ -26,6 +26,7 @@ from bastion.interfaces import CostCurve, RequestLoad, StepCost, StepLoad
 from bastion.joint import (
     JointCostModel,
     choose_joint,
+    choose_joint_batch,
     joint_curve_from_cost_model,
     merge_order,
 )
@@ -555,3 +556,64 @@ def test_forest_grows_the_merged_order(batch: Batch, total: int, n_max: int) -> 
             ref = best_first(m_i.probs, e - a)
             ours = [par[a:e], dep[a:e], rnk[a:e], sco[a:e]]
             assert [x.tolist() for x in ours] == [x.tolist() for x in ref]
+
+
+# --------------------------------------------------------------------------------------------
+# The marginal-cost bound that lets auto stop early
+# --------------------------------------------------------------------------------------------
+
+MOE = get_model("qwen3-coder-30b-a3b")
+
+
+@pytest.mark.parametrize(("mode", "cal"), MODES)
+@pytest.mark.parametrize("model", [MODEL, MOE], ids=["dense", "moe"])
+@given(
+    ctx=st.lists(st.integers(0, 5000), min_size=1, max_size=6),
+    picks=st.lists(st.integers(0, 5), min_size=1, max_size=400),
+)
+def test_min_step_is_a_lower_bound_on_every_added_node(
+    mode: CostMode, cal: LinearCalibration | None, model: object, ctx: list[int], picks: list[int]
+) -> None:
+    """Invariant: along any joint chain (nodes added to the requests in any order), Ĉ grows
+    by at least ``joint_min_step_s`` per node, in every cost mode, dense and MoE."""
+    cm = RooflineCostModel(HW, model, calibration=cal, mode=mode, prep_s=1e-4)  # type: ignore[arg-type]
+    cm.ema.gamma = 1.3
+    contexts = np.array(ctx, dtype=np.int64)
+    grow = np.array([p % len(ctx) for p in picks], dtype=np.int64)
+    step = cm.joint_min_step_s(contexts)
+    rises = np.diff(cm.joint_cost_curve(contexts, grow).verify_s)
+    assert step > 0.0
+    assert np.all(rises >= step * (1.0 - 1e-9))
+
+
+def test_min_step_negative_control() -> None:
+    """The check above can fail: twice the smallest observed rise is not a lower bound."""
+    cm = roofline("static", CAL)
+    contexts = np.array([300, 900], dtype=np.int64)
+    rises = np.diff(cm.joint_cost_curve(contexts, np.array([0, 1] * 50)).verify_s)
+    assert not np.all(rises >= 2.0 * rises.min())
+    assert cm.joint_min_step_s(contexts) <= rises.min()
+
+
+@settings(max_examples=30)
+@given(
+    batch=st.lists(marginals(max_depth=6, max_k=4), min_size=1, max_size=4),
+    ctx=st.lists(st.integers(0, 3000), min_size=4, max_size=4),
+    n_max=st.integers(1, 200),
+    initial=st.integers(1, 40),
+)
+def test_auto_with_the_marginal_bound_equals_exhaustive(
+    batch: Batch, ctx: list[int], n_max: int, initial: int
+) -> None:
+    """auto pruned with Ĉ(M + k) ≥ Ĉ(M) + k·δ still returns the exhaustive argmax."""
+    from bastion.batch import BatchMarginals
+
+    cm = roofline("static", CAL)
+    contexts = np.array(ctx[: len(batch)], dtype=np.int64)
+    curve = joint_curve_from_cost_model(cm, contexts)
+    stacked = BatchMarginals.from_rows(batch)
+    step = cm.joint_min_step_s(contexts)
+    _, d_auto = choose_joint_batch(stacked, curve, n_max, "auto", initial, min_step_s=step)
+    _, d_ex = choose_joint_batch(stacked, curve, n_max, "exhaustive")
+    assert d_auto.tree_sizes == d_ex.tree_sizes
+    assert d_auto.predicted_speedup == pytest.approx(float(d_ex.s_hat.max()), rel=1e-12)

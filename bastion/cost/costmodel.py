@@ -431,3 +431,45 @@ class RooflineCostModel:
         return CostCurve(
             draft_s=draft, prep_s=self.prep_s, verify_s=verify, ar_step_s=float(ar_s[0])
         )
+
+    def joint_min_step_s(self, context_lens: npt.NDArray[np.int64]) -> float:
+        """A lower bound on how much ``joint_cost_curve``'s Ĉ grows per added node, for any
+        chain over these requests (0 when none can be proved).
+
+        Adding a node raises the pass's features by at least: T by 1, the attention pairs and
+        mask elements by c_min + 3 (c_min the smallest bucketed context), the KV tokens by 1
+        (the padded T and the experts touched never fall). Every FLOP and byte coefficient is
+        ≥ 0 (checked), so each operator's compute and memory seconds rise by at least the
+        coefficients times those increments; a max of two terms rises by at least the smaller
+        rise, so the bare Ĉ rises by at least Σ_op min(Δcompute, Δmemory) and the calibrated
+        one by at least min(α_c·ΔR_c, α_m·ΔR_m) (α ≥ 0, checked); the EMA modes scale by γ.
+        The controller of :mod:`bastion.joint` uses it to bound Ĉ beyond the chain it priced.
+        """
+        ctx = np.asarray(context_lens)
+        if ctx.ndim != 1 or ctx.size == 0 or ctx.dtype.kind not in "iu" or np.any(ctx < 0):
+            raise BudgetError("context_lens must be a non-empty 1-D array of integers ≥ 0")
+        c_min = float(self.bucket(int(ctx.min())))
+        inc = np.array([1.0, 0.0, c_min + 3.0, 1.0, c_min + 3.0, 0.0])  # the feature order
+        pricer = self._pricer(True, tiled=False)
+        flops, nbytes = pricer._f, pricer._b  # [features, ops]
+        if np.any(flops < 0) or np.any(nbytes < 0):
+            return 0.0
+        d_compute = inc @ flops / pricer._peak  # [ops]
+        d_memory = inc @ nbytes / pricer._bw
+        if self.mode in ("bare", "ema") or self.calibration is None:
+            step = float(np.minimum(d_compute, d_memory).sum())
+        else:
+            cal = self.calibration
+            if self._tiled is not None:
+                tiled = self._pricer(True, tiled=True)
+                if np.any(tiled._f < 0):
+                    return 0.0
+                d_compute = inc @ tiled._f / tiled._peak
+            if cal.compute.alpha < 0 or cal.memory.alpha < 0:
+                return 0.0
+            step = min(
+                cal.compute.alpha * float(d_compute.sum()), cal.memory.alpha * float(d_memory.sum())
+            )
+        if self.mode in ("ema", "ema+calib"):
+            step *= self.ema.gamma
+        return max(step, 0.0)
