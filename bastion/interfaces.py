@@ -121,6 +121,9 @@ class CostCurve:
     prep_s: float
     verify_s: npt.NDArray[np.float64]  # shape [N_max], seconds
     ar_step_s: float  # L_AR: one target-only autoregressive step in the same situation
+    # a guaranteed lower bound on how much verify_s grows per further node beyond its last
+    # entry (0: only that it never decreases); joint curves use it to stop pricing early
+    growth_s: float = 0.0
 
     @property
     def max_tree_size(self) -> int:

@@ -152,7 +152,7 @@ def _chain_costs(cc: CostCurve, m: int) -> FloatArray:
             f"a joint cost curve must price 0 … {m} added nodes ({m + 1} entries); "
             f"got shape {verify.shape}"
         )
-    for name in ("draft_s", "prep_s", "ar_step_s"):
+    for name in ("draft_s", "prep_s", "ar_step_s", "growth_s"):
         value = getattr(cc, name)
         if not np.isfinite(value) or value < 0 or (name == "ar_step_s" and value <= 0):
             raise CostModelError(f"cost model returned {name} = {value!r}; need finite and > 0")
@@ -230,7 +230,6 @@ def choose_joint_batch(
     mode: ControllerMode = "auto",
     initial_budget: int = 64,
     root_tokens: npt.ArrayLike | None = None,
-    min_step_s: float = 0.0,
 ) -> tuple[TreeBatch, JointDiagnostics]:
     """:func:`choose_joint` on a batch's stacked marginals; the trees as one :class:`TreeBatch`.
 
@@ -238,10 +237,10 @@ def choose_joint_batch(
     together in merged order (one heap over every request's frontier), so every node it returns
     is final; while the stop rule needs more, the chain is regrown longer (2–8×).
 
-    ``min_step_s`` (δ ≥ 0) is a guaranteed lower bound on how much Ĉ grows per added node
-    (:meth:`bastion.cost.costmodel.RooflineCostModel.joint_min_step_s`); auto uses it to bound
-    Ĉ beyond the priced chain, Ĉ(M + k) ≥ Ĉ(M) + k·δ, which prunes far earlier. 0 (the default)
-    assumes only that Ĉ never decreases.
+    A curve's ``growth_s`` (δ ≥ 0) is a guaranteed lower bound on how much Ĉ grows per node
+    added beyond its last entry; auto uses it to bound Ĉ beyond the priced chain,
+    Ĉ(M + k) ≥ Ĉ(M) + k·δ, which prunes far earlier. δ = 0 assumes only that Ĉ never
+    decreases.
     """
     probs = marginals.probs
     b = probs.shape[0]
@@ -251,8 +250,6 @@ def choose_joint_batch(
     if mode not in _MODES:
         raise BudgetError(f"unknown controller mode {mode!r}; known: {', '.join(_MODES)}")
     initial = _check_int(initial_budget, "initial_budget")
-    if not (isinstance(min_step_s, (int, float)) and 0.0 <= min_step_s < np.inf):
-        raise BudgetError(f"min_step_s must be a finite number ≥ 0; got {min_step_s!r}")
     roots = np.full(b, -1, np.int64) if root_tokens is None else np.asarray(root_tokens)
     if roots.shape != (b,) or roots.dtype.kind not in "iu":
         raise BudgetError(f"root_tokens must be {b} integers, one per request; got {root_tokens!r}")
@@ -299,8 +296,8 @@ def choose_joint_batch(
                 c_needed = a_far * cc.ar_step_s / s_best
                 if c_needed <= c_end:
                     break
-                if min_step_s > 0.0:  # Ŝ(M + k) ≤ L·min(A + kρ, A_far) / (C + kδ), k ≥ 1
-                    rate, step = float(rho[-1]) * (1.0 + 1e-12), float(min_step_s)
+                if cc.growth_s > 0.0:  # Ŝ(M + k) ≤ L·min(A + kρ, A_far) / (C + kδ), k ≥ 1
+                    rate, step = float(rho[-1]) * (1.0 + 1e-12), float(cc.growth_s)
                     k_star = max(1.0, (a_far - a_end) / rate) if rate > 0 else 1.0
                     near = (a_end + rate) / (c_end + step)
                     far = min(a_end + k_star * rate, a_far) / (c_end + k_star * step)

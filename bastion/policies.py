@@ -382,14 +382,8 @@ class AdaptivePolicy:
         known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
         if known.size:  # begin near the last choices (per request): fewer growth rounds
             start = max(8, 4 * int(known.mean()))
-        min_step = getattr(cost_model, "joint_min_step_s", None)
         trees, diag = choose_joint_batch(
-            marginals,
-            lambda grow: joint_curve(contexts, grow),
-            self.n_max,
-            self.mode,
-            start,
-            min_step_s=min_step(contexts) if min_step is not None else 0.0,
+            marginals, lambda grow: joint_curve(contexts, grow), self.n_max, self.mode, start
         )
         return BatchChoice(trees, diag)
 

@@ -8,8 +8,7 @@ drafter (``sim.simulate.calibrated_cost_model``), it times ``choose_joint_batch`
 rule, the ``TreeBatch``) and reports the chosen total M, how much of the chain was priced, and the
 call's time as a share of the predicted cycle Ĉ at the chosen M (target: ≤ 1 % at B = 32).
 The per-request first chunk is the adaptive policy's warm start: 4 × the mean tree size of a
-first call (``--initial-budget`` for that first call), and the cost model's guaranteed marginal
-cost per node (``joint_min_step_s``) is passed as the policy passes it.
+first call (``--initial-budget`` for that first call).
 
 Run: ``python benchmarks/bench_joint.py [--repeats 30] [--n-max 1024] [--mode auto]``.
 Never part of the tests.
@@ -78,10 +77,9 @@ def row(
         return base(grow)
 
     mode: ControllerMode = args.mode
-    step = cm.joint_min_step_s(contexts)  # as the adaptive policy passes it
 
     def call(curve: Callable[[np.ndarray], CostCurve], start: int) -> tuple[object, object]:
-        return choose_joint_batch(marginals, curve, args.n_max, mode, start, min_step_s=step)
+        return choose_joint_batch(marginals, curve, args.n_max, mode, start)
 
     first, _ = call(base, args.initial_budget)
     start = max(8, 4 * int(first.sizes.mean()))  # type: ignore[attr-defined]

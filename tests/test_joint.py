@@ -569,30 +569,47 @@ MOE = get_model("qwen3-coder-30b-a3b")
 @pytest.mark.parametrize("model", [MODEL, MOE], ids=["dense", "moe"])
 @given(
     ctx=st.lists(st.integers(0, 5000), min_size=1, max_size=6),
-    picks=st.lists(st.integers(0, 5), min_size=1, max_size=400),
+    picks=st.lists(st.integers(0, 5), min_size=1, max_size=300),
+    more=st.lists(st.integers(0, 5), min_size=1, max_size=300),
 )
-def test_min_step_is_a_lower_bound_on_every_added_node(
-    mode: CostMode, cal: LinearCalibration | None, model: object, ctx: list[int], picks: list[int]
+def test_growth_is_a_lower_bound_beyond_the_chain(
+    mode: CostMode,
+    cal: LinearCalibration | None,
+    model: object,
+    ctx: list[int],
+    picks: list[int],
+    more: list[int],
 ) -> None:
-    """Invariant: along any joint chain (nodes added to the requests in any order), Ĉ grows
-    by at least ``joint_min_step_s`` per node, in every cost mode, dense and MoE."""
+    """Invariant: a joint curve's ``growth_s`` bounds from below how much Ĉ grows per node
+    added after its last entry, whatever requests the later nodes go to: Ĉ(M + k) ≥ Ĉ(M) +
+    k·growth_s, in every cost mode, dense and MoE."""
     cm = RooflineCostModel(HW, model, calibration=cal, mode=mode, prep_s=1e-4)  # type: ignore[arg-type]
     cm.ema.gamma = 1.3
     contexts = np.array(ctx, dtype=np.int64)
-    grow = np.array([p % len(ctx) for p in picks], dtype=np.int64)
-    step = cm.joint_min_step_s(contexts)
-    rises = np.diff(cm.joint_cost_curve(contexts, grow).verify_s)
-    assert step > 0.0
-    assert np.all(rises >= step * (1.0 - 1e-9))
+    chain = np.array([p % len(ctx) for p in picks], dtype=np.int64)
+    longer = np.concatenate((chain, [p % len(ctx) for p in more])).astype(np.int64)
+    part = cm.joint_cost_curve(contexts, chain)
+    full = cm.joint_cost_curve(contexts, longer).verify_s
+    m = chain.size
+    assert full[m] == pytest.approx(part.verify_s[m], rel=1e-12)
+    k = np.arange(1, longer.size - m + 1)
+    assert part.growth_s > 0.0
+    assert np.all(full[m + k] - full[m] >= k * part.growth_s * (1.0 - 1e-9))
 
 
-def test_min_step_negative_control() -> None:
-    """The check above can fail: twice the smallest observed rise is not a lower bound."""
+def test_growth_negative_control() -> None:
+    """The check above has teeth: ten times the proved growth is not a lower bound."""
     cm = roofline("static", CAL)
     contexts = np.array([300, 900], dtype=np.int64)
-    rises = np.diff(cm.joint_cost_curve(contexts, np.array([0, 1] * 50)).verify_s)
-    assert not np.all(rises >= 2.0 * rises.min())
-    assert cm.joint_min_step_s(contexts) <= rises.min()
+    part = cm.joint_cost_curve(contexts, np.array([0, 1] * 20))
+    full = cm.joint_cost_curve(contexts, np.array([0, 1] * 60)).verify_s
+    k = np.arange(1, 81)
+
+    def holds(growth: float) -> bool:
+        return bool(np.all(full[40 + k] - full[40] >= k * growth * (1.0 - 1e-9)))
+
+    assert holds(part.growth_s)
+    assert not holds(10.0 * part.growth_s)
 
 
 @settings(max_examples=30)
@@ -605,15 +622,15 @@ def test_min_step_negative_control() -> None:
 def test_auto_with_the_marginal_bound_equals_exhaustive(
     batch: Batch, ctx: list[int], n_max: int, initial: int
 ) -> None:
-    """auto pruned with Ĉ(M + k) ≥ Ĉ(M) + k·δ still returns the exhaustive argmax."""
+    """auto pruned with the curve's growth bound, Ĉ(M + k) ≥ Ĉ(M) + k·δ, still returns the
+    exhaustive argmax."""
     from bastion.batch import BatchMarginals
 
     cm = roofline("static", CAL)
     contexts = np.array(ctx[: len(batch)], dtype=np.int64)
     curve = joint_curve_from_cost_model(cm, contexts)
     stacked = BatchMarginals.from_rows(batch)
-    step = cm.joint_min_step_s(contexts)
-    _, d_auto = choose_joint_batch(stacked, curve, n_max, "auto", initial, min_step_s=step)
+    _, d_auto = choose_joint_batch(stacked, curve, n_max, "auto", initial)
     _, d_ex = choose_joint_batch(stacked, curve, n_max, "exhaustive")
     assert d_auto.tree_sizes == d_ex.tree_sizes
     assert d_auto.predicted_speedup == pytest.approx(float(d_ex.s_hat.max()), rel=1e-12)

@@ -428,48 +428,65 @@ class RooflineCostModel:
         draft = 0.0
         if self.drafter is not None:  # as ``draft_s``
             draft = self._drafter_pricer().total_s(n_req, float(buckets.sum()))
+        end = PassShape(
+            tokens=n_req + added[-1:],
+            attn_pairs=pairs[-1:],
+            kv_tokens=pairs0 + added[-1:],
+            mask_elems=pairs[-1:],
+        )
+        growth = self._growth_beyond(end, float(c.min()))
         return CostCurve(
-            draft_s=draft, prep_s=self.prep_s, verify_s=verify, ar_step_s=float(ar_s[0])
+            draft_s=draft,
+            prep_s=self.prep_s,
+            verify_s=verify,
+            ar_step_s=float(ar_s[0]),
+            growth_s=growth,
         )
 
-    def joint_min_step_s(self, context_lens: npt.NDArray[np.int64]) -> float:
-        """A lower bound on how much ``joint_cost_curve``'s Ĉ grows per added node, for any
-        chain over these requests (0 when none can be proved).
+    def _growth_beyond(self, end: PassShape, c_min: float) -> float:
+        """A lower bound on how much the joint Ĉ grows per node added after the pass ``end``
+        (one row), for any request: 0 when none can be proved.
 
-        Adding a node raises the pass's features by at least: T by 1, the attention pairs and
-        mask elements by c_min + 3 (c_min the smallest bucketed context), the KV tokens by 1
-        (the padded T and the experts touched never fall). Every FLOP and byte coefficient is
-        ≥ 0 (checked), so each operator's compute and memory seconds rise by at least the
-        coefficients times those increments; a max of two terms rises by at least the smaller
-        rise, so the bare Ĉ rises by at least Σ_op min(Δcompute, Δmemory) and the calibrated
-        one by at least min(α_c·ΔR_c, α_m·ΔR_m) (α ≥ 0, checked); the EMA modes scale by γ.
-        The controller of :mod:`bastion.joint` uses it to bound Ĉ beyond the chain it priced.
+        Adding a node raises the features by at least: T by 1, the attention pairs and mask
+        elements by c_min + 3 (c_min the smallest bucketed context; the request already holds
+        n ≥ 1 nodes), the KV tokens by 1; the padded T and the experts touched never fall.
+        Every FLOP and byte coefficient is ≥ 0 (checked), so each branch rises by at least its
+        coefficients times those increments. Ĉ is a max of branches (calibrated: of the two
+        calibrated branches, α ≥ 0 checked; bare: Σ over operators of each one's max), and a
+        max never falls below the branch that attains it at ``end``, so Ĉ(end + k) ≥ Ĉ(end) +
+        k·(the rise of the branches that attain the max at ``end``); the EMA modes scale by γ.
         """
-        ctx = np.asarray(context_lens)
-        if ctx.ndim != 1 or ctx.size == 0 or ctx.dtype.kind not in "iu" or np.any(ctx < 0):
-            raise BudgetError("context_lens must be a non-empty 1-D array of integers ≥ 0")
-        c_min = float(self.bucket(int(ctx.min())))
         inc = np.array([1.0, 0.0, c_min + 3.0, 1.0, c_min + 3.0, 0.0])  # the feature order
         pricer = self._pricer(True, tiled=False)
-        flops, nbytes = pricer._f, pricer._b  # [features, ops]
-        if np.any(flops < 0) or np.any(nbytes < 0):
+        if np.any(pricer._f < 0) or np.any(pricer._b < 0):
             return 0.0
-        d_compute = inc @ flops / pricer._peak  # [ops]
-        d_memory = inc @ nbytes / pricer._bw
+        x = pricer.features(end)[0]
         if self.mode in ("bare", "ema") or self.calibration is None:
-            step = float(np.minimum(d_compute, d_memory).sum())
+            compute = (pricer._f0 + x @ pricer._f) / pricer._peak  # per operator
+            memory = (pricer._b0 + x @ pricer._b) / pricer._bw
+            op_rise_c, op_rise_m = inc @ pricer._f / pricer._peak, inc @ pricer._b / pricer._bw
+            step = float(np.where(compute >= memory, op_rise_c, op_rise_m).sum())
         else:
             cal = self.calibration
-            if self._tiled is not None:
-                tiled = self._pricer(True, tiled=True)
-                if np.any(tiled._f < 0):
-                    return 0.0
-                d_compute = inc @ tiled._f / tiled._peak
             if cal.compute.alpha < 0 or cal.memory.alpha < 0:
                 return 0.0
-            step = min(
-                cal.compute.alpha * float(d_compute.sum()), cal.memory.alpha * float(d_memory.sum())
-            )
+            memory_s = float(pricer._b0.sum() + x @ pricer._b.sum(axis=1)) / pricer._bw
+            rise_m = float(inc @ pricer._b.sum(axis=1)) / pricer._bw
+            if self._tiled is not None:
+                pricer = self._pricer(True, tiled=True)
+                if np.any(pricer._f < 0):
+                    return 0.0
+                x = pricer.features(end)[0]
+            compute_s = float(pricer._f0.sum() + x @ pricer._f.sum(axis=1)) / pricer._peak
+            rise_c = float(inc @ pricer._f.sum(axis=1)) / pricer._peak
+            branch_c = float(cal.compute.alpha * compute_s + cal.compute.beta)
+            branch_m = float(cal.memory.alpha * memory_s + cal.memory.beta)
+            rises: list[float] = []
+            if branch_c >= branch_m:
+                rises.append(float(cal.compute.alpha * rise_c))
+            if branch_m >= branch_c:
+                rises.append(float(cal.memory.alpha * rise_m))
+            step = max(rises)
         if self.mode in ("ema", "ema+calib"):
             step *= self.ema.gamma
         return max(step, 0.0)
