@@ -1,19 +1,15 @@
-"""The DFlash block-diffusion drafter (the checkpoint format is :mod:`.dflash_format`'s).
+"""The DFlash block-diffusion drafter, written from shared/reference/dflash-format.md.
 
-One :meth:`DFlashDrafter.draft_batch` call is one forward pass over the blocks of every request
-of a step (``draft`` is a batch of one). A block has ``block_size`` slots:
+One :meth:`DFlashDrafter.draft` call is one forward pass over a block of ``block_size`` slots:
 the bonus token followed by ``block_size − 1`` mask tokens, embedded with the *target's* input
 embedding table. Each draft layer is a Qwen3 decoder layer whose attention takes queries from the
 block only and keys/values from ``[ctx ; block]``, non-causally; ``ctx`` is
 ``hidden_norm(fc(concat of the target's tapped hidden states))`` and enters every layer's k/v
 projections as it is (no input RMSNorm), ``k_norm`` applies to all keys, and context and block
 share one absolute RoPE position axis. The context K/V of every layer persist in the drafter's own
-batched cache (one row per request, right-padded like the verifier's: row r holds its C_r
-context tokens at columns 0 … C_r − 1 of a preallocated buffer that grows by doubling); the
-block's K/V are dropped after each draft. In a batched pass each block sees its own row's first
-C_r columns (a boolean context mask) and its own block. Slots 1 … block_size − 1 go through the
-final norm and the *target's* LM head; each row's full-vocabulary softmax gives the
-position-wise marginal, of which the top K become the step's :class:`BatchMarginals`.
+per-request cache; the block's K/V are dropped after each draft. Slots 1 … block_size − 1 go
+through the final norm and the *target's* LM head; each row's full-vocabulary softmax gives the
+position-wise marginal, of which the top K become :class:`DraftMarginals`.
 
 What this module does not do: train, or implement "DFlash 2" (its left-to-right selector breaks
 the independent-marginals assumption). The file format lives in :mod:`.dflash_format`.
