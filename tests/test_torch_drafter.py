@@ -114,10 +114,19 @@ def test_incremental_context_cache_equals_one_shot(target, drafter) -> None:
         drafter.block_probs(1, 5, TargetFeedback(feats.features[:1], 3))
 
 
-def test_real_drafter_through_the_verifier_keeps_in_step(target, drafter) -> None:
+def test_real_drafter_through_the_verifier_keeps_in_step(target, drafter, monkeypatch) -> None:
+    held: list[int] = []
+    release = drafter.release
+
+    def spy(request_id: int) -> None:  # the runner releases a finished request's context
+        held.append(drafter.context_len(request_id))
+        release(request_id)
+
+    monkeypatch.setattr(drafter, "release", spy)
     rep = generate(target, drafter, "fixed:12", [4, 5, 6], max_new_tokens=15, eos_token_id=None)
     # the drafter's context ends where the last step began: prompt + all earlier commits
-    assert drafter.context_len(0) == 3 + sum(rep.acceptance_lengths[:-1])
+    assert held[-1] == 3 + sum(rep.acceptance_lengths[:-1])
+    assert drafter.context_len(0) == 0
     assert rep.num_output_tokens == 15
 
 

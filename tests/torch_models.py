@@ -89,3 +89,18 @@ class OracleDrafter:
             ids[row] = [*others[:r], true, *others[r:]][: self.k]
         probs = np.tile(np.array([0.5, 0.3, 0.1][: self.k]), (self.depth, 1))
         return DraftMarginals(ids, probs)
+
+
+class BatchOracleDrafter(OracleDrafter):
+    """:class:`OracleDrafter` for several requests: ``truths[request_id]`` is each one's greedy
+    sequence (prompt + continuation)."""
+
+    def __init__(
+        self, truths: dict[int, Sequence[int]], vocab: int, depth: int = 6, k: int = 3
+    ) -> None:
+        super().__init__([], vocab, depth, k)
+        self.truths = {i: list(t) for i, t in truths.items()}
+
+    def draft(self, context: DraftContext) -> DraftMarginals:
+        self.truth = self.truths[context.request_id]
+        return super().draft(context)

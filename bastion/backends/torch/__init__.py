@@ -1,29 +1,43 @@
 """The real backend: Hugging Face causal-LM targets and DFlash drafters under the shared engine.
 
 - :mod:`.sampling`      the target's processed distribution (temperature, top-k, top-p), sampling
-- :mod:`.verifier`      tree verification: 4D tree mask, one forward pass, acceptance, KV compaction
+- :mod:`.verifier`      batched tree verification: padded trees, 4D mask, one forward pass,
+                        per-request acceptance and KV compaction in a batched cache
 - :mod:`.dflash_format` the DFlash checkpoint format: config layouts, key names, read/write
-- :mod:`.drafter`       the DFlash block-diffusion drafter with its own context KV cache
-- :mod:`.timing`        device-synchronised clock and the calibration hook ``verify_timer``
-- :mod:`.runner`        loading models and running one request through :class:`SpecEngine`
+- :mod:`.drafter`       the DFlash block-diffusion drafter, every request of a step in one pass
+- :mod:`.timing`        device-synchronised clock, the timing hooks, the real-run cost models
+- :mod:`.calibrate`     calibration records of the target (roofline) and the drafter (T_draft)
+- :mod:`.runner`        loading models; continuous batching over :meth:`SpecEngine.step`
+- :mod:`.hf`            ``speculative_generate``: a drop-in for ``model.generate``
 
-Importing this package imports torch and transformers. What it does not do: batching across
-requests (batch 1 only) or hybrid/recurrent caches (they cannot be cropped; see peers.md).
+Importing this package imports torch and transformers. What it does not do: hybrid/recurrent
+caches (they cannot be cropped) or batched prefill (each prompt is prefilled alone).
 """
 
 from __future__ import annotations
 
 from bastion.backends.torch.drafter import DFlashDrafter
-from bastion.backends.torch.runner import GenerationReport, generate, load_target
+from bastion.backends.torch.hf import SpeculativeGenerateOutput, speculative_generate
+from bastion.backends.torch.runner import (
+    BatchGenerationReport,
+    GenerationReport,
+    generate,
+    generate_batch,
+    load_target,
+)
 from bastion.backends.torch.sampling import SamplingParams
 from bastion.backends.torch.verifier import TargetFeedback, TorchVerifier
 
 __all__ = [
+    "BatchGenerationReport",
     "DFlashDrafter",
     "GenerationReport",
     "SamplingParams",
+    "SpeculativeGenerateOutput",
     "TargetFeedback",
     "TorchVerifier",
     "generate",
+    "generate_batch",
     "load_target",
+    "speculative_generate",
 ]

@@ -1,10 +1,18 @@
-"""Calibrating the cost model on the real device, and using the record in ``generate``.
+"""Calibrating the cost model on the real device, and using the records in ``generate``.
 
 ``calibrate_target`` runs the cost model's profiling sweep (``bastion.cost.calibration``)
 against real verification passes of a Hugging Face target (``verify_timer``) and caches the
 fitted record under the key (device profile, model, dtype, backend = ``torch-cpu`` or
 ``torch-cuda``). ``cached_cost_model`` loads that record, if one exists, as the
 ``RooflineCostModel`` the adaptive policy uses.
+
+The roofline record prices the target only. ``calibrate_drafter`` times the drafter's batched
+pass (``drafter_timer``) over a grid of batch sizes × contexts and fits
+T_draft(B, ΣC) = d0 + d_B·B + d_C·ΣC (:class:`~.timing.DraftTiming`), cached beside the
+roofline records under (backend, device name, target, drafter shape, dtype);
+``drafter_timing`` returns the cached fit or measures one (a few passes, then cached). The
+runner wraps the cost model with it (:func:`~.timing.with_draft_timing`), so Ĉ(N) includes the
+drafter's measured pass.
 
 The device profile: ``--gpu NAME`` for a GPU (one of ``bastion hw list``); on a CPU, a profile
 measured once by ``bastion hw probe`` (quick) and kept beside the calibration records.
@@ -34,11 +42,25 @@ from bastion.cost.calibration import (
 from bastion.cost.costmodel import RooflineCostModel
 from bastion.cost.hardware import HardwareProfile, get_profile, load_profile, profile_to_toml
 from bastion.cost.models import ModelSpec
-from bastion.errors import BackendError
+from bastion.errors import BackendError, ConfigError
 
-from .timing import verify_timer
+from .files import write_json_atomic, write_text_atomic
+from .timing import DraftTiming, drafter_timer, fit_draft_timing, verify_timer
 
-__all__ = ["cached_cost_model", "calibrate_target", "device_profile", "target_spec"]
+__all__ = [
+    "DRAFT_BATCHES",
+    "DRAFT_CONTEXTS",
+    "cached_cost_model",
+    "cached_drafter_timing",
+    "calibrate_drafter",
+    "calibrate_target",
+    "device_profile",
+    "drafter_timing",
+    "target_spec",
+]
+
+DRAFT_BATCHES = (1, 2, 4, 8)
+DRAFT_CONTEXTS = (64, 256)
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +104,7 @@ def device_profile(
 
     log.info("probing this machine for a CPU profile (once; kept at %s)", path)
     profile = probe_profile(CPU_PROFILE, quick=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(profile_to_toml(profile))
+    write_text_atomic(path, profile_to_toml(profile))
     return profile
 
 
@@ -138,3 +159,95 @@ def cached_cost_model(
     if record is None:
         return None
     return RooflineCostModel(hw, spec, calibration=record)
+
+
+# --------------------------------------------------------------------------------------------
+# The drafter's pass
+# --------------------------------------------------------------------------------------------
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"torch-cuda-{torch.cuda.get_device_name(device)}"
+    return "torch-cpu"
+
+
+def _drafter_name(drafter: Any) -> str:
+    shape = json.dumps(
+        {
+            "block": drafter.cfg.block_size,
+            "layers": drafter.cfg.num_hidden_layers,
+            "hidden": drafter.cfg.hidden_size,
+            "heads": [drafter.cfg.num_attention_heads, drafter.cfg.num_key_value_heads],
+            "ffn": drafter.cfg.intermediate_size,
+            "taps": list(drafter.cfg.target_layer_ids),
+            "vocab": drafter.cfg.vocab_size,
+            "top_k": drafter.top_k,
+        },
+        sort_keys=True,
+    )
+    return f"dflash-{hashlib.sha256(shape.encode()).hexdigest()[:8]}"
+
+
+def _drafter_record_path(target: Any, drafter: Any, cache: CalibrationCache) -> Path:
+    device = next(target.parameters()).device
+    parts = (_device_name(device), target_spec(target).name, _drafter_name(drafter))
+    slug = "__".join("".join(c if c.isalnum() or c in "._-" else "_" for c in p) for p in parts)
+    return cache.directory / f"drafter__{slug}__{_dtype_name(target)}.json"
+
+
+def cached_drafter_timing(
+    target: Any, drafter: Any, cache: CalibrationCache | None = None
+) -> DraftTiming | None:
+    """The drafter's cached timing fit on this device, if there is one."""
+    path = _drafter_record_path(target, drafter, cache or CalibrationCache())
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+    return DraftTiming.from_dict(data, origin=str(path))
+
+
+def calibrate_drafter(
+    target: Any,
+    drafter: Any,
+    cache: CalibrationCache | None = None,
+    refit: bool = False,
+    batch_sizes: Sequence[int] = DRAFT_BATCHES,
+    contexts: Sequence[int] = DRAFT_CONTEXTS,
+    repeats: int = 3,
+) -> DraftTiming:
+    """Time the drafter's batched pass over ``batch_sizes`` × ``contexts`` and fit (or load)
+    T_draft(B, ΣC); the fit is cached (written atomically)."""
+    store = cache or CalibrationCache()
+    if not refit:
+        found = cached_drafter_timing(target, drafter, store)
+        if found is not None:
+            return found
+    if min(batch_sizes) < 1 or min(contexts) < 1:
+        raise BackendError("drafter calibration needs batch sizes and contexts ≥ 1")
+    timer = drafter_timer(drafter, repeats=repeats)
+    points = [
+        (int(b), int(b) * int(c), timer(int(b), int(c))) for b in batch_sizes for c in contexts
+    ]
+    timing = fit_draft_timing(points)
+    path = _drafter_record_path(target, drafter, store)
+    write_json_atomic(path, timing.to_dict())
+    log.info("drafter timing %s (RMSE %.3f ms) cached at %s", timing, timing.rmse_s * 1e3, path)
+    return timing
+
+
+def drafter_timing(
+    target: Any,
+    drafter: Any,
+    batch_sizes: Sequence[int] = (1,),
+    cache: CalibrationCache | None = None,
+) -> DraftTiming:
+    """The cached drafter timing, or a quick one measured now (``batch_sizes`` × 64, 256)."""
+    found = cached_drafter_timing(target, drafter, cache)
+    if found is not None:
+        return found
+    sizes = sorted({1, 2, *batch_sizes})
+    return calibrate_drafter(target, drafter, cache, True, sizes, DRAFT_CONTEXTS, repeats=2)

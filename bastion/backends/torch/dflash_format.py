@@ -1,4 +1,4 @@
-"""The DFlash drafter checkpoint format (shared/reference/dflash-format.md): config, keys, files.
+"""The DFlash drafter checkpoint format: config, keys, files (docs/real-backend.md).
 
 A checkpoint is a directory with ``config.json`` (a Qwen3 config plus ``block_size``,
 ``num_target_layers`` and ``mask_token_id`` / ``target_layer_ids``, kept inside
@@ -87,7 +87,7 @@ class DFlashConfig:
     def from_dict(cls, d: dict[str, Any]) -> DFlashConfig:
         missing = [k for k in (*_REQUIRED, "block_size") if k not in d]
         if missing:
-            raise ConfigError(f"DFlash config.json lacks {missing}; see dflash-format.md")
+            raise ConfigError(f"DFlash config.json lacks {missing}; see docs/real-backend.md")
         inner = d.get("dflash_config") or {}
         if not isinstance(inner, dict):
             raise ConfigError("DFlash config field dflash_config must be an object")

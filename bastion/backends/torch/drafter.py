@@ -1,15 +1,19 @@
-"""The DFlash block-diffusion drafter, written from shared/reference/dflash-format.md.
+"""The DFlash block-diffusion drafter (the checkpoint format is :mod:`.dflash_format`'s).
 
-One :meth:`DFlashDrafter.draft` call is one forward pass over a block of ``block_size`` slots:
+One :meth:`DFlashDrafter.draft_batch` call is one forward pass over the blocks of every request
+of a step (``draft`` is a batch of one). A block has ``block_size`` slots:
 the bonus token followed by ``block_size − 1`` mask tokens, embedded with the *target's* input
 embedding table. Each draft layer is a Qwen3 decoder layer whose attention takes queries from the
 block only and keys/values from ``[ctx ; block]``, non-causally; ``ctx`` is
 ``hidden_norm(fc(concat of the target's tapped hidden states))`` and enters every layer's k/v
 projections as it is (no input RMSNorm), ``k_norm`` applies to all keys, and context and block
 share one absolute RoPE position axis. The context K/V of every layer persist in the drafter's own
-per-request cache; the block's K/V are dropped after each draft. Slots 1 … block_size − 1 go
-through the final norm and the *target's* LM head; each row's full-vocabulary softmax gives the
-position-wise marginal, of which the top K become :class:`DraftMarginals`.
+batched cache (one row per request, right-padded like the verifier's: row r holds its C_r
+context tokens at columns 0 … C_r − 1 of a preallocated buffer that grows by doubling); the
+block's K/V are dropped after each draft. In a batched pass each block sees its own row's first
+C_r columns (a boolean context mask) and its own block. Slots 1 … block_size − 1 go through the
+final norm and the *target's* LM head; each row's full-vocabulary softmax gives the
+position-wise marginal, of which the top K become the step's :class:`BatchMarginals`.
 
 What this module does not do: train, or implement "DFlash 2" (its left-to-right selector breaks
 the independent-marginals assumption). The file format lives in :mod:`.dflash_format`.
@@ -19,13 +23,15 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, cast
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from bastion.batch import BatchMarginals, StepRequests
 from bastion.errors import BudgetError, ConfigError
 from bastion.interfaces import DraftContext
 from bastion.tree import DraftMarginals
@@ -201,10 +207,65 @@ class DFlashDraftModel(nn.Module):
         return cast(torch.Tensor, self.norm(h))
 
 
-@dataclass
-class _Context:
-    length: int = 0  # context tokens whose K/V are cached
-    kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)  # per layer
+class _ContextStore:
+    """The drafter's context K/V of every resident request: one row per request, per layer a
+    preallocated buffer [R, kv_heads, capacity, head_dim] holding row r's ``lengths[r]`` context
+    tokens at columns 0 … lengths[r] − 1 (right padding, zeros beyond)."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.lengths: list[int] = []
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+
+    @property
+    def capacity(self) -> int:
+        return int(self.k[0].shape[2]) if self.k else 0
+
+    def row(self, request_id: int) -> int | None:
+        try:
+            return self.ids.index(request_id)
+        except ValueError:
+            return None
+
+    def add(self, request_id: int, shapes: list[tuple[int, int]], like: torch.Tensor) -> int:
+        """A new empty row; ``shapes`` are (kv_heads, head_dim) per layer."""
+        cap = max(self.capacity, 64)
+        if not self.k:
+            self.k = [like.new_zeros(0, h, cap, d) for h, d in shapes]
+            self.v = [like.new_zeros(0, h, cap, d) for h, d in shapes]
+        for buf in (self.k, self.v):
+            for i, t in enumerate(buf):
+                buf[i] = torch.cat((t, t.new_zeros(1, *t.shape[1:])))
+        self.ids.append(request_id)
+        self.lengths.append(0)
+        return len(self.ids) - 1
+
+    def drop(self, request_id: int) -> None:
+        r = self.row(request_id)
+        if r is None:
+            return
+        del self.ids[r]
+        del self.lengths[r]
+        if not self.ids:
+            self.k, self.v = [], []
+            return
+        keep = torch.tensor([i for i in range(len(self.ids) + 1) if i != r])
+        for buf in (self.k, self.v):
+            for i, t in enumerate(buf):
+                buf[i] = t[keep.to(t.device)]
+
+    def reserve(self, length: int) -> None:
+        """Grow every buffer to hold ``length`` columns (doubling, multiples of 64)."""
+        if length <= self.capacity:
+            return
+        cap = max(length, 2 * self.capacity)
+        cap = -(-cap // 64) * 64
+        for buf in (self.k, self.v):
+            for i, t in enumerate(buf):
+                grown = t.new_zeros(t.shape[0], t.shape[1], cap, t.shape[3])
+                grown[:, :, : t.shape[2]] = t
+                buf[i] = grown
 
 
 class DFlashDrafter:
@@ -253,7 +314,7 @@ class DFlashDrafter:
         self.cfg = cfg
         self.top_k = min(int(top_k), cfg.vocab_size)
         self.device = param.device
-        self._contexts: dict[int, _Context] = {}
+        self._store = _ContextStore()
 
     # ---------------------------------------------------------------- construction
 
@@ -319,55 +380,115 @@ class DFlashDrafter:
     # ---------------------------------------------------------------- drafting
 
     def release(self, request_id: int) -> None:
-        self._contexts.pop(request_id, None)
+        self._store.drop(request_id)
+
+    def release_all(self) -> None:
+        for rid in list(self._store.ids):
+            self._store.drop(rid)
 
     def context_len(self, request_id: int) -> int:
-        return self._contexts.get(request_id, _Context()).length
+        r = self._store.row(request_id)
+        return 0 if r is None else self._store.lengths[r]
 
     @torch.no_grad()
-    def _append_context(self, ctx_state: _Context, feedback: TargetFeedback) -> None:
-        if feedback.start != ctx_state.length:
-            raise BudgetError(
-                f"drafter context holds {ctx_state.length} tokens but the target's features "
-                f"start at position {feedback.start}; the drafter and target are out of step"
-            )
-        m = int(feedback.features.shape[0])
-        if m == 0:
+    def append_context(self, items: Sequence[tuple[int, object]]) -> None:
+        """Append the target's features to the requests' contexts (new requests get a row).
+
+        Every request's features go through ``fc`` and ``hidden_norm`` and every layer's k/v
+        projections in one flat pass (each token at its own position), then are written into
+        the rows' buffers."""
+        store = self._store
+        layers = cast(list[_DraftLayer], self.model.layers)
+        todo = []
+        for rid, fb in items:
+            if not isinstance(fb, TargetFeedback):
+                raise BudgetError(f"DFlash drafter needs TargetFeedback; got {type(fb)}")
+            r = store.row(rid)
+            if r is None:
+                shapes = [(a.kv_heads, a.head_dim) for a in (la.self_attn for la in layers)]
+                r = store.add(rid, shapes, self.embed.weight)
+            if fb.start != store.lengths[r]:
+                raise BudgetError(
+                    f"drafter context holds {store.lengths[r]} tokens but the target's features "
+                    f"start at position {fb.start}; the drafter and target are out of step"
+                )
+            if int(fb.features.shape[0]):
+                todo.append((r, fb))
+        if not todo:
             return
-        ctx = self.model.hidden_norm(self.model.fc(feedback.features.to(self.device)[None]))
-        positions = torch.arange(feedback.start, feedback.start + m, device=self.device)
+        feats = torch.cat([fb.features.to(self.device) for _, fb in todo])[None]
+        positions = torch.cat(
+            [
+                torch.arange(fb.start, fb.start + int(fb.features.shape[0]), device=self.device)
+                for _, fb in todo
+            ]
+        )
+        rows = torch.cat(
+            [torch.full((int(fb.features.shape[0]),), r, device=self.device) for r, fb in todo]
+        )
+        store.reserve(int(positions.max()) + 1)
+        ctx = self.model.hidden_norm(self.model.fc(feats.to(self.embed.weight.dtype)))
         cos, sin = self.model.cos_sin(ctx, positions)
+        for i, layer in enumerate(layers):
+            k, v = layer.self_attn.key_values(ctx, cos, sin)  # [1, kv, Σm, hd]
+            store.k[i][rows, :, positions] = k[0].transpose(0, 1)
+            store.v[i][rows, :, positions] = v[0].transpose(0, 1)
+        for r, fb in todo:
+            store.lengths[r] += int(fb.features.shape[0])
+
+    @torch.no_grad()
+    def batch_probs(
+        self,
+        request_ids: Sequence[int],
+        bonus_tokens: Sequence[int],
+        feedback: Sequence[object | None] | None = None,
+    ) -> torch.Tensor:
+        """Full-vocabulary marginals [B, block_size − 1, V] (float32) for the positions after each
+        request's bonus token, after appending its ``feedback``; one pass over the B blocks."""
+        ids = [int(r) for r in request_ids]
+        if len(set(ids)) != len(ids):
+            raise BudgetError(f"a step lists a request twice: {ids}")
+        if feedback is not None:
+            self.append_context(
+                [(rid, fb) for rid, fb in zip(ids, feedback, strict=True) if fb is not None]
+            )
+        store = self._store
+        rows = []
+        for rid in ids:
+            r = store.row(rid)
+            if r is None or store.lengths[r] == 0:
+                raise BudgetError(
+                    f"the DFlash drafter has no context for request {rid} yet; pass the "
+                    "prefill's TargetFeedback first"
+                )
+            rows.append(r)
+        lengths = torch.tensor([store.lengths[r] for r in rows], device=self.device)
+        c_max = int(lengths.max())
+        b = self.cfg.block_size
+        tokens = torch.full(
+            (len(ids), b), self.cfg.mask_token_id, dtype=torch.long, device=self.device
+        )
+        tokens[:, 0] = torch.tensor([int(t) for t in bonus_tokens], device=self.device)
+        h = self.embed(tokens) * self.cfg.input_embedding_scale
+        positions = lengths[:, None] + torch.arange(b, device=self.device)[None]
+        cos, sin = self.model.cos_sin(h, positions)
+        ctx_mask = None
+        if bool((lengths != c_max).any()):
+            ctx_mask = torch.arange(c_max, device=self.device)[None] < lengths[:, None]
+        every = rows == list(range(len(store.ids)))
+        index = None if every else torch.tensor(rows, device=self.device)
         for i, layer in enumerate(cast(list[_DraftLayer], self.model.layers)):
-            k, v = layer.self_attn.key_values(ctx, cos, sin)
-            if i < len(ctx_state.kv):
-                old_k, old_v = ctx_state.kv[i]
-                ctx_state.kv[i] = (torch.cat((old_k, k), dim=2), torch.cat((old_v, v), dim=2))
-            else:
-                ctx_state.kv.append((k, v))
-        ctx_state.length += m
+            ctx_k, ctx_v = store.k[i][:, :, :c_max], store.v[i][:, :, :c_max]
+            if index is not None:
+                ctx_k, ctx_v = ctx_k[index], ctx_v[index]
+            h = layer(h, cos, sin, ctx_k, ctx_v, ctx_mask)
+        return self.probs_from_hidden(self.model.norm(h[:, 1:]))
 
     @torch.no_grad()
     def block_probs(self, request_id: int, bonus_token: int, feedback: object) -> torch.Tensor:
         """Full-vocabulary marginals [block_size − 1, V] (float32) for the positions after the
-        bonus token, after appending ``feedback`` to the request's context."""
-        state = self._contexts.setdefault(request_id, _Context())
-        if feedback is not None:
-            if not isinstance(feedback, TargetFeedback):
-                raise BudgetError(f"DFlash drafter needs TargetFeedback; got {type(feedback)}")
-            self._append_context(state, feedback)
-        if state.length == 0:
-            raise BudgetError(
-                "the DFlash drafter has no context yet; pass the prefill's TargetFeedback first"
-            )
-        b = self.cfg.block_size
-        tokens = torch.full((1, b), self.cfg.mask_token_id, dtype=torch.long, device=self.device)
-        tokens[0, 0] = bonus_token
-        h = self.embed(tokens) * self.cfg.input_embedding_scale
-        positions = torch.arange(state.length, state.length + b, device=self.device)
-        cos, sin = self.model.cos_sin(h, positions)
-        for layer, (ctx_k, ctx_v) in zip(self.model.layers, state.kv, strict=True):
-            h = layer(h, cos, sin, ctx_k, ctx_v)
-        return self.probs_from_hidden(self.model.norm(h[0, 1:]))
+        bonus token, after appending ``feedback`` to the request's context (a batch of one)."""
+        return self.batch_probs([request_id], [bonus_token], [feedback])[0]
 
     def probs_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary softmax (float32) of final-normed block hidden states [..., hidden]."""
@@ -376,6 +497,17 @@ class DFlashDrafter:
         if cap:
             logits = cap * torch.tanh(logits / cap)
         return torch.softmax(logits, dim=-1)
+
+    def draft_batch(self, requests: StepRequests) -> BatchMarginals:
+        """Top-K marginals of every request of the step, from one block pass over the batch."""
+        probs = self.batch_probs(
+            requests.request_ids.tolist(), requests.bonus_tokens.tolist(), requests.feedback
+        )
+        top = torch.topk(probs, self.top_k, dim=-1)
+        return BatchMarginals(
+            top.indices.cpu().numpy().astype(np.int64),
+            top.values.double().clamp_(0.0, 1.0).cpu().numpy(),
+        )
 
     def draft(self, context: DraftContext) -> DraftMarginals:
         probs = self.block_probs(context.request_id, context.bonus_token, context.feedback)

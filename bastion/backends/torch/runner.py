@@ -1,42 +1,74 @@
-"""Loading a Hugging Face target and running one request through the shared engine.
+"""Loading a Hugging Face target and decoding many requests through the shared engine.
 
-:func:`generate` is the Python API behind ``bastion generate``: prefill with the
-:class:`TorchVerifier`, then :class:`bastion.engine.SpecEngine` with the chosen policy — ``ar``
-(target-only autoregressive: a root-only tree, the drafter not called), ``chain`` (DFlash),
-``fixed:N``, ``eagle``, ``bastion`` (adaptive, priced by a ``CostModel``). There is no second
-decode loop. The result carries the reference benchmarks' fields.
+:func:`generate_batch` is the Python API behind ``bastion generate``: continuous batching over
+:meth:`bastion.engine.SpecEngine.step` — up to ``batch_size`` requests decode together, one
+``step`` call per batched step (one drafter pass and one target pass for the whole batch); a
+request that finishes (EOS or ``max_new_tokens``) leaves the batch at once and the next prompt
+joins after its own prefill. Policies: ``ar`` (target-only autoregressive: root-only trees, the
+drafter not called), ``chain`` (DFlash), ``fixed:N``, ``beam:WxD``, ``eagle``, ``bastion``
+(adaptive, priced by a ``CostModel``; at batch > 1 one joint budget per step). There is no
+second decode loop: the step is the engine's. :func:`generate` is one prompt at batch 1.
 
-What this module does not do: tokenise (the CLI does), batch requests, or calibrate the real cost
-model (``bastion.cost``); without a cost model the adaptive policy gets an
-:class:`~.timing.AffineCostModel` fitted on the spot from :func:`~.timing.verify_timer`.
+Timing: ``warmup`` untimed runs (a few tokens of the first batch) come first, then ``repeats``
+timed runs of the whole workload; the report carries every repeat's time per output token and
+throughput (median and spread) and the records of the first timed run. All prompts are submitted
+at the start, so a request's time to first token includes its wait for a free slot.
+
+What this module does not do: tokenise (the CLI does) or calibrate the roofline model
+(``bastion calibrate --target``); without a record the adaptive policy gets an
+:class:`~.timing.AffineCostModel` fitted on the spot, and its T_draft is the drafter's measured
+pass (:func:`~.calibrate.drafter_timing`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import statistics
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from bastion.engine import SpecEngine
+from bastion.batch import BatchMarginals, StepRequests
+from bastion.engine import SpecEngine, StepRecord
 from bastion.errors import BackendError, BudgetError, CheckpointError
-from bastion.interfaces import CostModel, DraftContext, Drafter, TreePolicy
+from bastion.interfaces import (
+    BatchDrafter,
+    CostModel,
+    DraftContext,
+    Drafter,
+    RequestLoad,
+    StepLoad,
+    TreePolicy,
+)
 from bastion.policies import AdaptivePolicy, AutoregressivePolicy, make_policy
 from bastion.trace import Trace, TraceStep, write_trace
 from bastion.tree import DraftMarginals
 
 from .drafter import DFlashDrafter
 from .sampling import SamplingParams
-from .timing import device_clock, fit_affine_cost_model, verify_timer
-from .verifier import TorchVerifier
+from .timing import Clock, device_clock, fit_affine_cost_model, verify_timer, with_draft_timing
+from .verifier import TorchVerifier, VerifyTiming
 
-__all__ = ["GenerationReport", "generate", "load_target", "resolve_device"]
+__all__ = [
+    "BatchGenerationReport",
+    "GenerationReport",
+    "RunTiming",
+    "generate",
+    "generate_batch",
+    "load_target",
+    "resolve_cost_model",
+    "resolve_device",
+]
 
 log = logging.getLogger(__name__)
+
+WARMUP_TOKENS = 8  # new tokens per request of a warm-up run
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -72,6 +104,11 @@ def load_target(
     return model.to(dev).eval()  # type: ignore[arg-type]  # transformers' to() stub is narrow
 
 
+# --------------------------------------------------------------------------------------------
+# Reports
+# --------------------------------------------------------------------------------------------
+
+
 @dataclass
 class GenerationReport:
     """One request's result, with the reference benchmarks' fields (times in seconds)."""
@@ -79,17 +116,23 @@ class GenerationReport:
     output_ids: list[int]
     num_input_tokens: int
     num_output_tokens: int
-    time_to_first_token: float  # prefill
-    time_per_output_token: float  # decode time after prefill ÷ output tokens
+    time_to_first_token: float  # submission (the run's start) to the first token
+    time_per_output_token: float  # decode time after the first token ÷ output tokens
     acceptance_lengths: list[int]  # committed per step, bonus included
-    stage_times: dict[str, float]  # draft, build, mask, verify, commit (sums over steps)
+    stage_times: dict[str, float]  # draft, build, mask, verify, commit (its steps, shared)
     trees: list[dict[str, Any]] = field(default_factory=list)  # per step
     policy: str = ""
+    prefill_s: float = 0.0  # its own prefill
+    queue_s: float = 0.0  # waiting for a free slot before the prefill
 
     @property
     def tau(self) -> float:
         lens = self.acceptance_lengths
         return sum(lens) / len(lens) if lens else 0.0
+
+    @property
+    def mean_tree_size(self) -> float:
+        return float(np.mean([t["size"] for t in self.trees])) if self.trees else 1.0
 
     def to_dict(self, with_trees: bool = True) -> dict[str, Any]:
         d = {
@@ -98,6 +141,8 @@ class GenerationReport:
             "num_output_tokens": self.num_output_tokens,
             "time_to_first_token": self.time_to_first_token,
             "time_per_output_token": self.time_per_output_token,
+            "prefill_s": self.prefill_s,
+            "queue_s": self.queue_s,
             "acceptance_lengths": self.acceptance_lengths,
             "tau": self.tau,
             "stage_times": self.stage_times,
@@ -108,17 +153,101 @@ class GenerationReport:
         return d
 
 
-class _RecordingDrafter:
-    """Wraps a drafter and keeps every DraftMarginals it returned (for traces)."""
+@dataclass(frozen=True)
+class RunTiming:
+    """One timed run of the whole workload."""
 
-    def __init__(self, inner: Drafter) -> None:
-        self.inner = inner
-        self.marginals: list[DraftMarginals] = []
+    wall_s: float  # first submission to last token, prefills included
+    output_tokens: int
+    tpot_s: float  # mean over requests of their time per output token
 
-    def draft(self, context: DraftContext) -> DraftMarginals:
-        m = self.inner.draft(context)
-        self.marginals.append(m)
-        return m
+    @property
+    def throughput_tok_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "median": float(statistics.median(values)),
+        "min": float(min(values)),
+        "max": float(max(values)),
+    }
+
+
+@dataclass
+class BatchGenerationReport:
+    """Every request's :class:`GenerationReport` (prompt order) and the run's aggregates.
+
+    ``records``, ``steps``, ``stage_times`` and ``cycle`` are those of the first timed run;
+    ``runs`` has every timed run's wall time, tokens and mean TPOT.
+    """
+
+    records: list[GenerationReport]
+    policy: str
+    batch_size: int
+    runs: list[RunTiming]
+    steps: int  # batched steps of the first run
+    mean_batch: float  # requests per step
+    stage_times: dict[str, float]  # per stage, summed over the batched steps (not per request)
+    cycle: dict[str, float] = field(default_factory=dict)  # predicted vs measured, see below
+    warmup: int = 0
+
+    # ``cycle`` (when a cost model priced the run): mean over steps of the measured cycle
+    # (draft + build + verify, seconds) and of the cost model's Ĉ for the step's trees and
+    # batch, with its T_draft and T_verify parts next to the measured draft and verify times.
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(r.num_output_tokens for r in self.records)
+
+    @property
+    def throughput_tok_s(self) -> float:
+        """Median over timed runs of output tokens per second (wall, prefills included)."""
+        return float(statistics.median(r.throughput_tok_s for r in self.runs))
+
+    @property
+    def time_per_output_token(self) -> float:
+        """Median over timed runs of the requests' mean TPOT."""
+        return float(statistics.median(r.tpot_s for r in self.runs))
+
+    @property
+    def tau(self) -> float:
+        """Committed tokens per step over every request's steps, bonus included."""
+        lens = [n for r in self.records for n in r.acceptance_lengths]
+        return sum(lens) / len(lens) if lens else 0.0
+
+    @property
+    def mean_tree_size(self) -> float:
+        sizes = [t["size"] for r in self.records for t in r.trees]
+        return float(np.mean(sizes)) if sizes else 1.0
+
+    def to_dict(self, with_trees: bool = False) -> dict[str, Any]:
+        return {
+            "records": [r.to_dict(with_trees) for r in self.records],
+            "policy": self.policy,
+            "batch_size": self.batch_size,
+            "num_output_tokens": self.num_output_tokens,
+            "throughput_tok_s": self.throughput_tok_s,
+            "time_per_output_token": self.time_per_output_token,
+            "tau": self.tau,
+            "mean_tree_size": self.mean_tree_size,
+            "steps": self.steps,
+            "mean_batch": self.mean_batch,
+            "stage_times": self.stage_times,
+            "cycle": self.cycle,
+            "warmup": self.warmup,
+            "repeats": {
+                "runs": len(self.runs),
+                "wall_s": [r.wall_s for r in self.runs],
+                "tpot_s": _spread([r.tpot_s for r in self.runs]),
+                "throughput_tok_s": _spread([r.throughput_tok_s for r in self.runs]),
+            },
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Drafter wrappers
+# --------------------------------------------------------------------------------------------
 
 
 class _NoDrafter:
@@ -128,36 +257,295 @@ class _NoDrafter:
         return DraftMarginals([[0]], [[0.0]])
 
 
-def _default_eos(model: torch.nn.Module) -> int | None:
-    gen = getattr(model, "generation_config", None)
-    eos = getattr(gen, "eos_token_id", None) or getattr(model.config, "eos_token_id", None)
-    if isinstance(eos, (list, tuple)):
-        return int(eos[0]) if eos else None  # the engine stops on one id
-    return None if eos is None else int(eos)
+class _RecordingDrafter:
+    """Drafts a batch through ``inner`` and keeps every request's marginals (for traces)."""
+
+    def __init__(self, inner: Drafter | BatchDrafter) -> None:
+        self.inner = inner
+        self.marginals: dict[int, list[DraftMarginals]] = {}
+
+    def draft_batch(self, requests: StepRequests) -> BatchMarginals:
+        ids = requests.request_ids.tolist()
+        if isinstance(self.inner, BatchDrafter):
+            batch = self.inner.draft_batch(requests)
+            rows = [batch.row(j) for j in range(len(ids))]
+        else:
+            feedback = requests.feedback or (None,) * len(ids)
+            committed = requests.committed or ((),) * len(ids)
+            rows = [
+                self.inner.draft(DraftContext(rid, tuple(c), int(b), fb))
+                for rid, c, b, fb in zip(
+                    ids, committed, requests.bonus_tokens.tolist(), feedback, strict=True
+                )
+            ]
+            batch = BatchMarginals.from_rows(rows)
+        for rid, m in zip(ids, rows, strict=True):
+            self.marginals.setdefault(rid, []).append(m)
+        return batch
 
 
-def generate(
-    target: torch.nn.Module,
-    drafter: Drafter | None,
+def _release(part: object, request_id: int) -> None:
+    release = getattr(part, "release", None)
+    if release is not None:
+        release(request_id)
+
+
+# --------------------------------------------------------------------------------------------
+# Cost model
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_cost_model(
+    target: Any,
+    drafter: Drafter | BatchDrafter | None,
+    policy: TreePolicy,
+    cost_model: CostModel | None,
+    context_len: int,
+    batch_size: int = 1,
+) -> CostModel | None:
+    """The adaptive policy's cost model: ``cost_model`` if given; else the cached calibrated
+    roofline (``bastion calibrate --target``) or an :class:`AffineCostModel` fitted now, with
+    T_draft from the drafter's timing record (measured now and cached if there is none).
+    Other policies get ``cost_model`` as it is (``None`` is fine)."""
+    if cost_model is not None or not isinstance(policy, AdaptivePolicy):
+        return cost_model
+    from .calibrate import cached_cost_model, drafter_timing
+
+    inner: CostModel | None = cached_cost_model(target)
+    if inner is not None:
+        log.info("adaptive policy: calibrated roofline from the cached record")
+    else:
+        inner = fit_affine_cost_model(verify_timer(target), max(context_len, 1))
+        log.info(
+            "adaptive policy: no calibration record (run `bastion calibrate --target`); fitted %s",
+            inner,
+        )
+    if isinstance(drafter, DFlashDrafter):
+        timing = drafter_timing(target, drafter, batch_sizes=sorted({1, batch_size}))
+        log.info("adaptive policy: T_draft from the drafter's timing %s", timing)
+        return with_draft_timing(inner, timing)
+    return inner
+
+
+# --------------------------------------------------------------------------------------------
+# The decode loop over SpecEngine.step
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Live:
+    """A request in the batch."""
+
+    index: int  # position in the prompt list (and request id)
+    committed: list[int]  # prompt + output so far
+    out: list[int]
+    feedback: object | None
+    queue_s: float
+    prefill_s: float
+    first_at: float
+    steps: list[StepRecord] = field(default_factory=list)
+    previous: int = 0
+    expected: float = 0.0
+    end_at: float = 0.0
+    timings: list[VerifyTiming] = field(default_factory=list)
+
+
+_Cycle = tuple[list[int], list[int], float, float, float]  # sizes, contexts, draft, build, verify
+
+
+@dataclass
+class _Run:
+    lives: list[_Live]
+    wall_s: float
+    steps: int
+    step_sizes: list[int]
+    stage_times: dict[str, float]
+    # per step: (tree sizes, contexts, measured draft, build, verify) for the cycle report
+    cycles: list[_Cycle]
+
+
+def _done(live: _Live, max_new_tokens: int, eos: frozenset[int]) -> bool:
+    return len(live.out) >= max_new_tokens or (bool(live.out) and live.out[-1] in eos)
+
+
+def _run(
+    engine: SpecEngine,
+    verifier: TorchVerifier,
+    drafter: object,
+    prompts: Sequence[Sequence[int]],
+    batch_size: int,
+    max_new_tokens: int,
+    eos: frozenset[int],
+    clock: Clock,
+) -> _Run:
+    """Decode every prompt, at most ``batch_size`` at a time, one ``engine.step`` per step."""
+    for part in (verifier, drafter):
+        release_all = getattr(part, "release_all", None)
+        if release_all is not None:
+            release_all()
+    pending = deque(range(len(prompts)))
+    active: list[_Live] = []
+    finished: dict[int, _Live] = {}
+    steps = 0
+    step_sizes: list[int] = []
+    stages = {"draft": 0.0, "build": 0.0, "verify": 0.0}
+    cycles: list[_Cycle] = []
+
+    def finish(live: _Live, at: float) -> None:
+        live.end_at = at
+        live.timings = list(verifier.timings(live.index))
+        finished[live.index] = live
+        _release(verifier, live.index)
+        _release(drafter, live.index)
+
+    start = clock()
+    while pending or active:
+        while pending and len(active) < batch_size:
+            i = pending.popleft()
+            admitted = clock()
+            first, feedback = verifier.prefill(i, prompts[i])
+            now = clock()
+            live = _Live(
+                i,
+                [*map(int, prompts[i]), int(first)],
+                [int(first)],
+                feedback,
+                admitted - start,
+                now - admitted,
+                now,
+            )
+            if _done(live, max_new_tokens, eos):
+                finish(live, now)
+            else:
+                active.append(live)
+        if not active:
+            continue
+        requests = StepRequests.of(
+            [live.index for live in active],
+            [len(live.committed) - 1 for live in active],
+            [live.committed[-1] for live in active],
+            [live.previous for live in active],
+            [live.expected for live in active],
+            feedback=[live.feedback for live in active],
+            committed=[live.committed for live in active],
+        )
+        step = engine.step(requests)
+        now = clock()
+        steps += 1
+        step_sizes.append(len(active))
+        stages["draft"] += step.draft_s
+        stages["build"] += step.build_s
+        stages["verify"] += step.verify_s
+        sizes = step.trees.sizes.tolist()
+        cycles.append(
+            (sizes, requests.context_lens.tolist(), step.draft_s, step.build_s, step.verify_s)
+        )
+        expected = step.trees.expected_tokens().tolist()
+        still = []
+        for j, live in enumerate(active):
+            rec = step.record(j)
+            live.steps.append(rec)
+            live.previous, live.expected = sizes[j], expected[j]
+            new = [*rec.result.accepted_tokens, rec.result.bonus_token]
+            stop = next((k for k, t in enumerate(new) if t in eos), None)
+            if stop is not None:
+                new = new[: stop + 1]
+            new = new[: max_new_tokens - len(live.out)]
+            live.out.extend(new)
+            live.committed.extend(new)
+            live.feedback = rec.result.feedback
+            if _done(live, max_new_tokens, eos):
+                finish(live, now)
+            else:
+                still.append(live)
+        active = still
+    wall = clock() - start
+    return _Run([finished[i] for i in range(len(prompts))], wall, steps, step_sizes, stages, cycles)
+
+
+def _cycle_report(
+    cost_model: CostModel | None, cycles: Sequence[_Cycle], drafts: bool
+) -> dict[str, float]:
+    """Mean predicted vs measured cycle over the steps (after the run: never timed)."""
+    if cost_model is None or not cycles:
+        return {}
+    pred_draft, pred_verify, pred_total = [], [], []
+    for sizes, contexts, *_ in cycles:
+        others = tuple(RequestLoad(s, c) for s, c in zip(sizes[1:], contexts[1:], strict=True))
+        cost = cost_model.step_cost(sizes[0], StepLoad(contexts[0], others))
+        draft = cost.draft_s if drafts else 0.0
+        pred_draft.append(draft)
+        pred_verify.append(cost.verify_s)
+        pred_total.append(draft + cost.prep_s + cost.verify_s)
+    measured = [d + b + v for _, _, d, b, v in cycles]
+    return {
+        "predicted_s": float(np.mean(pred_total)),
+        "measured_s": float(np.mean(measured)),
+        "predicted_draft_s": float(np.mean(pred_draft)),
+        "measured_draft_s": float(np.mean([c[2] for c in cycles])),
+        "predicted_verify_s": float(np.mean(pred_verify)),
+        "measured_verify_s": float(np.mean([c[4] for c in cycles])),
+        "measured_build_s": float(np.mean([c[3] for c in cycles])),
+    }
+
+
+def _eos_set(target: Any, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    if eos_token_id == -1:
+        gen = getattr(target, "generation_config", None)
+        eos_token_id = getattr(gen, "eos_token_id", None)
+        if eos_token_id is None:
+            eos_token_id = getattr(target.config, "eos_token_id", None)
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset({int(eos_token_id)})
+    return frozenset(int(e) for e in eos_token_id)
+
+
+def _check_prompts(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+    if not prompts:
+        raise BudgetError("no prompts: give at least one")
+    limit = getattr(target.config, "max_position_embeddings", None)
+    vocab = int(target.config.vocab_size)
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise BudgetError(f"prompt {i} is empty; give at least one token id")
+        if min(p) < 0 or max(p) >= vocab:
+            raise BudgetError(f"prompt {i}: token ids must be in [0, {vocab})")
+        if limit is not None and len(p) + max_new_tokens > int(limit):
+            raise BudgetError(
+                f"prompt {i} ({len(p)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"target's context of {limit} tokens (max_position_embeddings)"
+            )
+
+
+def generate_batch(
+    target: Any,
+    drafter: Drafter | BatchDrafter | None,
     policy: str | TreePolicy,
-    prompt_ids: Sequence[int],
+    prompts: Sequence[Sequence[int]],
     *,
+    batch_size: int = 1,
     max_new_tokens: int = 64,
     sampling: SamplingParams | None = None,
     seed: int = 0,
-    eos_token_id: int | None = -1,
+    eos_token_id: int | Sequence[int] | None = -1,
     cost_model: CostModel | None = None,
-    request_id: int = 0,
-    record_trace: str | os.PathLike[str] | None = None,
+    record_traces: Sequence[str | os.PathLike[str]] | None = None,
     trace_metadata: Mapping[str, Any] | None = None,
     dense_trace: bool = False,
     verifier: TorchVerifier | None = None,
-) -> GenerationReport:
-    """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (EOS included if produced).
+    repeats: int = 1,
+    warmup: int = 0,
+    predict_cycles: CostModel | None = None,
+) -> BatchGenerationReport:
+    """Generate up to ``max_new_tokens`` tokens after each prompt, ``batch_size`` at a time.
 
-    ``eos_token_id=-1`` uses the target's; ``None`` disables stopping at EOS. ``drafter`` may be
-    ``None`` only for the ``ar`` policy. With ``record_trace`` a trace file is written after a
-    successful run (never a partial one).
+    ``eos_token_id=-1`` uses the target's (every id of a list); ``None`` disables stopping at
+    EOS. ``drafter`` may be ``None`` only for the ``ar`` policy. ``record_traces`` gives one
+    trace path per prompt, written after a successful run (never a partial one).
+    ``predict_cycles`` prices the run's steps with that cost model for the report's ``cycle``
+    when the policy's own cost model is not one (e.g. to compare static policies).
     """
     pol = make_policy(policy) if isinstance(policy, str) else policy
     is_ar = isinstance(pol, AutoregressivePolicy)
@@ -165,11 +553,16 @@ def generate(
         raise BudgetError(f"policy {pol.name} needs a drafter; only 'ar' runs without one")
     if max_new_tokens < 1:
         raise BudgetError(f"max_new_tokens must be ≥ 1; got {max_new_tokens}")
-    limit = getattr(target.config, "max_position_embeddings", None)
-    if limit is not None and len(prompt_ids) + max_new_tokens > int(limit):
+    if batch_size < 1:
+        raise BudgetError(f"batch_size must be ≥ 1; got {batch_size}")
+    if repeats < 1:
+        raise BudgetError(f"repeats must be ≥ 1; got {repeats}")
+    if warmup < 0:
+        raise BudgetError(f"warmup must be ≥ 0; got {warmup}")
+    _check_prompts(target, prompts, max_new_tokens)
+    if record_traces is not None and len(record_traces) != len(prompts):
         raise BudgetError(
-            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-            f"target's context of {limit} tokens (max_position_embeddings)"
+            f"{len(record_traces)} trace paths for {len(prompts)} prompts; give one per prompt"
         )
     sampling = sampling or SamplingParams()
     device = next(target.parameters()).device
@@ -179,89 +572,187 @@ def generate(
         )
         gen = torch.Generator(device=device).manual_seed(seed)
         verifier = TorchVerifier(target, tap_layer_ids=taps, sampling=sampling, generator=gen)
-    if eos_token_id == -1:
-        eos_token_id = _default_eos(target)
-    if isinstance(pol, AdaptivePolicy) and cost_model is None:
-        from .calibrate import cached_cost_model
-
-        cost_model = cached_cost_model(target)
-        if cost_model is not None:
-            log.info("adaptive policy: calibrated roofline from the cached record")
-        else:
-            cost_model = fit_affine_cost_model(verify_timer(target), max(len(prompt_ids), 1))
-            log.info(
-                "adaptive policy: no calibration record (run `bastion calibrate --target`); "
-                "fitted %s",
-                cost_model,
-            )
-    used_drafter: Drafter = _NoDrafter() if is_ar or drafter is None else drafter
-    recorder = _RecordingDrafter(used_drafter) if record_trace else None
-    clock = device_clock(device)
-    engine = SpecEngine(recorder or used_drafter, pol, verifier, cost_model, clock)
-    for d in (drafter, verifier):
-        release = getattr(d, "release", None)
-        if release is not None:
-            release(request_id)
-    t0 = clock()
-    first, feedback = verifier.prefill(request_id, prompt_ids)
-    ttft = clock() - t0
-    result = engine.generate(
-        request_id, prompt_ids, first, max_new_tokens, eos_token_id, feedback=feedback
+    eos = _eos_set(target, eos_token_id)
+    used: Drafter | BatchDrafter = _NoDrafter() if is_ar or drafter is None else drafter
+    cost_model = resolve_cost_model(
+        target, drafter, pol, cost_model, max(len(p) for p in prompts), batch_size
     )
-    timings = verifier.timings(request_id)
+    clock = device_clock(device)
+    rng_state = verifier.generator.get_state()
+    for _ in range(warmup):
+        engine = SpecEngine(used, pol, verifier, cost_model, clock)
+        first = [list(p) for p in prompts[:batch_size]]
+        _run(
+            engine,
+            verifier,
+            used,
+            first,
+            batch_size,
+            min(WARMUP_TOKENS, max_new_tokens),
+            eos,
+            clock,
+        )
+    runs: list[_Run] = []
+    recorder = _RecordingDrafter(used) if record_traces is not None else None
+    for r in range(repeats):
+        verifier.generator.set_state(rng_state)
+        part = recorder if (recorder is not None and r == 0) else used
+        engine = SpecEngine(part, pol, verifier, cost_model, clock)
+        runs.append(_run(engine, verifier, used, prompts, batch_size, max_new_tokens, eos, clock))
+    first_run = runs[0]
+    for other in runs[1:]:
+        if [x.out for x in other.lives] != [x.out for x in first_run.lives]:
+            log.warning("repeats of the same seeded run produced different outputs")
+            break
+    records = [_report(x, pol.name, len(prompts[x.index])) for x in first_run.lives]
+    timings = [
+        RunTiming(
+            run.wall_s,
+            sum(len(x.out) for x in run.lives),
+            float(np.mean([(x.end_at - x.first_at) / len(x.out) for x in run.lives])),
+        )
+        for run in runs
+    ]
+    pricer = cost_model if cost_model is not None else predict_cycles
+    report = BatchGenerationReport(
+        records=records,
+        policy=pol.name,
+        batch_size=batch_size,
+        runs=timings,
+        steps=first_run.steps,
+        mean_batch=float(np.mean(first_run.step_sizes)) if first_run.step_sizes else 0.0,
+        stage_times=first_run.stage_times,
+        cycle=_cycle_report(pricer, first_run.cycles, not is_ar),
+        warmup=warmup,
+    )
+    if recorder is not None and record_traces is not None:
+        _write_traces(
+            target,
+            drafter,
+            pol.name,
+            prompts,
+            report,
+            recorder,
+            record_traces,
+            sampling,
+            seed,
+            trace_metadata,
+            dense_trace,
+        )
+    return report
+
+
+def _report(live: _Live, policy: str, n_in: int) -> GenerationReport:
+    steps = live.steps
+    timings = live.timings
     stage_times = {
-        "draft": sum(s.draft_s for s in result.steps),
-        "build": sum(s.build_s for s in result.steps),
+        "draft": sum(s.draft_s for s in steps),
+        "build": sum(s.build_s for s in steps),
         "mask": sum(t.mask_s for t in timings),
         "verify": sum(t.forward_s + t.accept_s for t in timings),
         "commit": sum(t.commit_s for t in timings),
     }
-    trees = [
-        {
-            "size": s.tree.size,
-            "parents": s.tree.parents.tolist(),
-            "tokens": s.tree.tokens.tolist(),
-            "accepted_path": list(s.result.accepted_nodes),
-        }
-        for s in result.steps
-    ]
-    report = GenerationReport(
-        output_ids=list(result.output_ids),
-        num_input_tokens=len(prompt_ids),
-        num_output_tokens=len(result.output_ids),
-        time_to_first_token=ttft,
-        time_per_output_token=result.time_per_output_token,
-        acceptance_lengths=result.acceptance_lengths,
+    decode = live.end_at - live.first_at
+    return GenerationReport(
+        output_ids=list(live.out),
+        num_input_tokens=n_in,
+        num_output_tokens=len(live.out),
+        time_to_first_token=live.queue_s + live.prefill_s,
+        time_per_output_token=decode / len(live.out) if live.out else 0.0,
+        acceptance_lengths=[s.committed_len for s in steps],
         stage_times=stage_times,
-        trees=trees,
-        policy=pol.name,
+        trees=[
+            {
+                "size": s.tree.size,
+                "parents": s.tree.parents.tolist(),
+                "tokens": s.tree.tokens.tolist(),
+                "accepted_path": list(s.result.accepted_nodes),
+            }
+            for s in steps
+        ],
+        policy=policy,
+        prefill_s=live.prefill_s,
+        queue_s=live.queue_s,
     )
-    if recorder is not None and record_trace is not None:
-        position = len(prompt_ids)  # sequence index of the first step's root (the first token)
+
+
+def _write_traces(
+    target: Any,
+    drafter: object,
+    policy: str,
+    prompts: Sequence[Sequence[int]],
+    report: BatchGenerationReport,
+    recorder: _RecordingDrafter,
+    paths: Sequence[str | os.PathLike[str]],
+    sampling: SamplingParams,
+    seed: int,
+    trace_metadata: Mapping[str, Any] | None,
+    dense_trace: bool,
+) -> None:
+    for i, (prompt, rec, path) in enumerate(zip(prompts, report.records, paths, strict=True)):
+        position = len(prompt)  # sequence index of the first step's root (the first token)
         steps = []
         # target-only AR never drafts (the engine skips the drafter): its trace has no steps
-        drafted = recorder.marginals if recorder.marginals else []
-        for rec, marg in zip(result.steps if drafted else [], drafted, strict=True):
-            steps.append(TraceStep(position, marg, rec.tree.size, rec.committed_len))
-            position += rec.committed_len
+        drafted = recorder.marginals.get(i, [])
+        for size, committed, marg in zip(
+            [t["size"] for t in rec.trees] if drafted else [],
+            rec.acceptance_lengths if drafted else [],
+            drafted,
+            strict=True,
+        ):
+            steps.append(TraceStep(position, marg, size, committed))
+            position += committed
         meta = {
-            "policy": pol.name,
+            "policy": policy,
             "temperature": sampling.temperature,
             "top_k": sampling.top_k,
             "top_p": sampling.top_p,
             "seed": seed,
+            "batch_size": report.batch_size,
             "target": getattr(target.config, "_name_or_path", "") or type(target).__name__,
+            "prompt_id": i,
             **(trace_metadata or {}),
         }
         dense = {}
         if dense_trace and isinstance(drafter, DFlashDrafter):
             from .record import dense_marginals
 
-            sequence = [*prompt_ids, *report.output_ids]
-            dense = dense_marginals(target, drafter, sequence, len(prompt_ids))
+            sequence = [*prompt, *rec.output_ids]
+            dense = dense_marginals(target, drafter, sequence, len(prompt))
             meta["vocab_size"] = int(getattr(target.config, "vocab_size"))  # noqa: B009
-        write_trace(
-            record_trace,
-            Trace(tuple(prompt_ids), tuple(report.output_ids), tuple(steps), meta, dense),
-        )
-    return report
+        write_trace(path, Trace(tuple(prompt), tuple(rec.output_ids), tuple(steps), meta, dense))
+
+
+def generate(
+    target: Any,
+    drafter: Drafter | BatchDrafter | None,
+    policy: str | TreePolicy,
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int = 64,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
+    eos_token_id: int | Sequence[int] | None = -1,
+    cost_model: CostModel | None = None,
+    record_trace: str | os.PathLike[str] | None = None,
+    trace_metadata: Mapping[str, Any] | None = None,
+    dense_trace: bool = False,
+    verifier: TorchVerifier | None = None,
+) -> GenerationReport:
+    """One prompt at batch 1 (:func:`generate_batch` with one prompt); see there."""
+    report = generate_batch(
+        target,
+        drafter,
+        policy,
+        [prompt_ids],
+        max_new_tokens=max_new_tokens,
+        sampling=sampling,
+        seed=seed,
+        eos_token_id=eos_token_id,
+        cost_model=cost_model,
+        record_traces=None if record_trace is None else [record_trace],
+        trace_metadata=trace_metadata,
+        dense_trace=dense_trace,
+        verifier=verifier,
+    )
+    return report.records[0]

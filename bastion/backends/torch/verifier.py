@@ -1,25 +1,39 @@
 """Tree verification of a Hugging Face causal LM (Qwen3, Llama families; transformers 5.x).
 
-One :meth:`TorchVerifier.verify` call:
+Every prefilled request owns one row of a *batched* KV cache (one transformers ``DynamicCache``
+whose batch dimension is the resident requests). One :meth:`TorchVerifier.verify_batch` call
+verifies every request's tree in one forward pass of the unmodified model:
 
-1. *mask*: the tree's nodes are already linearised in expansion order (parents before
-   children). The additive mask has shape [1, 1, N, past + N]: 0 where visible, the dtype's
-   minimum elsewhere; every node sees the whole prefix, itself and its ancestors. Position ids
-   are ``past + depth``.
-2. *forward*: one pass over the N tree tokens with the KV cache (SDPA or eager attention; a
-   FlashAttention-2 kernel cannot take the mask), hidden states kept for the drafter's taps.
-3. *accept*: :func:`bastion.acceptance.walk` from the root — the argmax at T = 0, a sample from
-   the processed distribution at T > 0, drawn only at visited nodes.
-4. *commit*: KV compaction. The cache holds past + N entries; the accepted path's entries are
-   gathered to positions past … past + len(path) − 1 and the rest cropped with a negative count
-   (``Cache.crop`` in transformers 5.x only accepts that). The bonus token is *not* cached: it is
-   the next tree's root.
+1. *linearise and pad*: each tree is already in expansion order (parents before children); the
+   trees are padded to the longest, N_max tokens per row.
+2. *mask*: one additive 4D mask [R, 1, N_max, L + N_max] (R rows, L the cache's length): 0
+   where visible, the dtype's minimum elsewhere. Row r's node j sees the row's own prefix
+   (columns 0 … past_r − 1), itself and its ancestors (columns L + ancestor); never another
+   request's entries (they are in another row), the padding between past_r and L, or another
+   node. A padding query sees only itself, so no row of the softmax is empty. Position ids are
+   ``past_r + depth``.
+3. *forward*: one pass over R × N_max tokens (SDPA or eager attention; a FlashAttention-2
+   kernel cannot take the mask), hidden states kept for the drafter's taps.
+4. *accept*, per request: :func:`bastion.acceptance.walk` from the root — the argmax at T = 0,
+   a sample from the processed distribution at T > 0, drawn only at visited nodes.
+5. *commit*, per request: KV compaction in the batched cache. The accepted path's entries are
+   gathered from columns L + path to past_r … past_r + len(path) − 1 (one indexed copy per
+   layer for the whole batch) and the cache is cropped to the longest row. The bonus token is
+   *not* cached: it is the next tree's root.
+
+Layout: **right padding**. Row r holds its request's tokens at columns 0 … past_r − 1; columns
+past_r … L − 1 are padding (masked, finite). New tokens are appended for every row at column L,
+so compaction only moves a row's accepted entries left to its own end; no row is ever shifted.
+A request joins after its own prefill (batch 1, exactly as ``model.generate`` would run it): its
+cache is padded to the batch's length and appended as a row. A released request's row is
+dropped and the cache cropped to the longest remaining row. Resident requests that are not in a
+step get a padding row that writes nothing.
 
 The feedback returned for the drafter is :class:`TargetFeedback`: the tapped hidden states of the
 tokens just written to the cache (the prompt after prefill, the accepted path after a step).
 
-What this module does not do: batching (one sequence per request) or caches that cannot be
-cropped (sliding-window, linear-attention and recurrent layers are refused up front).
+What this module does not do: batched prefill (each prompt is prefilled alone), or caches that
+cannot be cropped (sliding-window, linear-attention and recurrent layers are refused up front).
 """
 
 from __future__ import annotations
@@ -30,9 +44,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
+from torch.nn import functional as F
 
 from bastion.acceptance import WalkResult, greedy_walk, walk
+from bastion.batch import BatchVerifyResult, StepRequests, TreeBatch
 from bastion.errors import BackendError, BudgetError, ConfigError
 from bastion.interfaces import VerifyResult
 from bastion.tree import DraftTree, ancestor_matrix
@@ -55,18 +72,20 @@ class TargetFeedback:
 
 @dataclass(frozen=True)
 class VerifyTiming:
-    """Wall time of one verification's stages, seconds (synchronised on CUDA)."""
+    """Wall time of one verification's stages, seconds (synchronised on CUDA).
+
+    In a batched step every request of the step gets the step's timing (the pass is shared)."""
 
     mask_s: float  # mask and position preparation
     forward_s: float  # the target's forward pass
-    accept_s: float  # the acceptance walk (sampling included)
+    accept_s: float  # the acceptance walks (sampling included)
     commit_s: float  # KV compaction and feedback gathering
+    batch_size: int = 1  # requests verified in the pass
 
 
 @dataclass
 class _Request:
-    cache: Any  # transformers Cache
-    past: int  # tokens in the cache
+    past: int  # tokens of this request in its row of the batched cache
     timings: list[VerifyTiming] = field(default_factory=list)
 
 
@@ -96,15 +115,24 @@ def _cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def _pad_seq(t: torch.Tensor, length: int) -> torch.Tensor:
+    """Right-pad a [B, heads, T, head_dim] cache tensor with zeros to ``length`` positions."""
+    extra = length - int(t.shape[-2])
+    return F.pad(t, (0, 0, 0, extra)) if extra > 0 else t
+
+
 # A transformers PreTrainedModel: its config attributes are dynamic, so it is typed as Any.
 HFModel = Any
 
 
 class TorchVerifier:
-    """Verifies draft trees with a Hugging Face causal LM; batch 1 per request.
+    """Verifies draft trees with a Hugging Face causal LM, every request of a step in one pass.
 
+    Implements both :class:`bastion.interfaces.BatchVerifier` (``verify_batch``, which the engine
+    calls) and :class:`bastion.interfaces.Verifier` (``verify``: a batch of one).
     ``tap_layer_ids`` are the target layers whose outputs the drafter reads (empty: no
-    feedback). ``generator`` (on the model's device) drives sampling at T > 0.
+    feedback). ``generator`` (on the model's device) drives sampling at T > 0; the requests of
+    a batch draw from it in step order.
     """
 
     def __init__(
@@ -136,6 +164,8 @@ class TorchVerifier:
         self.clock: Clock = clock or device_clock(self.device)
         self._cache_kw = _cache_kwarg(model)
         self._requests: dict[int, _Request] = {}
+        self._rows: list[int] = []  # request id of each row of the batched cache
+        self._cache: Any = None  # the batched DynamicCache (None while no request is resident)
 
     # ---------------------------------------------------------------- model access
 
@@ -156,10 +186,14 @@ class TorchVerifier:
             **kwargs,
         )
 
-    def _features(self, hidden_states: Sequence[torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    def _features(
+        self, hidden_states: Sequence[torch.Tensor], rows: torch.Tensor, batch_row: int = 0
+    ) -> torch.Tensor:
         if not self.tap_layer_ids:
             return torch.empty(int(rows.numel()), 0, device=self.device, dtype=self.dtype)
-        return torch.cat([hidden_states[j + 1][0, rows] for j in self.tap_layer_ids], dim=-1)
+        return torch.cat(
+            [hidden_states[j + 1][batch_row, rows] for j in self.tap_layer_ids], dim=-1
+        )
 
     def _choose(self, logits: torch.Tensor) -> int:
         """The target's token from one row of logits [V]."""
@@ -175,8 +209,33 @@ class TorchVerifier:
     def timings(self, request_id: int) -> list[VerifyTiming]:
         return self._request(request_id).timings
 
+    @property
+    def resident(self) -> tuple[int, ...]:
+        """The request ids holding a row of the batched cache, in row order."""
+        return tuple(self._rows)
+
+    def cache_length(self) -> int:
+        """Columns of the batched cache (the longest row; 0 when empty)."""
+        return 0 if self._cache is None else int(self._cache.get_seq_length())
+
     def release(self, request_id: int) -> None:
-        self._requests.pop(request_id, None)
+        """Drop a request's row (no-op if it holds none); the cache shrinks to the longest row."""
+        if self._requests.pop(request_id, None) is None:
+            return
+        r = self._rows.index(request_id)
+        del self._rows[r]
+        if not self._rows:
+            self._cache = None
+            return
+        keep = torch.tensor([i for i in range(len(self._rows) + 1) if i != r], device=self.device)
+        length = max(self._requests[rid].past for rid in self._rows)
+        for layer in self._cache.layers:
+            layer.keys = layer.keys[keep, :, :length]
+            layer.values = layer.values[keep, :, :length]
+
+    def release_all(self) -> None:
+        for rid in list(self._rows):
+            self.release(rid)
 
     def _request(self, request_id: int) -> _Request:
         try:
@@ -188,7 +247,9 @@ class TorchVerifier:
 
     @torch.no_grad()
     def prefill(self, request_id: int, prompt_ids: Sequence[int]) -> tuple[int, TargetFeedback]:
-        """Run the prompt through the target; returns its first token and the prompt features."""
+        """Run the prompt through the target alone and add the request as a row of the batched
+        cache; returns its first token and the prompt features. A resident ``request_id`` is
+        released first."""
         from transformers import DynamicCache
 
         if len(prompt_ids) == 0:
@@ -202,25 +263,73 @@ class TorchVerifier:
                 f"the prompt has {len(prompt_ids)} tokens; the target's context holds {limit} "
                 "(max_position_embeddings), leaving no room to generate"
             )
+        self.release(request_id)
         cache = DynamicCache(config=self.config)
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
         out = self._forward(ids, cache)
         check_croppable(cache)
-        self._requests[request_id] = _Request(cache, len(prompt_ids))
+        self._admit(request_id, cache, len(prompt_ids))
         first = self._choose(out.logits[0, -1])
         rows = torch.arange(len(prompt_ids), device=self.device)
         return first, TargetFeedback(self._features(out.hidden_states, rows), 0)
 
+    def _admit(self, request_id: int, cache: Any, length: int) -> None:
+        """Append a prefilled batch-1 cache as the last row (right padding to a common length)."""
+        self._requests[request_id] = _Request(length)
+        self._rows.append(request_id)
+        if self._cache is None:
+            self._cache = cache
+            return
+        total = max(self.cache_length(), length)
+        for mine, new in zip(self._cache.layers, cache.layers, strict=True):
+            mine.keys = torch.cat((_pad_seq(mine.keys, total), _pad_seq(new.keys, total)))
+            mine.values = torch.cat((_pad_seq(mine.values, total), _pad_seq(new.values, total)))
+
     # ---------------------------------------------------------------- verification
 
     def tree_mask(self, tree: DraftTree, past: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The additive mask [1, 1, N, past + N] and position ids [1, N] of a tree."""
+        """The additive mask [1, 1, N, past + N] and position ids [1, N] of one tree."""
         n = tree.size
         anc = torch.from_numpy(ancestor_matrix(tree)).to(self.device)
         mask = torch.zeros(1, 1, n, past + n, dtype=self.dtype, device=self.device)
         mask[0, 0, :, past:].masked_fill_(~anc, torch.finfo(self.dtype).min)
         positions = torch.from_numpy(past + tree.depths).to(self.device)[None]
         return mask, positions
+
+    def batch_mask(
+        self, rows: Sequence[int], trees: Sequence[DraftTree]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token ids [R, N_max], the additive mask [R, 1, N_max, L + N_max] and position ids
+        [R, N_max] of a step whose j-th tree belongs to cache row ``rows[j]`` (see the module
+        docstring). Rows without a tree get one padding query that sees only itself."""
+        n_rows, length = len(self._rows), self.cache_length()
+        n = max(t.size for t in trees)
+        past = np.array([self._requests[rid].past for rid in self._rows], dtype=np.int64)
+        sizes = np.zeros(n_rows, dtype=np.int64)
+        tokens = np.zeros((n_rows, n), dtype=np.int64)
+        positions = np.repeat(past[:, None], n, axis=1)
+        tree_vis = np.zeros((n_rows, n, n), dtype=bool)
+        tree_vis[:, np.arange(n), np.arange(n)] = True  # padding queries see themselves
+        for r, tree in zip(rows, trees, strict=True):
+            k = tree.size
+            sizes[r] = k
+            tokens[r, :k] = tree.tokens
+            positions[r, :k] += tree.depths
+            tree_vis[r, :k, :k] = ancestor_matrix(tree)
+        dev = self.device
+        past_t = torch.from_numpy(past).to(dev)
+        sizes_t = torch.from_numpy(sizes).to(dev)
+        prefix = (torch.arange(length, device=dev)[None, None, :] < past_t[:, None, None]) & (
+            torch.arange(n, device=dev)[None, :, None] < sizes_t[:, None, None]
+        )
+        visible = torch.cat((prefix, torch.from_numpy(tree_vis).to(dev)), dim=-1)
+        mask = torch.zeros(n_rows, 1, n, length + n, dtype=self.dtype, device=dev)
+        mask.masked_fill_(~visible[:, None], torch.finfo(self.dtype).min)
+        return (
+            torch.from_numpy(tokens).to(dev),
+            mask,
+            torch.from_numpy(positions).to(dev),
+        )
 
     def accept(self, tree: DraftTree, logits: torch.Tensor) -> WalkResult:
         """The acceptance walk over logits [N, V] (greedy at T = 0, sample-and-match at T > 0)."""
@@ -230,37 +339,94 @@ class TorchVerifier:
 
     @torch.no_grad()
     def verify(self, request_id: int, tree: DraftTree) -> VerifyResult:
+        """One request's tree (a batch of one; other resident rows are left as they are)."""
         req = self._request(request_id)
-        if tree.tokens[0] < 0:
-            raise BudgetError("the tree's root token is unset; the engine sets it to the bonus")
-        t0 = self.clock()
-        mask, positions = self.tree_mask(tree, req.past)
-        ids = torch.from_numpy(tree.tokens.copy()).to(self.device)[None]
-        t1 = self.clock()
-        out = self._forward(ids, req.cache, positions, mask)
-        t2 = self.clock()
-        result = self.accept(tree, out.logits[0])
-        t3 = self.clock()
-        path = torch.tensor(result.path, dtype=torch.long, device=self.device)
-        self._compact(req, path, tree.size)
-        feedback = TargetFeedback(self._features(out.hidden_states, path), req.past)
-        req.past += len(result.path)
-        t4 = self.clock()
-        req.timings.append(VerifyTiming(t1 - t0, t2 - t1, t3 - t2, t4 - t3))
-        return VerifyResult(result.path, result.accepted_tokens, result.bonus_token, feedback)
+        requests = StepRequests.of([request_id], [req.past], [int(tree.tokens[0])])
+        return self.verify_batch(requests, TreeBatch.from_trees([tree])).result(0)
 
-    def _compact(self, req: _Request, path: torch.Tensor, n: int) -> None:
-        """Keep the accepted path's K/V right after the prefix and drop the other tree nodes."""
-        m = int(path.numel())
-        if not torch.equal(path, torch.arange(m, device=path.device)):
-            src = req.past + path
-            for layer in req.cache.layers:
-                layer.keys[..., req.past : req.past + m, :] = layer.keys[..., src, :]
-                layer.values[..., req.past : req.past + m, :] = layer.values[..., src, :]
-        if n > m:
-            req.cache.crop(-(n - m))
-        got = req.cache.get_seq_length()
-        if got != req.past + m:  # pragma: no cover - a transformers behaviour change
+    @torch.no_grad()
+    def verify_batch(self, requests: StepRequests, trees: TreeBatch) -> BatchVerifyResult:
+        """Verify every request's tree in one forward pass, then accept and compact per request."""
+        ids = requests.request_ids.tolist()
+        if len(set(ids)) != len(ids):
+            raise BudgetError(f"a step lists a request twice: {ids}")
+        if trees.size != len(ids):
+            raise BudgetError(f"{trees.size} trees for a step of {len(ids)} requests")
+        rows = []
+        for j, rid in enumerate(ids):
+            req = self._request(rid)
+            if int(requests.context_lens[j]) != req.past:
+                raise BudgetError(
+                    f"request {rid}: the step says {int(requests.context_lens[j])} tokens are "
+                    f"cached but the verifier holds {req.past}; the caller is out of step"
+                )
+            rows.append(self._rows.index(rid))
+        tree_list = trees.trees()
+        if any(int(t.tokens[0]) < 0 for t in tree_list):
+            raise BudgetError("a tree's root token is unset; the engine sets it to the bonus")
+        t0 = self.clock()
+        length = self.cache_length()
+        tokens, mask, positions = self.batch_mask(rows, tree_list)
+        t1 = self.clock()
+        out = self._forward(tokens, self._cache, positions, mask)
+        t2 = self.clock()
+        logits = out.logits
+        if self.sampling.greedy and type(self).accept is TorchVerifier.accept:
+            best = torch.argmax(logits, dim=-1).cpu().numpy()  # one transfer for the batch
+            walks = [
+                greedy_walk(t, best[r, : t.size]) for r, t in zip(rows, tree_list, strict=True)
+            ]
+        else:
+            walks = [
+                self.accept(t, logits[r, : t.size]) for r, t in zip(rows, tree_list, strict=True)
+            ]
+        t3 = self.clock()
+        feedback = self._commit(rows, ids, walks, out.hidden_states, length, tokens.shape[1])
+        t4 = self.clock()
+        timing = VerifyTiming(t1 - t0, t2 - t1, t3 - t2, t4 - t3, len(ids))
+        results = []
+        for rid, w, fb in zip(ids, walks, feedback, strict=True):
+            self._requests[rid].timings.append(timing)
+            results.append(VerifyResult(w.path, w.accepted_tokens, w.bonus_token, fb))
+        return BatchVerifyResult.from_results(results)
+
+    def _commit(
+        self,
+        rows: Sequence[int],
+        ids: Sequence[int],
+        walks: Sequence[WalkResult],
+        hidden_states: Sequence[torch.Tensor] | None,
+        length: int,
+        n: int,
+    ) -> list[TargetFeedback]:
+        """Keep each accepted path's K/V right after its row's prefix; crop the rest."""
+        dev = self.device
+        src_rows: list[int] = []
+        src: list[int] = []
+        dst: list[int] = []
+        feedback = []
+        for r, rid, w in zip(rows, ids, walks, strict=True):
+            req = self._requests[rid]
+            path = torch.tensor(w.path, dtype=torch.long, device=dev)
+            feedback.append(TargetFeedback(self._features(hidden_states or (), path, r), req.past))
+            for i, node in enumerate(w.path):
+                if length + node != req.past + i:
+                    src_rows.append(r)
+                    src.append(length + node)
+                    dst.append(req.past + i)
+            req.past += len(w.path)
+        if src:
+            r_t = torch.tensor(src_rows, dtype=torch.long, device=dev)
+            s_t = torch.tensor(src, dtype=torch.long, device=dev)
+            d_t = torch.tensor(dst, dtype=torch.long, device=dev)
+            for layer in self._cache.layers:
+                layer.keys[r_t, :, d_t] = layer.keys[r_t, :, s_t]
+                layer.values[r_t, :, d_t] = layer.values[r_t, :, s_t]
+        new_length = max(self._requests[rid].past for rid in self._rows)
+        self._cache.crop(-(length + n - new_length))
+        got = self._cache.get_seq_length()
+        if got != new_length:  # pragma: no cover - a transformers behaviour change
             raise BackendError(
-                f"KV cache holds {got} tokens after compaction; expected {req.past + m}"
+                f"KV cache holds {got} tokens after compaction; expected {new_length}"
             )
+        return feedback
