@@ -2,9 +2,10 @@
 
 Invariant: over many seeded runs, the first generated tokens after a fixed prompt are distributed
 as the target's own processed distribution (the 2nd and 3rd tokens pass through tree
-verification). A chi-square test passes for the real verifier under several tree policies and
-fails for a deliberately wrong verifier (it accepts the drafter's first child without sampling).
-Seeded runs repeat exactly.
+verification). A chi-square test passes for the real verifier under several tree policies, at
+batch 1 and batched (several requests per verification pass, joining and leaving), and fails for
+a deliberately wrong verifier (it accepts the drafter's first child without sampling), batched
+or not. Seeded runs repeat exactly.
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ pytest.importorskip("transformers")
 stats = pytest.importorskip("scipy.stats")
 
 from bastion.acceptance import WalkResult  # noqa: E402
-from bastion.backends.torch import SamplingParams, TorchVerifier, generate  # noqa: E402
+from bastion.backends.torch import (  # noqa: E402
+    SamplingParams,
+    TorchVerifier,
+    generate,
+    generate_batch,
+)
 from bastion.backends.torch.sampling import processed_probs  # noqa: E402
+from bastion.backends.torch.timing import AffineCostModel  # noqa: E402
 from bastion.interfaces import DraftContext  # noqa: E402
 from bastion.tree import DraftMarginals, DraftTree  # noqa: E402
 from tests.torch_models import tiny_target  # noqa: E402
@@ -26,6 +33,7 @@ from tests.torch_models import tiny_target  # noqa: E402
 VOCAB = 12
 PROMPT = [3, 7, 1]
 PARAMS = SamplingParams(temperature=1.5)
+COST = AffineCostModel(1e-3, 2e-5, draft_s=5e-4)  # for the adaptive policy
 
 
 @pytest.fixture(scope="module")
@@ -89,26 +97,33 @@ class AcceptFirstChildVerifier(TorchVerifier):
 _DRAFTERS: dict[int, TopTokensDrafter] = {}
 
 
-def sample_tokens(model, policy: str, runs: int, wrong: bool = False) -> np.ndarray:
+def sample_tokens(model, policy: str, runs: int, wrong: bool = False, batch: int = 1) -> np.ndarray:
+    """``runs`` samples of the first three tokens. With ``batch`` > 1 each seeded run decodes
+    2·batch copies of the prompt, ``batch`` at a time (joins and leaves included), all drawing
+    from one generator in step order; every copy is one sample."""
     drafter = _DRAFTERS.setdefault(id(model), TopTokensDrafter(model))
+    copies = 1 if batch == 1 else 2 * batch
     out = np.zeros((runs, 3), dtype=np.int64)
     accepted = []
-    for seed in range(runs):
+    for seed in range(runs // copies):
         gen = torch.Generator().manual_seed(seed)
         cls = AcceptFirstChildVerifier if wrong else TorchVerifier
         ver = cls(model, sampling=PARAMS, generator=gen)
-        rep = generate(
+        rep = generate_batch(
             model,
             drafter,
             policy,
-            PROMPT,
+            [PROMPT] * copies,
+            batch_size=batch,
             max_new_tokens=3,
             sampling=PARAMS,
             eos_token_id=None,
             verifier=ver,
+            cost_model=COST,
         )
-        out[seed] = rep.output_ids
-        accepted.append(sum(rep.acceptance_lengths) - len(rep.acceptance_lengths))
+        for i, r in enumerate(rep.records):
+            out[seed * copies + i] = r.output_ids
+            accepted.append(sum(r.acceptance_lengths) - len(r.acceptance_lengths))
     assert sum(accepted) > runs // 4  # draft tokens were accepted, not only bonus tokens
     return out
 
@@ -126,18 +141,21 @@ def chi_square_p(samples: np.ndarray, probs: np.ndarray) -> float:
     return float(stats.chisquare(observed, expected).pvalue)
 
 
-@pytest.mark.parametrize("policy", ["chain", "fixed:10"])
-def test_sampling_matches_target_distribution(target, policy) -> None:
+@pytest.mark.parametrize(
+    ("policy", "batch"), [("chain", 1), ("fixed:10", 1), ("fixed:10", 4), ("bastion:32", 4)]
+)
+def test_sampling_matches_target_distribution(target, policy, batch) -> None:
     exact = exact_marginals(target, PARAMS)
-    toks = sample_tokens(target, policy, runs=600)
+    toks = sample_tokens(target, policy, runs=600, batch=batch)
     for pos in range(3):
         p = chi_square_p(toks[:, pos], exact[pos])
-        assert p > 1e-3, (policy, pos, p)
+        assert p > 1e-3, (policy, batch, pos, p)
 
 
-def test_negative_control_fails(target) -> None:
+@pytest.mark.parametrize("batch", [1, 4])
+def test_negative_control_fails(target, batch) -> None:
     exact = exact_marginals(target, PARAMS)
-    toks = sample_tokens(target, "fixed:10", runs=300, wrong=True)
+    toks = sample_tokens(target, "fixed:10", runs=304, wrong=True, batch=batch)
     worst = min(chi_square_p(toks[:, pos], exact[pos]) for pos in (1, 2))
     assert worst < 1e-6, worst
 
