@@ -328,3 +328,24 @@ def test_hf_entry_point_returns_generate_sequences(target, dflash, free_refs) ->
             policy="chain",
             max_new_tokens=2,
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_batched_greedy_lossless_on_cuda() -> None:
+    target = tiny_target("qwen3")
+    refs = [greedy_reference(target, p, NEW) for p in PROMPTS]
+    target.to("cuda")
+    drafter = DFlashDrafter.random_init(target, num_layers=2, block_size=6, top_k=4)
+    for policy in ("ar", "chain", "fixed:16", "bastion:64"):
+        rep = generate_batch(
+            target,
+            drafter,
+            policy,
+            PROMPTS,
+            batch_size=3,
+            max_new_tokens=NEW,
+            eos_token_id=None,
+            cost_model=COST,
+        )
+        assert [r.output_ids for r in rep.records] == refs, policy

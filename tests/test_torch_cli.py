@@ -59,7 +59,7 @@ def test_generate_json_matches_reference(dirs, policy, capsys, tmp_path) -> None
         str(trace),
     ]
     assert main(argv) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)["records"][0]
     assert out["output_ids"] == greedy_reference(target, [3, 1, 4, 1, 5], 10)
     assert {"acceptance_lengths", "time_per_output_token", "stage_times"} <= out.keys()
     tr = read_trace(trace)
@@ -70,6 +70,56 @@ def test_generate_json_matches_reference(dirs, policy, capsys, tmp_path) -> None
         assert len(tr.steps) == len(out["acceptance_lengths"])
         assert tr.steps[0].position == 5
     assert tr.metadata["temperature"] == 0.0
+
+
+PROMPTS = ["3,1,4,1,5", "2,7", "1,8,2,8,1,8,2,8,4", "9", "6,6,6", "5,3"]
+
+
+@pytest.mark.parametrize("policy", ["fixed:16", "bastion", "ar"])
+def test_generate_batched_json_matches_each_prompt_alone(dirs, policy, capsys, tmp_path) -> None:
+    """Six prompts, four at a time: every record is that prompt's HF greedy output."""
+    target, tdir, ddir = dirs
+    argv = ["generate", "--target", str(tdir), "--drafter", str(ddir), "--policy", policy]
+    for ids in PROMPTS:
+        argv += ["--prompt-ids", ids]
+    traces = [tmp_path / f"t{i}.json" for i in range(len(PROMPTS))]
+    for t in traces:
+        argv += ["--record-trace", str(t)]
+    argv += ["--max-new-tokens", "12", "--batch-size", "4", "--repeats", "2", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["records"]) == len(PROMPTS) and out["batch_size"] == 4
+    for ids, rec, trace in zip(PROMPTS, out["records"], traces, strict=True):
+        prompt = [int(x) for x in ids.split(",")]
+        assert rec["output_ids"] == greedy_reference(target, prompt, 12)
+        assert {"acceptance_lengths", "time_per_output_token", "time_to_first_token"} <= set(rec)
+        assert list(read_trace(trace).output_ids) == rec["output_ids"]
+        assert read_trace(trace).metadata["batch_size"] == 4
+    assert out["throughput_tok_s"] > 0 and out["repeats"]["runs"] == 2
+    assert out["mean_batch"] > 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch-size", "0"], "--batch-size must be ≥ 1"),
+        (["--repeats", "0"], "--repeats must be ≥ 1"),
+        (["--warmup", "-1"], "--warmup must be ≥ 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be ≥ 1"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--temperature", "-1"], "--temperature must be ≥ 0"),
+        (["--record-trace", "a.json"], "2 prompts"),
+        (["--dense-trace"], "--dense-trace needs --record-trace"),
+        (["--prompt-ids", "1,x"], "--prompt-ids must be integers"),
+    ],
+)
+def test_generate_flags_are_validated(dirs, flags, message, capsys) -> None:
+    _, tdir, ddir = dirs
+    argv = ["generate", "--target", str(tdir), "--drafter", str(ddir)]
+    argv += ["--prompt-ids", "1,2", "--prompt-ids", "3", "--policy", "chain", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
 
 
 def test_generate_text_output_and_errors(dirs, capsys, tmp_path) -> None:

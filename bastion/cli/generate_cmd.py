@@ -1,8 +1,11 @@
-"""``bastion generate``: run one prompt through a real target (and DFlash drafter).
+"""``bastion generate``: run prompts through a real target (and DFlash drafter), batched.
 
-Prints the generated text (or ids) and the step statistics; ``--json`` prints one JSON object
-with output_ids, acceptance_lengths, time_per_output_token and the other report fields. Torch is
-imported only when the command runs, so ``bastion --help`` stays light.
+``--prompt`` / ``--prompt-ids`` may be repeated; up to ``--batch-size`` requests decode together
+(continuous batching: a finished request leaves the batch and the next prompt joins after its
+prefill). Prints each generated text (or ids) and the step statistics; ``--json`` prints one
+JSON object with a ``records`` list (one per prompt: output_ids, acceptance_lengths,
+time_per_output_token, time_to_first_token …) and the aggregates (throughput, repeats). Torch
+is imported only when the command runs, so ``bastion --help`` stays light.
 """
 
 from __future__ import annotations
@@ -33,16 +36,36 @@ def register(sub: Any) -> None:
     p.add_argument("--drafter", help="DFlash drafter checkpoint directory (not needed for ar)")
     p.add_argument("--policy", default="bastion", help="bastion | chain | fixed:N | eagle | ar")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (needs a tokenizer in the target directory)")
-    src.add_argument("--prompt-ids", help="prompt token ids, comma separated")
+    src.add_argument(
+        "--prompt",
+        action="append",
+        help="prompt text (needs a tokenizer in the target directory); repeat for several",
+    )
+    src.add_argument(
+        "--prompt-ids", action="append", help="prompt token ids, comma separated; repeatable"
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument(
+        "--batch-size", type=int, default=1, help="requests decoded together (continuous batching)"
+    )
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--draft-top-k", type=int, default=16, help="candidates kept per position")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--record-trace", metavar="PATH", help="write a bastion trace (JSON) here")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="timed runs of the whole workload (median, spread)"
+    )
+    p.add_argument(
+        "--warmup", type=int, default=1, help="untimed warm-up runs first (a few tokens each)"
+    )
+    p.add_argument(
+        "--record-trace",
+        metavar="PATH",
+        action="append",
+        help="write a bastion trace (JSON) here; one per prompt, in prompt order",
+    )
     p.add_argument(
         "--dense-trace",
         action="store_true",
@@ -53,11 +76,40 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from bastion.backends.torch import DFlashDrafter, SamplingParams, generate, load_target
+def _check_flags(args: argparse.Namespace) -> None:
+    """Every numeric flag in range, before any model is loaded (one-line errors)."""
+    for flag, value, least in (
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--batch-size", args.batch_size, 1),
+        ("--repeats", args.repeats, 1),
+        ("--warmup", args.warmup, 0),
+        ("--draft-top-k", args.draft_top_k, 1),
+        ("--top-k", args.top_k, 0),
+    ):
+        if value < least:
+            raise BudgetError(f"{flag} must be ≥ {least}; got {value}")
+    if not args.temperature >= 0:
+        raise BudgetError(f"--temperature must be ≥ 0; got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise BudgetError(f"--top-p must be in (0, 1]; got {args.top_p}")
+    n = len(args.prompt or args.prompt_ids)
+    traces = args.record_trace or []
+    if traces and len(traces) != n:
+        raise BudgetError(
+            f"{len(traces)} --record-trace paths for {n} prompts; give one per prompt"
+        )
+    for t in traces:
+        if Path(t).is_dir():
+            raise BudgetError(f"--record-trace {t} is a directory; give a file path")
+    if args.dense_trace and not traces:
+        raise BudgetError("--dense-trace needs --record-trace PATH")
 
-    if args.record_trace and Path(args.record_trace).is_dir():
-        raise BudgetError(f"--record-trace {args.record_trace} is a directory; give a file path")
+
+def run(args: argparse.Namespace) -> int:
+    _check_flags(args)
+    prompts = [_parse_ids(text) for text in args.prompt_ids] if args.prompt_ids else []
+    from bastion.backends.torch import DFlashDrafter, SamplingParams, generate_batch, load_target
+
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
     target = load_target(args.target, args.device)
     tokenizer = None
@@ -70,38 +122,51 @@ def run(args: argparse.Namespace) -> int:
             raise CheckpointError(
                 f"no tokenizer in {args.target} ({exc}); pass --prompt-ids instead"
             ) from exc
-        prompt_ids = list(tokenizer(args.prompt)["input_ids"])
-    else:
-        prompt_ids = _parse_ids(args.prompt_ids)
+        prompts = [list(tokenizer(text)["input_ids"]) for text in args.prompt]
+        for i, ids in enumerate(prompts):
+            if not ids:
+                raise BudgetError(f"--prompt number {i + 1} tokenises to nothing")
     drafter = None
     if args.policy.strip() != "ar":
         if not args.drafter:
             raise BudgetError(f"--policy {args.policy} needs --drafter DIR (only ar runs without)")
         drafter = DFlashDrafter.from_pretrained(args.drafter, target, top_k=args.draft_top_k)
-    report = generate(
+    report = generate_batch(
         target,
         drafter,
         args.policy,
-        prompt_ids,
+        prompts,
+        batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
         sampling=sampling,
         seed=args.seed,
-        record_trace=args.record_trace,
-        trace_metadata={"target": args.target, "drafter": args.drafter, "prompt_id": 0},
+        record_traces=args.record_trace,
+        trace_metadata={"target": args.target, "drafter": args.drafter},
         dense_trace=args.dense_trace,
+        repeats=args.repeats,
+        warmup=args.warmup,
     )
     if args.json:
         print(json.dumps(report.to_dict(with_trees=False)))
         return 0
-    if tokenizer is not None:
-        print(tokenizer.decode(report.output_ids))
-    else:
-        print(" ".join(map(str, report.output_ids)))
-    stages = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in report.stage_times.items())
+    for rec in report.records:
+        if tokenizer is not None:
+            print(tokenizer.decode(rec.output_ids))
+        else:
+            print(" ".join(map(str, rec.output_ids)))
+        stages = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in rec.stage_times.items())
+        print(
+            f"policy {rec.policy}: {rec.num_output_tokens} tokens in "
+            f"{len(rec.acceptance_lengths)} steps, τ {rec.tau:.2f}, "
+            f"TTFT {rec.time_to_first_token * 1e3:.2f} ms, "
+            f"TPOT {rec.time_per_output_token * 1e3:.2f} ms; stages: {stages}"
+        )
+    d = report.to_dict()
+    tpot = d["repeats"]["tpot_s"]
     print(
-        f"policy {report.policy}: {report.num_output_tokens} tokens in "
-        f"{len(report.acceptance_lengths)} steps, τ {report.tau:.2f}, "
-        f"TTFT {report.time_to_first_token * 1e3:.2f} ms, "
-        f"TPOT {report.time_per_output_token * 1e3:.2f} ms; stages: {stages}"
+        f"{len(report.records)} prompts, batch {report.batch_size}: "
+        f"{report.num_output_tokens} tokens, {report.throughput_tok_s:.1f} tokens/s, "
+        f"TPOT median {tpot['median'] * 1e3:.2f} ms (min {tpot['min'] * 1e3:.2f}, "
+        f"max {tpot['max'] * 1e3:.2f}) over {len(report.runs)} run(s)"
     )
     return 0
