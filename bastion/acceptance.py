@@ -9,7 +9,7 @@ token is the *bonus* token, always committed. Committed per step = accepted + 1.
 Because the tree is a deterministic function of the drafter's output, the committed tokens are
 distributed exactly as the target's own autoregressive samples: each emitted token is the
 target's choice at its position, and matching a child only decides whether the next choice
-comes from this forward pass or a later one (peers.md, "Verification").
+comes from this forward pass or a later one, as in the reference implementations.
 
 The target's choice is a callable ``next_token(node) -> token``, called only at visited nodes
 in root-to-leaf order, so a sampler consumes randomness for the nodes on the accepted path and

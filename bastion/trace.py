@@ -18,7 +18,7 @@ A trace is one JSON file (UTF-8) describing one request::
 
 Row k of a step's marginals describes the token at sequence index ``position + 1 + k``. At
 T = 0 the target's tokens are fixed, so the marginals at each step's root determine any
-policy's acceptance there (DESIGN.md, decision 2). See docs/trace-format.md.
+policy's acceptance there (exact trace replay). See docs/trace-format.md.
 
 What this module does not do: simulate (the simulator reads traces) or import torch.
 """

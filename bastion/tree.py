@@ -6,7 +6,7 @@ root). ``best_first_tree`` builds the tree of size N that maximises the surrogat
 Â(T) = Σ_i ρ(i) (Prop. 3.3); because its node order is the best-first order, ``tree.prefix(n)``
 is the optimal tree of size n for every n ≤ N.
 
-Conventions (see DESIGN.md): a tree of size N counts its root; the root has depth 0 and ρ = 1;
+Conventions (docs/core.md): a tree of size N counts its root; the root has depth 0 and ρ = 1;
 its token is the previous step's bonus token (``-1`` when unknown to the builder).
 
 What this module does not do: choose N (see :mod:`bastion.budget`) or other tree shapes (see

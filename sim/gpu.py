@@ -1,6 +1,6 @@
 """The simulated GPU: ground-truth latency of draft, preparation and verification passes.
 
-*Truth and belief are separate* (DESIGN.md, decision 1). The truth here is the per-operator
+*Truth and belief are separate.* The truth here is the per-operator
 roofline of :mod:`bastion.cost.roofline` evaluated with what real GPUs add and the bare roofline
 does not know:
 

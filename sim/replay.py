@@ -3,7 +3,7 @@
 A trace (``bastion/trace.py``, docs/trace-format.md) holds the target's tokens and the drafter's
 top-K marginals at the roots of recorded steps. At T = 0 the target's output is fixed, so at a
 root with recorded marginals any policy's acceptance follows exactly: walk its tree against the
-recorded continuation (DESIGN.md, decision 2). A policy whose steps start at positions the trace
+recorded continuation (exact trace replay). A policy whose steps start at positions the trace
 has no marginals for cannot be replayed exactly; that is an error naming the position. A *dense*
 trace (``bastion generate --record-trace PATH --dense-trace``) holds marginals at every position
 and replays any policy.
