@@ -38,14 +38,17 @@ def demo(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-d
         policies=("ar", "chain", "fixed:32", "beam:4x15"),
         calibrate=False,
         record_dir=traces,
+        batch_sizes=(1, 2),
+        warmup=0,
     )
     return result, traces
 
 
 def test_every_policy_reproduces_ar_and_the_trained_drafter_is_accepted(demo) -> None:  # type: ignore[no-untyped-def]
     result, _ = demo
-    assert result.identical
-    by = {r.policy: r for r in result.rows}
+    assert result.identical  # every policy, at batch 1 and batched, equals AR at batch 1
+    assert set(result.batched_outputs) == {1, 2}
+    by = {r.policy: r for r in result.rows if r.batch_size == 1}
     assert by["ar"].tau == 1.0
     assert by["chain"].tau > 1.3, "a trained drafter must be accepted well beyond chance"
     assert by["fixed:32"].tau > by["chain"].tau
@@ -69,6 +72,7 @@ def test_an_untrained_drafter_is_not_accepted(tmp_path: Path) -> None:
         policies=("ar", "chain"),
         calibrate=False,
         drafter_dir=tmp_path / "random",
+        warmup=0,
     )
     assert result.identical
     assert result.rows[1].tau < 1.1
@@ -112,25 +116,84 @@ def test_replay_of_other_policies_agrees_in_mean_tau(demo, recorded: str, other:
     assert abs(sim_tau - real_tau) <= 0.01 * real_tau
 
 
+def test_demo_pair_batched_equals_generate_alone() -> None:
+    """Five held-out prompts, three at a time (joins, leaves, EOS where the model stops):
+    every request equals ``model.generate(do_sample=False)`` on its prompt alone."""
+    from transformers import AutoTokenizer
+
+    from bastion.backends.torch import DFlashDrafter, generate_batch, load_target
+    from bastion.backends.torch.timing import AffineCostModel
+    from tests.torch_models import greedy_reference
+
+    target = load_target(TARGET_DIR, "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(TARGET_DIR)
+    drafter = DFlashDrafter.from_pretrained(DRAFTER_DIR, target)
+    prompts = [
+        list(tokenizer(t)["input_ids"])[: 40 + 9 * i] for i, t in enumerate(load_prompts()[:5])
+    ]
+    eos = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+    refs = [greedy_reference(target, p, 32, eos=eos) for p in prompts]
+    cost = AffineCostModel(2e-3, 2e-5, draft_s=2e-3)
+    for policy in ("fixed:16", "bastion"):
+        rep = generate_batch(
+            target,
+            drafter,
+            policy,
+            prompts,
+            batch_size=3,
+            max_new_tokens=32,
+            eos_token_id=eos,
+            cost_model=cost,
+        )
+        assert [r.output_ids for r in rep.records] == refs, policy
+        assert rep.tau > 1.3
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--batch-size", "0"], "--batch-size must be ≥ 1"),
+        (["--batch-size", "1,x"], "--batch-size takes integers"),
+        (["--repeats", "0"], "--repeats must be ≥ 1"),
+        (["--warmup", "-2"], "--warmup must be ≥ 0"),
+        (["--prompts", "99"], "--prompts must be ≤"),
+        (["--policy", "fixed:zero"], "bad policy spec"),
+    ],
+)
+def test_demo_flags_are_validated(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--no-calibration", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
 def test_demo_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(
         [
             "demo",
-            "--prompts",
-            "1",
             "--max-new-tokens",
             "16",
             "--no-calibration",
             "--policy",
             "chain,fixed:16",
+            "--batch-size",
+            "1,2",
+            "--prompts",
+            "2",
+            "--repeats",
+            "2",
             "--json",
         ]
     )
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["identical"] is True
-    assert [p["policy"] for p in out["policies"]] == ["ar", "chain", "fixed:16"]
+    assert [(p["policy"], p["batch_size"]) for p in out["policies"]] == [
+        (name, b) for b in (1, 2) for name in ("ar", "chain", "fixed:16")
+    ]
     for p in out["policies"]:
-        assert {"policy", "tau", "mean_tree_size", "tpot_s"} <= set(p)
+        assert {"policy", "tau", "mean_tree_size", "tpot_s", "throughput_tok_s"} <= set(p)
+        assert p["tpot_min_s"] <= p["tpot_s"] <= p["tpot_max_s"]
 
 
 def test_shipped_drafter_matches_the_format(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """``bastion train target|drafter`` and ``bastion demo``: the shipped CPU pair.
 
 ``bastion demo`` runs target-only AR, the DFlash chain, fixed-N best-first and Bastion's adaptive
-controller on held-out prompts with the trained pair shipped in the package, checks that their
-outputs are identical at T = 0, and prints τ, mean tree size and time per output token.
+controller on held-out prompts with the trained pair shipped in the package, at each
+``--batch-size`` (continuous batching), checks that their outputs are identical at T = 0, and
+prints τ, mean tree size, time per output token (median and spread over ``--repeats`` timed runs
+after ``--warmup`` untimed ones), throughput, and the cost model's predicted vs measured cycle.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bastion.errors import ConfigError
+from bastion.errors import BudgetError, ConfigError
 
 
 def _need_torch() -> None:
@@ -31,14 +33,47 @@ def _say(enabled: bool):  # type: ignore[no-untyped-def]
     return (lambda msg: print(f"  {msg} …", file=sys.stderr, flush=True)) if enabled else None
 
 
-def run_demo_cmd(args: argparse.Namespace) -> int:
-    _need_torch()
-    from bastion.demo.run import DEMO_POLICIES, load_prompts, run_demo
+def _batch_sizes(groups: list[str]) -> tuple[int, ...]:
+    sizes = []
+    for text in (x for g in groups for x in g.split(",") if x.strip()):
+        try:
+            b = int(text)
+        except ValueError:
+            raise BudgetError(
+                f"--batch-size takes integers ≥ 1 (e.g. 1,2,4,8); got {text!r}"
+            ) from None
+        if b < 1:
+            raise BudgetError(f"--batch-size must be ≥ 1; got {b}")
+        if b not in sizes:
+            sizes.append(b)
+    return tuple(sizes) or (1,)
 
-    prompts = load_prompts()[: args.prompts]
+
+def run_demo_cmd(args: argparse.Namespace) -> int:
+    sizes = _batch_sizes(args.batch_size)
+    for flag, value, least in (
+        ("--prompts", args.prompts, 1),
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--repeats", args.repeats, 1),
+        ("--warmup", args.warmup, 0),
+    ):
+        if value < least:
+            raise BudgetError(f"{flag} must be ≥ {least}; got {value}")
+    from bastion.demo.run import DEMO_POLICIES  # torch-free at import
+    from bastion.policies import make_policy
+
     policies = tuple(p for group in args.policy for p in group.split(",") if p) or DEMO_POLICIES
     if policies[0] != "ar":
         policies = ("ar", *[p for p in policies if p != "ar"])
+    for spec in policies:
+        make_policy(spec)  # an unknown or malformed spec fails here, before any model loads
+    _need_torch()
+    from bastion.demo.run import load_prompts, run_demo
+
+    shipped = load_prompts()
+    if args.prompts > len(shipped):
+        raise BudgetError(f"--prompts must be ≤ {len(shipped)} (the shipped held-out prompts)")
+    prompts = shipped[: args.prompts]
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
     result = run_demo(
         prompts,
@@ -47,22 +82,36 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
         calibrate=not args.no_calibration,
         record_dir=Path(args.record_traces) if args.record_traces else None,
         progress=_say(show),
+        batch_sizes=sizes,
+        repeats=args.repeats,
+        warmup=args.warmup,
     )
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return 0 if result.identical else 1
-    print(f"{len(prompts)} held-out prompts × {args.max_new_tokens} new tokens, T = 0, CPU")
+    print(
+        f"{len(prompts)} held-out prompts × {args.max_new_tokens} new tokens, T = 0, CPU; "
+        f"TPOT median of {args.repeats} timed run(s) after {args.warmup} warm-up run(s)"
+    )
     if result.calibration:
         c = result.calibration
         print(
             f"cost model calibrated on this CPU ({int(c['points'])} points): RMSE "
-            f"{c['rmse_bare_s'] * 1e3:.3f} ms bare → {c['rmse_calibrated_s'] * 1e3:.3f} ms"
+            f"{c['rmse_bare_s'] * 1e3:.3f} ms bare → {c['rmse_calibrated_s'] * 1e3:.3f} ms; "
+            f"T_draft = {c['draft_d0_s'] * 1e3:.2f} + {c['draft_d_batch_s'] * 1e3:.3f}·B + "
+            f"{c['draft_d_context_s'] * 1e6:.3f}e-3·ΣC ms"
         )
-    print(f"{'policy':<10} {'τ':>6} {'mean N':>7} {'TPOT ms':>8} {'speedup':>8}")
+    print(
+        f"{'policy':<10} {'B':>3} {'τ':>6} {'mean N':>7} {'TPOT ms':>8} {'(min–max)':>13} "
+        f"{'tok/s':>7} {'speedup':>8} {'Ĉ pred ms':>10} {'cycle ms':>9}"
+    )
     for r in result.rows:
+        spread = f"{r.tpot_min_s * 1e3:.2f}–{r.tpot_max_s * 1e3:.2f}"
         print(
-            f"{r.policy:<10} {r.tau:>6.2f} {r.mean_tree_size:>7.1f} {r.tpot_s * 1e3:>8.2f} "
-            f"{r.speedup:>7.2f}×"
+            f"{r.policy:<10} {r.batch_size:>3} {r.tau:>6.2f} {r.mean_tree_size:>7.1f} "
+            f"{r.tpot_s * 1e3:>8.2f} {spread:>13} {r.throughput_tok_s:>7.1f} "
+            f"{r.speedup:>7.2f}× {r.cycle_predicted_s * 1e3:>10.2f} "
+            f"{r.cycle_measured_s * 1e3:>9.2f}"
         )
     verdict = "identical" if result.identical else "DIFFERENT — losslessness violated"
     print(f"outputs of all policies vs AR: {verdict}")
@@ -106,6 +155,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--policy", action="append", default=[], help="default: ar,chain,fixed:32,bastion"
     )
+    p.add_argument(
+        "--batch-size",
+        action="append",
+        default=[],
+        help="requests decoded together; a list (1,2,4,8) runs each; default 1",
+    )
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per policy and batch size")
+    p.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs before timing")
     p.add_argument("--no-calibration", action="store_true", help="skip the CPU calibration")
     p.add_argument("--record-traces", metavar="DIR", help="write dense traces of every run here")
     p.add_argument("--json", action="store_true", help="one record per policy and `identical`")

@@ -2,10 +2,14 @@
 
 On held-out prompts (the first lines of standard-library files the models never saw, shipped in
 ``models/prompts.json``) it decodes with target-only AR, the DFlash chain (block 16), fixed-N
-best-first and Bastion's adaptive controller through the one engine loop; checks that every
-policy's output equals AR's at T = 0 (losslessness); and reports τ, mean tree size and time per
-output token per policy. The adaptive policy's cost model is calibrated on this CPU first
-(``bastion calibrate --target``, cached), and the calibration's RMSE before/after is reported.
+best-first and Bastion's adaptive controller through the one engine step, at each batch size
+asked for (continuous batching: all prompts, B at a time); checks that every policy's output at
+every batch size equals AR's at the first (losslessness, T = 0); and reports τ, mean tree size,
+time per output token (median and spread over ``repeats`` timed runs, after ``warmup``
+untimed ones), throughput, and the cost model's predicted cycle time next to the measured one.
+The adaptive policy's cost model is calibrated on this CPU first (``bastion calibrate
+--target``, cached) and its T_draft fitted to the drafter's measured batched pass (cached too);
+the calibration's RMSE before/after is reported.
 
 What this module does not do: train (see :mod:`bastion.demo.train`).
 """
@@ -38,18 +42,27 @@ class PolicyRow:
     policy: str
     tau: float  # committed tokens per step, bonus included, macro-averaged over prompts
     mean_tree_size: float
-    tpot_s: float  # mean over prompts of each run's time per output token
-    speedup: float  # AR's mean TPOT / this policy's
-    steps: int
+    tpot_s: float  # median over timed runs of the requests' mean time per output token
+    speedup: float  # AR's TPOT at the same batch size / this policy's
+    steps: int  # batched steps of one run
+    batch_size: int = 1
+    tpot_min_s: float = float("nan")  # spread of tpot_s over the timed runs
+    tpot_max_s: float = float("nan")
+    throughput_tok_s: float = float("nan")  # median over timed runs, prefills included
+    cycle_predicted_s: float = float("nan")  # the cost model's mean Ĉ for the steps taken
+    cycle_measured_s: float = float("nan")  # mean measured draft + build + verify
+    predicted_draft_s: float = float("nan")
+    measured_draft_s: float = float("nan")
 
 
 @dataclass
 class DemoResult:
     rows: list[PolicyRow]
-    identical: bool  # every policy's output equals AR's, on every prompt
-    outputs: dict[str, list[list[int]]] = field(default_factory=dict)
-    acceptance: dict[str, list[list[int]]] = field(default_factory=dict)
+    identical: bool  # every policy's output at every batch size equals AR's, on every prompt
+    outputs: dict[str, list[list[int]]] = field(default_factory=dict)  # at the first batch size
+    acceptance: dict[str, list[list[int]]] = field(default_factory=dict)  # likewise
     calibration: dict[str, float] = field(default_factory=dict)
+    batched_outputs: dict[int, dict[str, list[list[int]]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,21 +90,34 @@ def run_demo(
     target_dir: Path = TARGET_DIR,
     drafter_dir: Path = DRAFTER_DIR,
     progress: Callable[[str], None] | None = None,
+    batch_sizes: Sequence[int] = (1,),
+    repeats: int = 1,
+    warmup: int = 1,
 ) -> DemoResult:
-    """Decode ``prompts`` with every policy; compare outputs; summarise. Needs torch."""
+    """Decode ``prompts`` with every policy at every batch size; compare; summarise. Needs torch.
+
+    Traces (``record_dir``) are recorded at the first batch size."""
     from transformers import AutoTokenizer
 
-    from bastion.backends.torch import DFlashDrafter, generate, load_target
-    from bastion.backends.torch.calibrate import calibrate_target
+    from bastion.backends.torch import DFlashDrafter, generate_batch, load_target
+    from bastion.backends.torch.calibrate import calibrate_drafter, calibrate_target
+    from bastion.backends.torch.timing import with_draft_timing
     from bastion.cost.costmodel import RooflineCostModel
-    from bastion.cost.models import DrafterSpec, ModelSpec
 
-    for d in (target_dir, drafter_dir):
-        if not (d / "config.json").exists():
-            raise ConfigError(f"no model at {d}; train it with `bastion train` or reinstall")
+    for model_dir in (target_dir, drafter_dir):
+        if not (model_dir / "config.json").exists():
+            raise ConfigError(
+                f"no model at {model_dir}; train it with `bastion train` or reinstall"
+            )
     if max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be ≥ 1; got {max_new_tokens}")
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise ConfigError(f"batch sizes must be ≥ 1; got {list(batch_sizes)}")
+    if repeats < 1 or warmup < 0:
+        raise ConfigError(f"repeats must be ≥ 1 and warmup ≥ 0; got {repeats}, {warmup}")
     texts = list(prompts) if prompts is not None else load_prompts()
+    if not texts:
+        raise ConfigError("no prompts to decode")
     target = load_target(target_dir, "cpu")
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
@@ -99,69 +125,84 @@ def run_demo(
 
     cost_model = None
     calibration: dict[str, float] = {}
-    if calibrate and any(p.startswith("bastion") for p in policies):
+    if calibrate:
         if progress:
-            progress("calibrating the cost model on this CPU")
+            progress("calibrating the cost model on this CPU (target and drafter)")
         record, hw, spec = calibrate_target(
             target, tokens=CALIBRATION_TOKENS, contexts=CALIBRATION_CONTEXTS, repeats=3
         )
-        draft_spec = DrafterSpec(
-            model=ModelSpec.from_hf_config(drafter_dir / "config.json", name="demo-drafter"),
-            block_size=drafter.cfg.block_size,
-            taps=len(drafter.cfg.target_layer_ids),
-        )
-        cost_model = RooflineCostModel(hw, spec, draft_spec, calibration=record)
+        timing = calibrate_drafter(target, drafter)
+        cost_model = with_draft_timing(RooflineCostModel(hw, spec, calibration=record), timing)
         calibration = {
             "rmse_bare_s": record.rmse_bare_s,
             "rmse_calibrated_s": record.rmse_calibrated_s,
             "points": float(len(record.points)),
+            "draft_d0_s": timing.d0_s,
+            "draft_d_batch_s": timing.d_batch_s,
+            "draft_d_context_s": timing.d_context_s,
+            "draft_rmse_s": timing.rmse_s,
+            "draft_points": float(len(timing.points)),
         }
 
     eos = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # type: ignore[arg-type]
-    outputs: dict[str, list[list[int]]] = {}
+    batched: dict[int, dict[str, list[list[int]]]] = {}
     acceptance: dict[str, list[list[int]]] = {}
-    stats: dict[str, list[tuple[float, float, float, int]]] = {}
-    for name in policies:
-        if progress:
-            progress(f"decoding with {name}")
-        for i, ids in enumerate(prompt_ids):
-            trace = None
-            if record_dir is not None and name != "ar":  # AR drafts nothing to replay
+    rows = []
+    for b_i, b in enumerate(batch_sizes):
+        ar_tpot = float("nan")
+        for name in policies:
+            if progress:
+                progress(f"decoding with {name} at batch {b}")
+            traces = None
+            if record_dir is not None and name != "ar" and b_i == 0:  # AR drafts nothing
                 record_dir.mkdir(parents=True, exist_ok=True)
-                trace = record_dir / f"{name.replace(':', '-')}-{i}.json"
-            report = generate(
+                traces = [
+                    record_dir / f"{name.replace(':', '-')}-{i}.json"
+                    for i in range(len(prompt_ids))
+                ]
+            report = generate_batch(
                 target,
                 drafter if name != "ar" else None,
                 name,
-                ids,
+                prompt_ids,
+                batch_size=b,
                 max_new_tokens=max_new_tokens,
                 eos_token_id=eos,
                 cost_model=cost_model if name.startswith("bastion") else None,
-                record_trace=trace,
-                trace_metadata={"prompt_id": i, "target": "bastion-demo"},
-                dense_trace=trace is not None,
+                predict_cycles=cost_model,
+                record_traces=traces,
+                trace_metadata={"target": "bastion-demo"},
+                dense_trace=traces is not None,
+                repeats=repeats,
+                warmup=warmup,
             )
-            outputs.setdefault(name, []).append(list(report.output_ids))
-            acceptance.setdefault(name, []).append(list(report.acceptance_lengths))
-            sizes = [t["size"] for t in report.trees] or [1]
-            stats.setdefault(name, []).append(
-                (report.tau, float(np.mean(sizes)), report.time_per_output_token, len(sizes))
+            batched.setdefault(b, {})[name] = [list(r.output_ids) for r in report.records]
+            if b_i == 0:
+                acceptance[name] = [list(r.acceptance_lengths) for r in report.records]
+            tpot: dict[str, float] = report.to_dict()["repeats"]["tpot_s"]
+            if name == "ar":
+                ar_tpot = tpot["median"]
+            cycle = report.cycle
+            nan = float("nan")
+            rows.append(
+                PolicyRow(
+                    policy=name,
+                    tau=float(np.mean([r.tau for r in report.records])),
+                    mean_tree_size=float(np.mean([r.mean_tree_size for r in report.records])),
+                    tpot_s=tpot["median"],
+                    speedup=ar_tpot / tpot["median"] if tpot["median"] > 0 else nan,
+                    steps=report.steps,
+                    batch_size=b,
+                    tpot_min_s=tpot["min"],
+                    tpot_max_s=tpot["max"],
+                    throughput_tok_s=report.throughput_tok_s,
+                    cycle_predicted_s=cycle.get("predicted_s", nan),
+                    cycle_measured_s=cycle.get("measured_s", nan),
+                    predicted_draft_s=cycle.get("predicted_draft_s", nan),
+                    measured_draft_s=cycle.get("measured_draft_s", nan),
+                )
             )
-    ar_tpot = float(np.mean([s[2] for s in stats["ar"]])) if "ar" in stats else float("nan")
-    rows = []
-    for name in policies:
-        s = stats[name]
-        tpot = float(np.mean([x[2] for x in s]))
-        rows.append(
-            PolicyRow(
-                policy=name,
-                tau=float(np.mean([x[0] for x in s])),
-                mean_tree_size=float(np.mean([x[1] for x in s])),
-                tpot_s=tpot,
-                speedup=ar_tpot / tpot if tpot > 0 else float("nan"),
-                steps=int(sum(x[3] for x in s)),
-            )
-        )
-    reference = outputs[policies[0]]
-    identical = all(outputs[p] == reference for p in policies)
-    return DemoResult(rows, identical, outputs, acceptance, calibration)
+    first = batched[batch_sizes[0]]
+    reference = first[policies[0]]
+    identical = all(out[p] == reference for out in batched.values() for p in policies)
+    return DemoResult(rows, identical, dict(first), acceptance, calibration, batched)
