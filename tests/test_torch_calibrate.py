@@ -6,6 +6,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,6 +15,7 @@ from bastion.backends.torch import DFlashDrafter, generate, load_target  # noqa:
 from bastion.backends.torch.calibrate import cached_cost_model  # noqa: E402
 from bastion.cli import main  # noqa: E402
 from bastion.cost.calibration import CACHE_DIR_ENV, CalibrationCache  # noqa: E402
+from bastion.errors import BastionError  # noqa: E402
 from tests.torch_models import tiny_target  # noqa: E402
 
 GRID = ["--tokens", "1,4,16,32", "--contexts", "8,32", "--repeats", "1"]
@@ -79,3 +81,80 @@ def test_calibrate_on_absent_cuda_is_a_clear_error(
 def test_calibrate_needs_a_model_or_a_target(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", "--gpu", "h100-sxm"]) == 2
     assert "--target" in capsys.readouterr().err
+
+
+def test_drafter_timing_is_fitted_cached_and_priced(
+    model_dirs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """T_draft(B, ΣC) from timed batched drafter passes: cached atomically, reused, and added to
+    Ĉ by the wrapper (both the per-request curve and the joint budget's curve)."""
+    from bastion.backends.torch.calibrate import cached_drafter_timing, calibrate_drafter
+    from bastion.backends.torch.timing import (
+        AffineCostModel,
+        DraftTimedCostModel,
+        DraftTiming,
+        with_draft_timing,
+    )
+    from bastion.interfaces import RequestLoad, StepLoad
+
+    tdir, ddir = model_dirs
+    target = load_target(tdir, "cpu")
+    drafter = DFlashDrafter.from_pretrained(ddir, target)
+    store = CalibrationCache(tmp_path)
+    assert cached_drafter_timing(target, drafter, store) is None
+    timing = calibrate_drafter(target, drafter, store, batch_sizes=(1, 2), contexts=(8, 32))
+    assert len(timing.points) == 4 and timing.seconds(1, 8) > 0
+    [path] = tmp_path.glob("drafter__*.json")
+    stamp = path.stat().st_mtime_ns
+    assert calibrate_drafter(target, drafter, store) == timing  # cached: no new sweep
+    assert path.stat().st_mtime_ns == stamp
+    assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+    assert drafter.context_len(-1) == 0  # the timing requests were released
+
+    inner = AffineCostModel(1e-3, 1e-5)
+    cm = with_draft_timing(inner, timing)
+    load = StepLoad(40, (RequestLoad(5, 20),))
+    curve = cm.cost_curve(8, load)
+    assert curve.draft_s == pytest.approx(timing.seconds(2, 60))
+    assert (curve.verify_s == inner.cost_curve(8, load).verify_s).all()
+    joint = cm.joint_cost_curve(np.array([40, 20]), np.array([0, 1, 0]))  # type: ignore[attr-defined]
+    assert joint.draft_s == pytest.approx(timing.seconds(2, 60))
+    assert cm.step_cost(3, load).draft_s == pytest.approx(timing.seconds(2, 60))
+
+    class NoJoint:  # a CostModel without joint_cost_curve stays without one
+        def step_cost(self, n, load):  # type: ignore[no-untyped-def]
+            return inner.step_cost(n, load)
+
+        def cost_curve(self, n, load):  # type: ignore[no-untyped-def]
+            return inner.cost_curve(n, load)
+
+        def observe(self, n, load, s):  # type: ignore[no-untyped-def]
+            return None
+
+    plain = with_draft_timing(NoJoint(), timing)
+    assert type(plain) is DraftTimedCostModel and not hasattr(plain, "joint_cost_curve")
+    with pytest.raises(BastionError, match="coefficients"):
+        DraftTiming(-1.0, 0.0, 0.0)
+
+
+def test_generate_prices_the_drafter_and_reports_the_cycle(
+    model_dirs: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from bastion.backends.torch import generate_batch
+
+    tdir, ddir = model_dirs
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
+    target = load_target(tdir, "cpu")
+    drafter = DFlashDrafter.from_pretrained(ddir, target)
+    with caplog.at_level(logging.INFO):
+        rep = generate_batch(
+            target, drafter, "bastion", [[1, 2, 3], [4, 5]], batch_size=2, max_new_tokens=6
+        )
+    assert "T_draft from the drafter's timing" in caplog.text
+    assert list(tmp_path.glob("drafter__*.json"))
+    c = rep.cycle
+    assert c["predicted_draft_s"] > 0 and c["measured_draft_s"] > 0
+    assert c["predicted_s"] >= c["predicted_draft_s"] + c["predicted_verify_s"] - 1e-12

@@ -37,7 +37,8 @@ from bastion.cost.calibration import (
     DEFAULT_TOKENS,
     CalibrationCache,
     CalibrationRecord,
-    calibrate_or_load,
+    calibrate,
+    profile_sweep,
 )
 from bastion.cost.costmodel import RooflineCostModel
 from bastion.cost.hardware import HardwareProfile, get_profile, load_profile, profile_to_toml
@@ -128,17 +129,18 @@ def calibrate_target(
             f"the sweep's largest pass ({max(tokens)} + {max(contexts)} tokens) exceeds the "
             f"target's context of {limit}; pass smaller --tokens/--contexts"
         )
-    record = calibrate_or_load(
-        spec,
-        hw,
-        verify_timer(model, repeats=1),
-        backend=f"torch-{device.type}",
-        dtype=_dtype_name(model),
-        cache=store,
-        refit=refit,
-        sweep_kwargs={"tokens": tokens, "contexts": contexts, "repeats": repeats},
-        tile_candidates=(0, 64, 128),
+    backend, dtype = f"torch-{device.type}", _dtype_name(model)
+    key = (hw.name, spec.name, dtype, backend)
+    found = None if refit else store.load(key)
+    if found is not None:
+        log.info("reusing calibration %s", store.path_for(key))
+        return found, hw, spec
+    # calibrate_or_load's sweep and fit, with the record written atomically
+    points = profile_sweep(
+        verify_timer(model, repeats=1), tokens=tokens, contexts=contexts, repeats=repeats
     )
+    record = calibrate(spec, hw, points, backend=backend, dtype=dtype, tile_candidates=(0, 64, 128))
+    write_json_atomic(store.path_for(record.key), record.to_dict())
     return record, hw, spec
 
 
