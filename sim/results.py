@@ -14,41 +14,13 @@ import csv
 import hashlib
 import io
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bastion.files import write_json_atomic, write_text_atomic
+
 __all__ = ["RunStore", "spec_key", "write_csv_atomic", "write_json_atomic", "write_text_atomic"]
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary sibling and ``os.replace``: readers see
-    the old file or the new one, never half of one. The file gets the user's umask (mkstemp
-    alone would leave it readable by its owner only)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def write_csv_atomic(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -44,8 +44,8 @@ from bastion.cost.costmodel import RooflineCostModel
 from bastion.cost.hardware import HardwareProfile, get_profile, load_profile, profile_to_toml
 from bastion.cost.models import ModelSpec
 from bastion.errors import BackendError, ConfigError
+from bastion.files import write_json_atomic, write_text_atomic
 
-from .files import write_json_atomic, write_text_atomic
 from .timing import DraftTiming, drafter_timer, fit_draft_timing, verify_timer
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Atomic file writes for the torch backend (calibration records, probed profiles, reports).
+"""Atomic file writes: calibration records, probed profiles, results, reports.
 
 A file is written to a temporary sibling and renamed into place with ``os.replace``: readers see
 the old file or the new one, never half of one, and a failed write leaves nothing behind. The
