@@ -204,6 +204,10 @@ def _print_record(args: argparse.Namespace, cache: Any, record: Any) -> int:
     print(f"  memory:  {cal.memory.alpha:.4f}·R_m + {cal.memory.beta * 1e3:.4f} ms")
     print(
         f"  RMSE bare {record.rmse_bare_s * 1e3:.3f} ms -> calibrated "
-        f"{record.rmse_calibrated_s * 1e3:.3f} ms"
+        f"{record.rmse_calibrated_s * 1e3:.3f} ms (in-sample)"
+    )
+    print(
+        f"  cross-validated error (leave-one-out, held-out points): "
+        f"{record.cv_mape:.1%} mean, {record.cv_max_error:.1%} max"
     )
     return 0

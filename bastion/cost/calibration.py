@@ -36,10 +36,12 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from bastion.cost.fitting import fit_max_affine, loo_errors
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, verify_pass
 from bastion.errors import ConfigError
+from bastion.files import write_text_atomic
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -134,12 +136,12 @@ def fit_linear(
     """Fit α_c, β_c, α_m, β_m so that max(α_c·R_c + β_c, α_m·R_m + β_m) ≈ measured.
 
     ``relative`` weighting minimises Σ((pred − y)/y)², which keeps small passes (a decode step)
-    as important as large ones; ``absolute`` minimises Σ(pred − y)². The max is piecewise
-    linear: we alternate (assign each point to its active branch, solve that branch's
-    least-squares line) from several starts, then polish with ``scipy.optimize.least_squares``.
+    as important as large ones; ``absolute`` minimises Σ(pred − y)². The fit is global and
+    start-free (:func:`bastion.cost.fitting.fit_max_affine`: every memory/compute split of the
+    points ordered by R_c/R_m, each branch a bounded linear least-squares problem), so the
+    calibrated curve does not depend on the profile's peak numbers: scaling R_c or R_m by any
+    positive factor rescales α and leaves the predictions unchanged.
     """
-    from scipy.optimize import least_squares
-
     rc = np.asarray(compute_raw, dtype=np.float64).ravel()
     rm = np.asarray(memory_raw, dtype=np.float64).ravel()
     y = np.asarray(measured, dtype=np.float64).ravel()
@@ -148,69 +150,12 @@ def fit_linear(
         raise ConfigError("compute_raw, memory_raw and measured must have the same length")
     if np.any(rc < 0) or np.any(rm <= 0):
         raise ConfigError("roofline branches must be non-negative (memory positive)")
-    if weighting not in ("relative", "absolute"):
-        raise ConfigError(f"weighting {weighting!r}; accepted: 'relative', 'absolute'")
-    scale = float(np.median(y))  # fit in units of the typical time so that α and β are O(1)
-    rc, rm, y = rc / scale, rm / scale, y / scale
-    w = 1.0 / y if weighting == "relative" else np.ones_like(y)
-
-    def predict(x: Array) -> Array:
-        out: Array = np.maximum(x[0] * rc + x[1], x[2] * rm + x[3])
-        return out
-
-    def residual(x: Array) -> Array:
-        return (predict(x) - y) * w
-
-    def jacobian(x: Array) -> Array:
-        on_c = (x[0] * rc + x[1] >= x[2] * rm + x[3]).astype(np.float64)
-        jac = np.stack([on_c * rc, on_c, (1 - on_c) * rm, 1 - on_c], axis=1)
-        out: Array = jac * w[:, None]
-        return out
-
-    def line(
-        r: Array, sel: npt.NDArray[np.bool_], fallback: tuple[float, float]
-    ) -> tuple[float, float]:
-        if sel.sum() < 2 or np.ptp(r[sel]) == 0:
-            return fallback
-        a = np.stack([r[sel], np.ones(int(sel.sum()))], axis=1) * w[sel, None]
-        sol, *_ = np.linalg.lstsq(a, y[sel] * w[sel], rcond=None)
-        return (max(float(sol[0]), 1e-6), float(sol[1]))
-
-    starts = [np.array([1.0, 0.0, 1.0, 0.0])]
-    for split in (0.25, 0.5, 0.75):  # memory branch for the smallest passes, compute after
-        cut = np.quantile(rc / rm, split)
-        sel_c = rc / rm >= cut
-        c_line = line(rc, sel_c, (1.0, 0.0))
-        m_line = line(rm, ~sel_c, (1.0, 0.0))
-        starts.append(np.array([*c_line, *m_line]))
-    best: Array | None = None
-    best_cost = math.inf
-    floor = -0.5 * float(y.min())
-    lower = np.array([1e-6, floor, 1e-6, floor])
-    upper = np.array([1e6, float(y.max()), 1e6, float(y.max())])
-    candidates = []
-    for x0 in starts:
-        x = np.clip(x0, lower + 1e-12, upper - 1e-12)
-        candidates.append(x)
-        for _ in range(20):  # alternate: active branch → per-branch line
-            sel_c = x[0] * rc + x[1] >= x[2] * rm + x[3]
-            new = np.array([*line(rc, sel_c, (x[0], x[1])), *line(rm, ~sel_c, (x[2], x[3]))])
-            new = np.clip(new, lower + 1e-12, upper - 1e-12)
-            if np.allclose(new, x):
-                break
-            x = new
-        candidates.append(x)
-    for x in candidates:  # polish every start, raw and alternated; keep the best
-        sol = least_squares(
-            residual, x, jac=jacobian, bounds=(lower, upper), method="trf", max_nfev=400
-        )
-        cost = float(np.sum(residual(sol.x) ** 2))
-        if cost < best_cost:
-            best, best_cost = sol.x, cost
-    assert best is not None
+    fit = fit_max_affine(rc, rm, y, weighting=weighting)
+    # α > 0 keeps the calibrated curve strictly increasing in its branch (the controller's
+    # growth bound reads α); a slope the data leave at 0 becomes a negligible 1e-9
     return LinearCalibration(
-        compute=Branch(float(best[0]), float(best[1]) * scale),
-        memory=Branch(float(best[2]), float(best[3]) * scale),
+        compute=Branch(max(fit.compute_slope, 1e-9), fit.compute_offset),
+        memory=Branch(max(fit.memory_slopes[0], 1e-9), fit.memory_offset),
         tile_tokens=tile_tokens,
     )
 
@@ -293,6 +238,8 @@ class CalibrationRecord:
     prep_s: float = 0.0  # T_aux, a constant
     rmse_bare_s: float = float("nan")  # bare roofline vs the sweep
     rmse_calibrated_s: float = float("nan")  # calibrated vs the sweep (in-sample)
+    cv_mape: float = float("nan")  # leave-one-out relative error of the fit, mean (held-out)
+    cv_max_error: float = float("nan")  # … and its worst point
     points: tuple[Measurement, ...] = ()
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
 
@@ -312,6 +259,8 @@ class CalibrationRecord:
             "prep_s": self.prep_s,
             "rmse_bare_s": self.rmse_bare_s,
             "rmse_calibrated_s": self.rmse_calibrated_s,
+            "cv_mape": self.cv_mape,
+            "cv_max_error": self.cv_max_error,
             "points": [asdict(p) for p in self.points],
             "created": self.created,
         }
@@ -337,6 +286,8 @@ class CalibrationRecord:
                 prep_s=float(data.get("prep_s", 0.0)),
                 rmse_bare_s=float(data.get("rmse_bare_s", float("nan"))),
                 rmse_calibrated_s=float(data.get("rmse_calibrated_s", float("nan"))),
+                cv_mape=float(data.get("cv_mape", float("nan"))),
+                cv_max_error=float(data.get("cv_max_error", float("nan"))),
                 points=points,
                 created=str(data.get("created", "")),
             )
@@ -378,8 +329,7 @@ class CalibrationCache:
 
     def save(self, record: CalibrationRecord) -> Path:
         path = self.path_for(record.key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record.to_dict(), indent=2) + "\n")
+        write_text_atomic(path, json.dumps(record.to_dict(), indent=2) + "\n")
         return path
 
 
@@ -425,9 +375,12 @@ def calibrate(
     weighting: Weighting = "relative",
     prep_s: float = 0.0,
 ) -> CalibrationRecord:
-    """Fit the static calibration to ``points``; with several ``tile_candidates`` keep the best.
+    """Fit the static calibration to ``points``; with several ``tile_candidates`` keep the one
+    with the smallest leave-one-out error (a tile step fits the points it was fitted on better
+    by construction; held-out points say whether it generalises).
 
-    Logs and records the RMSE of the bare roofline and of the calibrated curve on the points.
+    Records the RMSE of the bare roofline and of the calibrated curve on the points (in-sample)
+    and the leave-one-out relative error of the chosen fit (mean and max, held-out).
     """
     pts = tuple(points)
     y = np.array([p.seconds for p in pts], dtype=np.float64)
@@ -436,35 +389,52 @@ def calibrate(
     c = np.array([p.context for p in pts], dtype=np.float64)
     if np.any(s < 1) or np.any(c < 0):
         raise ConfigError("calibration points need tokens ≥ 1 and context ≥ 0")
-    best: tuple[float, LinearCalibration] | None = None
+    best: tuple[float, float, float, LinearCalibration] | None = None
     bare = np.zeros_like(y)
     for tile in tile_candidates:
         rc, rm, bare = raw_branches(model, hw, s, c, options, tile_tokens=tile)
         cal = fit_linear(rc, rm, y, weighting=weighting, tile_tokens=tile)
-        err = rmse(cal.predict(rc, rm), y)
-        if best is None or err < best[0]:
-            best = (err, cal)
+        cv = _loo(rc, rm, y, weighting) if y.size > MIN_POINTS else np.full(1, np.nan)
+        score = float(np.mean(cv)) if np.all(np.isfinite(cv)) else rmse(cal.predict(rc, rm), y)
+        if best is None or score < best[0]:
+            best = (score, float(np.mean(cv)), float(np.max(cv)), cal)
     assert best is not None
+    rc, rm, _ = raw_branches(model, hw, s, c, options, tile_tokens=best[3].tile_tokens)
     record = CalibrationRecord(
         device=hw.name,
         model=model.name,
         dtype=dtype,
         backend=backend,
-        calibration=best[1],
+        calibration=best[3],
         prep_s=prep_s,
         rmse_bare_s=rmse(bare, y),
-        rmse_calibrated_s=best[0],
+        rmse_calibrated_s=rmse(best[3].predict(rc, rm), y),
+        cv_mape=best[1],
+        cv_max_error=best[2],
         points=pts,
     )
     log.info(
-        "calibrated %s on %s: RMSE %.3f ms bare -> %.3f ms calibrated (%d points)",
+        "calibrated %s on %s: RMSE %.3f ms bare -> %.3f ms calibrated (%d points, "
+        "leave-one-out error %.1f %% mean, %.1f %% max)",
         model.name,
         hw.name,
         record.rmse_bare_s * 1e3,
         record.rmse_calibrated_s * 1e3,
         len(pts),
+        record.cv_mape * 100,
+        record.cv_max_error * 100,
     )
     return record
+
+
+def _loo(rc: Array, rm: Array, y: Array, weighting: Weighting) -> Array:
+    """Leave-one-out relative errors of :func:`fit_linear` on the points (rc, rm, y)."""
+
+    def fit_predict(train: npt.NDArray[np.bool_], i: int) -> float:
+        cal = fit_linear(rc[train], rm[train], y[train], weighting=weighting)
+        return float(cal.predict(rc[i], rm[i]))
+
+    return loo_errors(y.size, fit_predict, y)
 
 
 def calibrate_or_load(

@@ -41,7 +41,7 @@ __all__ = [
 PROFILE_DIR_ENV = "BASTION_HWPROFILES"
 
 _PEAK_REQUIRED = ("bf16_flops", "memory_bandwidth", "memory_bytes", "l2_bytes", "sm_count")
-_PEAK_OPTIONAL = ("fp8_flops",)
+_PEAK_OPTIONAL = ("fp8_flops", "l2_bandwidth")
 _EFFICIENCY_REQUIRED = ("compute", "memory", "launch_overhead_s")
 
 
@@ -60,6 +60,7 @@ class HardwareProfile:
     memory_efficiency: float  # achievable fraction of memory_bandwidth, in (0, 1]
     launch_overhead_s: float  # seconds added per kernel launch
     fp8_flops: float | None = None  # FLOP/s, dense FP8 tensor throughput where it exists
+    l2_bandwidth: float | None = None  # bytes/s, peak L2 read bandwidth where it is published
     sources: Mapping[str, str] = field(default_factory=dict)  # field -> where the number is from
     path: str | None = None  # file it was read from
 
@@ -154,6 +155,7 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
         memory_efficiency=values["memory"],
         launch_overhead_s=values["launch_overhead_s"],
         fp8_flops=values.get("fp8_flops"),
+        l2_bandwidth=values.get("l2_bandwidth"),
         sources={str(k): str(v) for k, v in sources.items()},
         path=None if origin.startswith("<") else origin,
     )
@@ -170,6 +172,8 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
     }
     if profile.fp8_flops is not None:
         peak["fp8_flops"] = profile.fp8_flops
+    if profile.l2_bandwidth is not None:
+        peak["l2_bandwidth"] = profile.l2_bandwidth
     return {
         "name": profile.name,
         "description": profile.description,
