@@ -21,7 +21,9 @@ batched load), ``uses_topk`` (False: only the drafter's top-1 is needed, so the 
 top-K normalisation and the tree mask).
 
 :func:`make_policy` parses the short spec strings the CLI uses (``fixed:64``, ``beam:4x15``,
-``eagle:10,7,60``, ``bastion``, ``chain``).
+``eagle:10,7,60``, ``bastion``, ``chain``) and loads a researcher's own policy by import path
+(``package.module:Name[:ARGS]``, ``file.py:Name``) or by a name registered under the entry-point
+group ``bastion.policies`` (:mod:`bastion.plugins`).
 
 What this module does not do: price trees or draft; policies are pure functions of their input.
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -42,6 +45,7 @@ from bastion.errors import BudgetError, UnknownNameError
 from bastion.interfaces import (
     BatchChoice,
     BatchPolicyContext,
+    BatchTreePolicy,
     PolicyContext,
     TreeChoice,
     TreePolicy,
@@ -402,10 +406,73 @@ _SPECS = (
 )
 
 
-def make_policy(spec: str) -> TreePolicy:
-    """Parse a spec: ``ar``, ``chain``, ``fixed:64``, ``beam:4x15``, ``eagle:10,7,60``, ``bastion``
-    (``ar``: the root alone)."""
+POLICY_GROUP = "bastion.policies"  # the entry-point group of short plug-in names
+_BUILTINS = frozenset({"ar", "chain", "fixed", "beam", "eagle", "bastion", "adaptive"})
+
+
+def is_policy(obj: object) -> bool:
+    """Whether ``obj`` is a tree policy: a ``name`` and ``choose`` and/or ``choose_batch``."""
+    if isinstance(obj, type):
+        return False
+    has_choose = callable(getattr(obj, "choose", None)) or callable(
+        getattr(obj, "choose_batch", None)
+    )
+    return has_choose and isinstance(getattr(obj, "name", None), str)
+
+
+def split_policy_specs(text: str) -> list[str]:
+    """Split a comma-separated list of policy specs, keeping each spec's own comma-separated
+    arguments with it: ``"chain,bastion:per-request,64,mod:P:8,k=2"`` →
+    ``["chain", "bastion:per-request,64", "mod:P:8,k=2"]``. A piece starts a new spec when it is
+    a built-in name or has a ``:`` after a name; numbers and ``key=value`` pieces continue the one
+    before. (Repeat ``--policy`` to avoid any doubt.)"""
+    specs: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        head, colon, _ = piece.partition(":")
+        if "=" in head or piece == "per-request":
+            starts = False  # key=value, or the per-request flag of bastion:…
+        elif head in _BUILTINS or colon:
+            starts = True
+        else:  # a bare number continues; a bare name is a registered plug-in
+            starts = not piece.replace(".", "", 1).lstrip("+-").isdigit()
+        if starts or not specs:
+            specs.append(piece)
+        else:
+            specs[-1] += "," + piece
+    return specs
+
+
+def policy_label(policy: object) -> str:
+    """How a policy is recorded in results: a spec string as given; an object as
+    ``"NAME [module:Class]"`` (its ``name`` and where its class lives)."""
+    if isinstance(policy, str):
+        return policy
+    cls = type(policy)
+    return f"{getattr(policy, 'name', '?')} [{cls.__module__}:{cls.__qualname__}]"
+
+
+def make_policy(spec: str | TreePolicy | BatchTreePolicy, *, n_max: int | None = None) -> Any:
+    """A policy from a spec, or ``spec`` itself if it already is one.
+
+    Built-ins: ``ar``, ``chain[:D]``, ``fixed:N``, ``beam:WxD``, ``eagle:K,D,N``,
+    ``bastion[:N_MAX]``, ``bastion:per-request[,N_MAX]``. Anything else is a plug-in
+    (:mod:`bastion.plugins`): ``package.module:Name[:ARGS]``, ``file.py:Name[:ARGS]``, or a short
+    name registered under the entry-point group ``bastion.policies``. ``n_max`` is the adaptive
+    controller's cap when the spec does not give one (built-ins only; a plug-in takes its own
+    arguments).
+    """
+    if not isinstance(spec, str):
+        if is_policy(spec):
+            return spec
+        raise BudgetError(
+            f"a policy must be a spec string ({_SPECS}, or 'package.module:Name[:ARGS]') or an "
+            f"object with a str `name` and a `choose` or `choose_batch` method; got {spec!r}"
+        )
     name, _, arg = spec.strip().partition(":")
+    if name not in _BUILTINS:
+        return _plugin_policy(spec)
     try:
         if name == "ar" and not arg:
             return AutoregressivePolicy()
@@ -427,7 +494,24 @@ def make_policy(spec: str) -> TreePolicy:
             sizes = [int(a) for a in parts if a != "per-request"]
             if len(sizes) > 1:
                 raise ValueError("at most one N_MAX")
-            return AdaptivePolicy(sizes[0], joint=joint) if sizes else AdaptivePolicy(joint=joint)
+            cap = sizes[0] if sizes else n_max
+            return AdaptivePolicy(joint=joint) if cap is None else AdaptivePolicy(cap, joint=joint)
     except ValueError as exc:
         raise BudgetError(f"bad policy spec {spec!r} ({exc}); accepted: {_SPECS}") from exc
-    raise UnknownNameError(f"unknown policy {spec!r}; known: {_SPECS}")
+    raise BudgetError(f"bad policy spec {spec!r}; accepted: {_SPECS}")
+
+
+def _plugin_policy(spec: str) -> Any:
+    from bastion import plugins
+
+    try:
+        obj = plugins.load(spec, POLICY_GROUP, "policy", ready=is_policy)
+    except UnknownNameError as exc:
+        raise UnknownNameError(f"{exc}; built-in policies: {_SPECS}") from None
+    if not is_policy(obj):
+        raise BudgetError(
+            f"policy spec {spec!r} gave {obj!r}, which is not a tree policy: it needs a str "
+            "`name` and a `choose(marginals, context)` or `choose_batch(marginals, context)` "
+            "method"
+        )
+    return obj

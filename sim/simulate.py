@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,8 @@ from bastion.cost.costmodel import CostMode, RooflineCostModel
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.errors import ConfigError
-from bastion.policies import AdaptivePolicy, make_policy
+from bastion.interfaces import CostModel
+from bastion.policies import make_policy, policy_label
 from sim.arrivals import Arrival, poisson_arrivals, read_arrivals
 from sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
 from sim.latency import latency_summary
@@ -50,7 +51,7 @@ class SimSpec:
     model: str = "qwen3-8b"
     gpu: str = "h100-sxm"
     workload: str = "math"  # a preset name, or a trace file / directory (sim.replay)
-    policies: tuple[str, ...] = DEFAULT_POLICIES
+    policies: tuple[Any, ...] = DEFAULT_POLICIES  # spec strings or policy objects
     temperature: float = 0.0
     concurrency: int = 1  # closed loop: clients; open loop: the most requests in service
     requests: int = 8
@@ -82,12 +83,20 @@ class SimSpec:
             raise ConfigError(f"output_len must be ≥ 2; got {self.output_len}")
         if not self.policies:
             raise ConfigError("at least one policy is needed")
+        object.__setattr__(self, "policies", tuple(self.policies))
         for p in self.policies:
-            make_policy(p)  # raises on unknown or malformed specs
+            make_policy(p)  # raises on unknown or malformed specs and on non-policies
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["policies"] = list(self.policies)
+        """Plain data (JSON-ready); a policy object is recorded by :func:`policy_label`."""
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "policies":
+                value = [policy_label(p) for p in value]
+            elif is_dataclass(value) and not isinstance(value, type):
+                value = asdict(value)
+            d[f.name] = value
         return d
 
 
@@ -211,9 +220,17 @@ def arrivals_of(spec: SimSpec) -> list[Arrival] | None:
 
 
 def simulate(
-    spec: SimSpec, progress: Callable[[str, int, int], None] | None = None
+    spec: SimSpec,
+    progress: Callable[[str, int, int], None] | None = None,
+    *,
+    cost_model: CostModel | None = None,
 ) -> SimulationResult:
-    """Serve AR and every policy of ``spec`` on identical requests; compare."""
+    """Serve AR and every policy of ``spec`` on identical requests; compare.
+
+    Policies that declare ``uses_cost_model = True`` are given ``cost_model`` when one is passed
+    (a researcher's own belief about the GPU), else the roofline calibrated on the simulated GPU
+    as ``spec.cost_mode`` says. The calibration is run either way: its errors are reported.
+    """
     start = time.perf_counter()
     hw = get_profile(spec.gpu)
     model = get_model(spec.model)
@@ -224,17 +241,20 @@ def simulate(
             hw, model, drafter, spec.truth, seed=spec.seed, max_tree_size=spec.n_max
         )
 
-    cost_model, record = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed)
+    calibrated, record = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed)
     arrivals = arrivals_of(spec)
     n_requests = None if arrivals is not None else spec.requests
     results: list[tuple[ServingResult, float]] = []
-    for name in ("ar", *[p for p in spec.policies if p != "ar"]):
-        policy = make_policy(name)
-        if isinstance(policy, AdaptivePolicy):
-            policy = replace(policy, n_max=spec.n_max)
-        cm = cost_model if isinstance(policy, AdaptivePolicy) else None
-        if cm is not None and spec.cost_mode in ("ema", "ema+calib"):
-            cm = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed)[0]  # fresh γ
+    for given in ("ar", *[p for p in spec.policies if p != "ar"]):
+        policy = make_policy(given, n_max=spec.n_max)
+        name = policy.name
+        cm: CostModel | None = None
+        if getattr(policy, "uses_cost_model", False):
+            cm = cost_model
+            if cm is None:
+                cm = calibrated
+                if spec.cost_mode in ("ema", "ema+calib"):  # fresh γ for every policy
+                    cm = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed)[0]
         tick = (lambda d, n, name=name: progress(name, d, n)) if progress else None
         source = request_source(spec)
         t0 = time.perf_counter()

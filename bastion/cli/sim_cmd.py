@@ -49,7 +49,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         open_loop = args.arrival_rate is not None or args.arrivals is not None
         args.concurrency = 64 if open_loop else 1
 
-    policies = tuple(p for group in args.policy for p in group.split(",") if p)
+    from bastion.policies import split_policy_specs
+
+    policies = tuple(p for group in args.policy for p in split_policy_specs(group))
     spec = SimSpec(
         model=args.model,
         gpu=args.gpu,
