@@ -21,6 +21,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bastion.cli.tree_cmd",
     "bastion.cli.hw_cmd",
     "bastion.cli.cost_cmd",
+    "bastion.cli.validate_cmd",
     "bastion.cli.generate_cmd",
     "bastion.cli.sim_cmd",
     "bastion.cli.demo_cmd",

@@ -23,6 +23,7 @@ What this module does not do: calibration (:mod:`bastion.cost.calibration`) or t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -66,6 +67,11 @@ class RooflineOptions:
     fused_gate_up: bool = False  # one gate+up GEMM instead of two
     expert_touch: ExpertTouch = "saturating"  # U(T): paper's min(E, K·T) or uniform routing
     tile_tokens: int = 0  # pad the GEMM token count to a multiple of this (0: off)
+    # Per-operator refinements (off by default: they are not affine in the pass's features, so
+    # LinearPricer and the cost model's curves cannot use them; validation and calibration can)
+    l2_resident: bool = False  # activations of a kernel whose working set fits in L2: L2 speed
+    gemm_waves: bool = False  # GEMM compute on whole waves of (tile_m × tile_n) tiles over SMs
+    wave_tile_n: int = 128  # output columns per tile (tile_m: next power of two ≥ T in 16…128)
 
     def __post_init__(self) -> None:
         if self.bytes_per_param <= 0 or self.bytes_per_act <= 0:
@@ -76,6 +82,8 @@ class RooflineOptions:
             )
         if self.tile_tokens < 0:
             raise ConfigError(f"tile_tokens must be ≥ 0, got {self.tile_tokens}")
+        if self.wave_tile_n < 1:
+            raise ConfigError(f"wave_tile_n must be ≥ 1, got {self.wave_tile_n}")
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,7 @@ class OperatorCost:
     compute_s: Array  # flops / (η_c · peak)
     memory_s: Array  # bytes / (η_m · bandwidth)
     launch_s: float  # kernels · launch overhead
+    l2_s: Array | float = 0.0  # the part of memory_s spent on L2-resident bytes (l2_resident)
 
     @property
     def bytes(self) -> Array:
@@ -167,6 +176,7 @@ class OperatorCost:
             act_bytes=pick(self.act_bytes),
             compute_s=pick(self.compute_s),
             memory_s=pick(self.memory_s),
+            l2_s=pick(np.asarray(self.l2_s)),
         )
 
 
@@ -359,16 +369,48 @@ def _layer_ops(
     return ops
 
 
+def _wave_flops(tokens: Array, k_in: int, n_out: int, sm_count: int, tile_n: int) -> Array:
+    """FLOPs a tiled GEMM y[T, n] = x[T, k]·W executes in whole waves: tiles of tile_m × tile_n
+    outputs (tile_m the power of two ≥ T, clipped to 16 … 128), ⌈tiles / SMs⌉ waves, each
+    running every SM on a full tile: waves · SMs · tile_m · tile_n · 2k."""
+    t = np.maximum(np.asarray(tokens, dtype=np.float64), 1.0)
+    tile_m = np.clip(2.0 ** np.ceil(np.log2(t)), 16.0, 128.0)
+    tiles = np.ceil(t / tile_m) * math.ceil(n_out / tile_n)
+    waves = np.ceil(tiles / sm_count)
+    out: Array = waves * sm_count * tile_m * tile_n * 2.0 * k_in
+    return out
+
+
 def _price(
-    raws: list[tuple[_Raw, int]], hw: HardwareProfile, opt: RooflineOptions
+    raws: list[tuple[_Raw, int]],
+    hw: HardwareProfile,
+    opt: RooflineOptions,
+    tokens: Array | None = None,
+    dims: Mapping[str, tuple[int, int]] | None = None,
 ) -> tuple[OperatorCost, ...]:
     peak = hw.peak_flops(opt.dtype) * hw.compute_efficiency
     bandwidth = hw.memory_bandwidth * hw.memory_efficiency
+    # L2 bandwidth where the profile gives a sourced one; otherwise L2-resident bytes are priced
+    # at DRAM speed (the split is kept, so a calibration can still give them their own slope)
+    l2_bandwidth = (hw.l2_bandwidth or hw.memory_bandwidth) * hw.memory_efficiency
     bw_, ba_ = opt.bytes_per_param, opt.bytes_per_act
     out = []
     for (name, flops, w, kv, act, kernels), times in raws:
         f = flops * times
         wb, kb, ab = w * bw_ * times, kv * ba_ * times, act * ba_ * times
+        compute_s = f / peak
+        if opt.gemm_waves and dims is not None and tokens is not None and name in dims:
+            k_in, n_out = dims[name]
+            waved = _wave_flops(tokens, k_in, n_out, hw.sm_count, opt.wave_tile_n) * times
+            compute_s = np.maximum(f, waved) / peak
+        l2_s: Array | float = 0.0
+        if opt.l2_resident:
+            # one kernel's activation working set (one layer's instance, all its kernels)
+            resident = act * ba_ <= hw.l2_bytes
+            l2_s = np.where(resident, ab, 0.0) / l2_bandwidth
+            memory_s = (wb + kb + np.where(resident, 0.0, ab)) / bandwidth + l2_s
+        else:
+            memory_s = (wb + kb + ab) / bandwidth
         out.append(
             OperatorCost(
                 name=name,
@@ -377,12 +419,31 @@ def _price(
                 kv_bytes=kb,
                 act_bytes=ab,
                 kernels=kernels * times,
-                compute_s=f / peak,
-                memory_s=(wb + kb + ab) / bandwidth,
+                compute_s=compute_s,
+                memory_s=memory_s,
                 launch_s=kernels * times * hw.launch_overhead_s,
+                l2_s=l2_s,
             )
         )
     return tuple(out)
+
+
+def _gemm_dims(model: ModelSpec, opt: RooflineOptions) -> dict[str, tuple[int, int]]:
+    """(k_in, n_out) of every dense GEMM of a target pass, by operator name."""
+    h, hq, hkv = model.hidden, model.h_q, model.h_kv
+    dims = {"o_proj": (hq, h), "lm_head": (h, model.vocab)}
+    if opt.fused_qkv:
+        dims["qkv_proj"] = (h, hq + 2 * hkv)
+    else:
+        dims.update(q_proj=(h, hq), k_proj=(h, hkv), v_proj=(h, hkv))
+    if not model.is_moe:
+        f = model.ffn
+        if opt.fused_gate_up:
+            dims["gate_up_proj"] = (h, 2 * f)
+        else:
+            dims.update(gate_proj=(h, f), up_proj=(h, f))
+        dims["down_proj"] = (f, h)
+    return dims
 
 
 def _check_layers(model: ModelSpec) -> None:
@@ -417,7 +478,9 @@ def price_pass(
     opt = options or RooflineOptions()
     _check_layers(model)
     raws = _pass_raws(model, shape, opt, masked)
-    return RooflineBreakdown(_price(raws, hw, opt), meta={"layers": float(model.layers)})
+    tokens = _pad(shape.tokens, opt.tile_tokens)
+    priced = _price(raws, hw, opt, tokens, _gemm_dims(model, opt))
+    return RooflineBreakdown(priced, meta={"layers": float(model.layers)})
 
 
 def _pass_raws(
@@ -471,6 +534,11 @@ class LinearPricer:
         self.options = opt = options or RooflineOptions()
         self.masked = masked
         _check_layers(model)
+        if opt.l2_resident or opt.gemm_waves:
+            raise ConfigError(
+                "LinearPricer prices passes that are affine in their features; "
+                "l2_resident and gemm_waves are not (accepted: both False)"
+            )
         basis = np.vstack((np.zeros(_N_FEATURES), np.eye(_N_FEATURES)))  # [7, 6]
         shape = PassShape(
             tokens=basis[:, 0],

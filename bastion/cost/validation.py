@@ -1,156 +1,493 @@
-"""Compare the per-operator roofline with measured per-layer kernel timings.
+"""Validate the cost model against measured per-operator GPU timings (``bastion validate``).
 
-The measured data (``docs/data/a100-80gb_llama-3-8b_per-layer-ops.csv``, from the Vidur
-simulator's public profiling data, MIT licence) gives milliseconds per layer per operator of
-Meta-Llama-3-8B on one A100 80GB against the number of tokens in the pass. Its kernels are
-vLLM's: fused q/k/v and gate/up projections, fused SiLU·mul, gathered embedding rows, one
-residual add per kernel.
+Two public per-operator CSV layouts are read, one row per token count, milliseconds, 16-bit
+weights, tensor parallel 1:
 
-:func:`operator_errors` calibrates each operator on a few token counts and reports the error of
-the bare and the calibrated roofline on the others.
+- ``vidur`` (Vidur's profiling data, e.g. ``docs/data/a100-80gb_llama-3-8b_per-layer-ops.csv``):
+  per-layer ``qkv_proj_ms``, ``o_proj_ms``, ``gate_up_proj_ms``, ``down_proj_ms``, ``act_ms``,
+  ``rope_ms``, ``input_norm_ms``, ``post_attn_norm_ms``, ``residual_add_ms`` (one of a layer's
+  two adds) and per-pass ``embedding_ms``;
+- ``llmservingsim`` (LLMServingSim's profiler): per-layer ``qkv_proj_ms``, ``o_proj_ms``,
+  ``gate_up_proj_ms``, ``down_proj_ms``, ``act_fn_ms``, ``rotary_emb_ms``, ``layernorm_ms``
+  (one fused add + RMSNorm kernel) and per-pass ``embedding_ms``, ``final_layernorm_ms``,
+  ``lm_head_ms``.
 
-What this module does not do: read files outside the path it is given, or plot (see
-``docs/make_cost_figures.py``).
+Both use vLLM-style kernels (fused q/k/v and gate/up, fused SiLU·mul, gathered embedding rows).
+Empty cells are allowed (a column measured over fewer token counts); any other unreadable cell
+raises :class:`MeasuredDataError` naming the file, row and column. Every column is either mapped
+to roofline operators or reported as unmapped.
+
+For every mapped column, :func:`validate` calibrates on the token counts ``train_tokens`` and
+scores three predictions on every other token count ≤ ``max_tokens`` (held out):
+
+- ``bare``: the per-operator roofline with the profile's default efficiencies;
+- ``calibrated``: the global max-of-two-branches fit (:mod:`bastion.cost.fitting`) with the
+  compute feature (plain, 64- or 128-token tiles, whole GEMM waves) and the memory feature
+  (DRAM only, or DRAM and L2-resident bytes apart) chosen by leave-one-out error on the
+  calibration points;
+- ``profiled``: log-log interpolation between the calibration points (the calibrated roofline
+  beyond them), as :class:`bastion.cost.profiled.ProfiledCostModel` predicts.
+
+What this module does not do: plot (``docs/make_cost_figures.py``) or print (``bastion.cli``).
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
 
-from bastion.cost.calibration import LinearCalibration, fit_linear, rmse
+from bastion.cost.fitting import MaxAffineFit, fit_max_affine, loo_errors
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, verify_pass
 from bastion.errors import ConfigError
 
 __all__ = [
-    "CSV_TO_OPERATOR",
+    "DEFAULT_MAX_TOKENS",
     "DEFAULT_TRAIN_TOKENS",
+    "FORMATS",
     "MEASURED_OPTIONS",
-    "OperatorError",
+    "ColumnSpec",
+    "MeasuredDataError",
+    "MeasuredFormat",
+    "MeasuredTable",
+    "OperatorFeatures",
+    "OperatorResult",
+    "ValidationReport",
+    "calibrate_column",
+    "interpolate_loglog",
     "load_measured",
-    "operator_errors",
-    "roofline_per_layer",
+    "operator_features",
+    "validate",
 ]
 
 Array = npt.NDArray[np.float64]
+MeasuredFormat = Literal["vidur", "llmservingsim"]
+Mode = Literal["bare", "calibrated", "profiled"]
 
-#: CSV column → (roofline operator, how many of that operator's kernels one column covers)
-CSV_TO_OPERATOR: dict[str, tuple[str, float]] = {
-    "qkv_proj_ms": ("qkv_proj", 1.0),
-    "o_proj_ms": ("o_proj", 1.0),
-    "gate_up_proj_ms": ("gate_up_proj", 1.0),
-    "down_proj_ms": ("down_proj", 1.0),
-    "act_ms": ("act", 1.0),
-    "rope_ms": ("rope", 1.0),
-    "input_norm_ms": ("input_norm", 1.0),
-    "post_attn_norm_ms": ("post_attn_norm", 1.0),
-    "residual_add_ms": ("residual_add", 0.5),  # our op is both adds of a layer
-    "embedding_ms": ("embedding", 1.0),
+
+class MeasuredDataError(ConfigError):
+    """A measured-timings CSV that cannot be read: the message names file, row and column."""
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """What one CSV column measures: roofline operators × shares, per layer or per pass."""
+
+    parts: tuple[tuple[str, float], ...]  # (operator, share of it one cell covers)
+    per_pass: bool = False  # once per pass (embedding, LM head) rather than per layer
+    note: str = ""
+
+
+_LAYER_GEMMS: dict[str, ColumnSpec] = {
+    "qkv_proj_ms": ColumnSpec((("qkv_proj", 1.0),), note="fused q/k/v projection"),
+    "o_proj_ms": ColumnSpec((("o_proj", 1.0),)),
+    "gate_up_proj_ms": ColumnSpec((("gate_up_proj", 1.0),), note="fused gate+up projection"),
+    "down_proj_ms": ColumnSpec((("down_proj", 1.0),)),
 }
-#: The measured kernels' implementation choices.
+
+#: Column → what it measures, per format.
+FORMATS: dict[str, dict[str, ColumnSpec]] = {
+    "vidur": {
+        **_LAYER_GEMMS,
+        "act_ms": ColumnSpec((("act", 1.0),), note="SiLU·mul"),
+        "rope_ms": ColumnSpec((("rope", 1.0),)),
+        "input_norm_ms": ColumnSpec((("input_norm", 1.0),)),
+        "post_attn_norm_ms": ColumnSpec((("post_attn_norm", 1.0),)),
+        "residual_add_ms": ColumnSpec((("residual_add", 0.5),), note="one of a layer's two adds"),
+        "embedding_ms": ColumnSpec((("embedding", 1.0),), per_pass=True),
+    },
+    "llmservingsim": {
+        **_LAYER_GEMMS,
+        "act_fn_ms": ColumnSpec((("act", 1.0),), note="SiLU·mul"),
+        "rotary_emb_ms": ColumnSpec((("rope", 1.0),)),
+        "layernorm_ms": ColumnSpec(
+            (("input_norm", 1.0), ("residual_add", 0.5)), note="one fused add + RMSNorm kernel"
+        ),
+        "embedding_ms": ColumnSpec((("embedding", 1.0),), per_pass=True),
+        "final_layernorm_ms": ColumnSpec((("final_norm", 1.0),), per_pass=True),
+        "lm_head_ms": ColumnSpec((("lm_head", 1.0),), per_pass=True),
+    },
+}
+#: The measured kernels' implementation choices (vLLM).
 MEASURED_OPTIONS = RooflineOptions(fused_qkv=True, fused_gate_up=True, full_embedding_table=False)
-#: Token counts to calibrate on (the rest are predicted).
-DEFAULT_TRAIN_TOKENS: tuple[int, ...] = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 32768)
+#: Token counts calibrated on by default (the rest, up to ``DEFAULT_MAX_TOKENS``, are held out).
+DEFAULT_TRAIN_TOKENS: tuple[int, ...] = (1, 16, 64, 128, 256, 512, 1024)
+DEFAULT_MAX_TOKENS = 1024
+#: Fewest calibration points a column needs to be calibrated and scored.
+MIN_TRAIN = 5
 
 
-def load_measured(path: str | os.PathLike[str]) -> dict[str, Array]:
-    """The CSV as columns of floats (``num_tokens`` plus one column per operator)."""
+@dataclass(frozen=True)
+class MeasuredTable:
+    """A measured CSV: token counts, one array of seconds per mapped column (NaN: empty)."""
+
+    path: str
+    format: str
+    tokens: Array
+    columns: dict[str, Array]  # mapped column → seconds (NaN where the cell was empty)
+    unmapped: tuple[str, ...]  # columns present in the file that no operator maps to
+
+
+def _cell(text: str | None, path: str, row: int, column: str, what: str) -> float:
+    if text is None:
+        raise MeasuredDataError(
+            f"{path}, row {row}, column {column!r}: missing cell (the row has fewer values than "
+            "the header); accepted: one value per header column, empty for not measured"
+        )
     try:
-        with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
+        value = float(text)
+    except ValueError:
+        raise MeasuredDataError(
+            f"{path}, row {row}, column {column!r}: {text!r} is not a number; accepted: {what}"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise MeasuredDataError(
+            f"{path}, row {row}, column {column!r}: {text!r} is out of range; accepted: {what}"
+        )
+    return value
+
+
+def load_measured(path: str | os.PathLike[str], format: str = "vidur") -> MeasuredTable:
+    """Read a per-operator CSV in ``format`` (``vidur`` or ``llmservingsim``).
+
+    Rows are numbered as lines of the file (the header is row 1).
+    """
+    if format not in FORMATS:
+        raise ConfigError(f"measured format {format!r}; accepted: {', '.join(FORMATS)}")
+    spec = FORMATS[format]
+    name = os.fspath(path)
+    try:
+        with open(name, newline="") as fh:
+            reader = csv.DictReader(fh)
+            header = list(reader.fieldnames or [])
+            rows = list(reader)
     except FileNotFoundError:
-        raise ConfigError(f"measured data not found: {path}") from None
-    if not rows or "num_tokens" not in rows[0]:
-        raise ConfigError(f"{path}: expected a CSV with a num_tokens column")
-    return {k: np.array([float(r[k]) for r in rows]) for k in rows[0]}
+        raise MeasuredDataError(f"measured data not found: {name}") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise MeasuredDataError(f"{name}: not a readable CSV ({exc})") from None
+    if "num_tokens" not in header:
+        raise MeasuredDataError(
+            f"{name}, row 1: no 'num_tokens' column (header: {', '.join(header) or 'empty'}); "
+            f"accepted {format} columns: num_tokens, {', '.join(spec)}"
+        )
+    if not rows:
+        raise MeasuredDataError(f"{name}: no data rows after the header")
+    mapped = [c for c in header if c in spec]
+    unmapped = tuple(c for c in header if c != "num_tokens" and c not in spec)
+    if not mapped:
+        raise MeasuredDataError(
+            f"{name}, row 1: no column of the {format} format; accepted: {', '.join(spec)}"
+        )
+    tokens = np.empty(len(rows))
+    columns = {c: np.full(len(rows), np.nan) for c in mapped}
+    seen: dict[float, int] = {}
+    for i, row in enumerate(rows):
+        line = i + 2
+        if None in row:  # more values than header columns
+            raise MeasuredDataError(
+                f"{name}, row {line}: {len(header) + len(row[None])} values for "
+                f"{len(header)} header columns; accepted: one value per header column"
+            )
+        t = _cell(row["num_tokens"], name, line, "num_tokens", "a positive whole number")
+        if t != int(t):
+            raise MeasuredDataError(
+                f"{name}, row {line}, column 'num_tokens': {row['num_tokens']!r} is not a whole "
+                "number; accepted: a positive whole number"
+            )
+        if t in seen:
+            raise MeasuredDataError(
+                f"{name}, row {line}, column 'num_tokens': {int(t)} repeats row {seen[t]}; "
+                "accepted: one row per token count"
+            )
+        seen[t] = line
+        tokens[i] = t
+        for c in mapped:
+            text = row[c]
+            if text is not None and not text.strip():
+                continue  # empty: not measured at this token count
+            columns[c][i] = 1e-3 * _cell(
+                text, name, line, c, "a positive number of milliseconds or an empty cell"
+            )
+    order = np.argsort(tokens)
+    return MeasuredTable(
+        path=name,
+        format=format,
+        tokens=tokens[order],
+        columns={c: v[order] for c, v in columns.items()},
+        unmapped=unmapped,
+    )
 
 
-def roofline_per_layer(
+# --------------------------------------------------------------------------------------------
+# Features of one column
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OperatorFeatures:
+    """Roofline features of one column at the table's token counts (seconds, one cell's share)."""
+
+    bare: Array  # the bare roofline (max of branches + launches)
+    compute: dict[str, Array]  # compute-branch variant → R_c
+    memory: Array  # R_m, DRAM and L2-resident bytes priced together, [n]
+    memory_split: Array  # [n, 2]: DRAM bytes / bandwidth, L2-resident bytes / L2 bandwidth
+
+
+def operator_features(
+    spec: ColumnSpec,
     model: ModelSpec,
     hw: HardwareProfile,
     tokens: npt.ArrayLike,
-    op: str,
     options: RooflineOptions = MEASURED_OPTIONS,
-    share: float = 1.0,
-) -> tuple[Array, Array, Array]:
-    """(compute branch, memory branch, bare time) in seconds for one layer's ``op``."""
-    s = np.asarray(tokens, dtype=np.float64)
-    b = verify_pass(model, hw, [(s, 0)], options).op(op)
-    per = share / (1.0 if op in ("embedding", "final_norm", "lm_head") else model.layers)
-    shape = s.shape
-    return (
-        np.broadcast_to(b.compute_s * per, shape).astype(np.float64),
-        np.broadcast_to(b.memory_s * per, shape).astype(np.float64),
-        np.broadcast_to(b.time_s * per, shape).astype(np.float64),
+) -> OperatorFeatures:
+    """The bare roofline and the calibration features of ``spec`` at ``tokens`` (context 0)."""
+    t = np.asarray(tokens, dtype=np.float64)
+
+    def parts(opt: RooflineOptions) -> list[tuple[Any, float]]:
+        b = verify_pass(model, hw, [(t, 0)], opt)
+        per = 1.0 if spec.per_pass else 1.0 / model.layers
+        return [(b.op(op), share * per) for op, share in spec.parts]
+
+    def total(items: list[tuple[Any, float]], attr: str) -> Array:
+        out = sum((np.asarray(getattr(o, attr)) * k for o, k in items), np.zeros(()))
+        return np.broadcast_to(out, t.shape).astype(np.float64)
+
+    plain = parts(options)
+    compute = {"plain": total(plain, "compute_s")}
+    for tile in (64, 128):
+        compute[f"tile{tile}"] = total(parts(replace(options, tile_tokens=tile)), "compute_s")
+    compute["waves"] = total(parts(replace(options, gemm_waves=True)), "compute_s")
+    l2 = parts(replace(options, l2_resident=True))
+    l2_s = total(l2, "l2_s")
+    return OperatorFeatures(
+        bare=total(plain, "time_s"),
+        compute=compute,
+        memory=total(plain, "memory_s"),
+        memory_split=np.column_stack([total(l2, "memory_s") - l2_s, l2_s]),
     )
 
 
 @dataclass(frozen=True)
-class OperatorError:
-    """Bare and calibrated error of one operator on the held-out token counts."""
+class ColumnCalibration:
+    """The calibrated roofline of one column: the chosen features and their fit."""
 
-    column: str
-    operator: str
-    rmse_bare_ms: float
-    rmse_calibrated_ms: float
-    mape_bare: float  # mean |pred − meas| / meas
-    mape_calibrated: float
-    max_rel_calibrated: float
-    calibration: LinearCalibration
+    compute: str  # compute variant (plain, tile64, tile128, waves)
+    memory: str  # memory variant (dram, dram+l2)
+    fit: MaxAffineFit
+    cv_mape: float  # leave-one-out relative error on the calibration points, mean
+    cv_max_error: float
+
+    @property
+    def choice(self) -> str:
+        return f"{self.compute}/{self.memory}"
+
+    def predict(self, features: OperatorFeatures) -> Array:
+        mem = features.memory if self.memory == "dram" else features.memory_split
+        return self.fit.predict(features.compute[self.compute], mem)
+
+
+def calibrate_column(
+    features: OperatorFeatures, tokens: Array, seconds: Array, train: npt.NDArray[np.bool_]
+) -> ColumnCalibration:
+    """Fit every feature variant on ``train``; keep the smallest leave-one-out error."""
+    y = seconds[train]
+    order = tokens[train]
+    best: ColumnCalibration | None = None
+    seen: list[tuple[Array, Array]] = []
+    for cname, rc_all in features.compute.items():
+        for mname, mem_all in (("dram", features.memory), ("dram+l2", features.memory_split)):
+            rc, mem = rc_all[train], mem_all[train]
+            if mname == "dram+l2" and (not np.any(mem[:, 1] > 0) or not np.any(mem[:, 0] > 0)):
+                continue  # nothing L2-resident (or nothing off it): same as dram alone
+            if any(np.array_equal(rc, a) and np.array_equal(mem, b) for a, b in seen):
+                continue  # this variant changes nothing for this operator
+            seen.append((rc, mem))
+
+            def fit_predict(mask: npt.NDArray[np.bool_], i: int, rc=rc, mem=mem) -> float:  # type: ignore[no-untyped-def]
+                f = fit_max_affine(rc[mask], mem[mask], y[mask], order=order[mask])
+                return float(f.predict(rc[i : i + 1], mem[i : i + 1])[0])
+
+            cv = loo_errors(y.size, fit_predict, y)
+            fit = fit_max_affine(rc, mem, y, order=order)
+            cand = ColumnCalibration(cname, mname, fit, float(cv.mean()), float(cv.max()))
+            if best is None or cand.cv_mape < best.cv_mape - 1e-12:
+                best = cand
+    assert best is not None
+    return best
+
+
+def interpolate_loglog(
+    known_tokens: Array,
+    known_seconds: Array,
+    tokens: npt.ArrayLike,
+    beyond: Callable[[Array], Array] | None = None,
+) -> Array:
+    """Piecewise power-law interpolation of measured seconds between measured token counts.
+
+    Outside [min, max] of ``known_tokens``, ``beyond(tokens)`` (the calibrated roofline) is
+    used, scaled to meet the measurement at the nearest end; without it the end value is held.
+    """
+    t = np.asarray(tokens, dtype=np.float64)
+    lt, ly = np.log(known_tokens), np.log(known_seconds)
+    out = np.exp(np.interp(np.log(t), lt, ly))
+    if beyond is not None:
+        lo, hi = t < known_tokens[0], t > known_tokens[-1]
+        if np.any(lo) or np.any(hi):
+            ends = beyond(np.array([known_tokens[0], known_tokens[-1]]))
+            model = beyond(t)
+            out = np.where(lo, model * known_seconds[0] / ends[0], out)
+            out = np.where(hi, model * known_seconds[-1] / ends[1], out)
+    return np.asarray(out, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OperatorResult:
+    """The error of one prediction mode on one column's held-out token counts."""
+
+    operator: str  # the column's name without ``_ms``
+    mode: str  # bare | calibrated | profiled
+    mape: float  # mean |pred − meas| / meas
+    max_error: float  # the worst held-out point's |pred − meas| / meas
     n_test: int
+    rmse_us: float = float("nan")
+    worst_tokens: int = 0  # the token count of the worst point
+    detail: str = ""  # calibrated: the chosen features and their leave-one-out error
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "operator": self.operator,
+            "mode": self.mode,
+            "mape": self.mape,
+            "max_error": self.max_error,
+            "n_test": self.n_test,
+        }
 
 
-def operator_errors(
-    data: dict[str, Array],
+@dataclass(frozen=True)
+class ValidationReport:
+    """Per column and mode, the held-out error; which columns were mapped and which not."""
+
+    path: str
+    format: str
+    model: str
+    gpu: str
+    train_tokens: tuple[int, ...]
+    max_tokens: int | None
+    results: tuple[OperatorResult, ...]
+    mapped: dict[str, str]  # column → what it measures
+    unmapped: tuple[str, ...]
+    skipped: dict[str, str] = field(default_factory=dict)  # mapped but not scored: why
+
+    def records(self) -> list[dict[str, Any]]:
+        return [r.to_record() for r in self.results]
+
+    def mean_mape(self, mode: str) -> float:
+        vals = [r.mape for r in self.results if r.mode == mode]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    def max_error(self, mode: str) -> float:
+        vals = [r.max_error for r in self.results if r.mode == mode]
+        return float(np.max(vals)) if vals else float("nan")
+
+
+def _describe(spec: ColumnSpec) -> str:
+    ops = " + ".join(op if k == 1.0 else f"{k:g}·{op}" for op, k in spec.parts)
+    scope = "per pass" if spec.per_pass else "per layer"
+    return f"{ops} ({scope}{'; ' + spec.note if spec.note else ''})"
+
+
+def validate(
+    table: MeasuredTable,
     model: ModelSpec,
     hw: HardwareProfile,
     train_tokens: Sequence[int] = DEFAULT_TRAIN_TOKENS,
-    max_tokens: int | None = None,
-    tile_tokens: int = 0,
-) -> list[OperatorError]:
-    """Calibrate each operator on ``train_tokens``; score bare and calibrated on the rest.
-
-    ``max_tokens`` restricts training and scoring to passes of at most that many tokens (tree
-    verification lives below ~1024).
-    """
-    tokens = data["num_tokens"]
-    keep = tokens <= (max_tokens or np.inf)
-    train = keep & np.isin(tokens, np.asarray(train_tokens, dtype=np.float64))
-    test = keep & ~train
-    if train.sum() < 5 or test.sum() < 1:
-        raise ConfigError("need at least 5 training and 1 test token counts")
-    tiled = RooflineOptions(
-        fused_qkv=True, fused_gate_up=True, full_embedding_table=False, tile_tokens=tile_tokens
-    )
-    out = []
-    for column, (op, share) in CSV_TO_OPERATOR.items():
-        if column not in data:
-            continue
-        y = data[column] * 1e-3
-        _, rm, bare = roofline_per_layer(model, hw, tokens, op, MEASURED_OPTIONS, share)
-        rc, _, _ = roofline_per_layer(model, hw, tokens, op, tiled, share)
-        cal = fit_linear(rc[train], rm[train], y[train], tile_tokens=tile_tokens)
-        pred = cal.predict(rc, rm)
-        rel_bare = np.abs(bare[test] - y[test]) / y[test]
-        rel_cal = np.abs(pred[test] - y[test]) / y[test]
-        out.append(
-            OperatorError(
-                column=column,
-                operator=op,
-                rmse_bare_ms=rmse(bare[test], y[test]) * 1e3,
-                rmse_calibrated_ms=rmse(pred[test], y[test]) * 1e3,
-                mape_bare=float(rel_bare.mean()),
-                mape_calibrated=float(rel_cal.mean()),
-                max_rel_calibrated=float(rel_cal.max()),
-                calibration=cal,
-                n_test=int(test.sum()),
+    max_tokens: int | None = DEFAULT_MAX_TOKENS,
+    modes: Sequence[str] = ("bare", "calibrated", "profiled"),
+) -> ValidationReport:
+    """Calibrate every mapped column on ``train_tokens``; score every mode on the others."""
+    for mode in modes:
+        if mode not in get_args(Mode):
+            raise ConfigError(f"mode {mode!r}; accepted: {', '.join(get_args(Mode))}")
+    spec = FORMATS[table.format]
+    tokens = table.tokens
+    in_range = tokens <= (max_tokens if max_tokens else np.inf)
+    wanted = np.isin(tokens, np.asarray(train_tokens, dtype=np.float64))
+    results: list[OperatorResult] = []
+    skipped: dict[str, str] = {}
+    for column, seconds in table.columns.items():
+        have = np.isfinite(seconds) & in_range
+        train, test = have & wanted, have & ~wanted
+        if train.sum() < MIN_TRAIN or test.sum() < 1:
+            skipped[column] = (
+                f"{int(train.sum())} calibration and {int(test.sum())} held-out token counts "
+                f"measured (needs ≥ {MIN_TRAIN} and ≥ 1)"
             )
-        )
-    return out
+            continue
+        feats = operator_features(spec[column], model, hw, tokens)
+        y = seconds
+        name = column.removesuffix("_ms")
+        preds: dict[str, tuple[Array, str]] = {"bare": (feats.bare, "")}
+        cal: ColumnCalibration | None = None
+        if "calibrated" in modes or "profiled" in modes:
+            cal = calibrate_column(feats, tokens, y, train)
+            preds["calibrated"] = (
+                cal.predict(feats),
+                f"{cal.choice}, leave-one-out {cal.cv_mape:.1%} mean / {cal.cv_max_error:.1%} max",
+            )
+        if "profiled" in modes:
+            assert cal is not None
+            full = cal.predict(feats)
+
+            def beyond(t: Array, full: Array = full) -> Array:
+                return np.interp(t, tokens, full)
+
+            prof = interpolate_loglog(tokens[train], y[train], tokens, beyond)
+            preds["profiled"] = (prof, "interpolated between the calibration points")
+        for mode in modes:
+            pred, detail = preds[mode]
+            rel = np.abs(pred[test] - y[test]) / y[test]
+            worst = int(np.argmax(rel))
+            results.append(
+                OperatorResult(
+                    operator=name,
+                    mode=mode,
+                    mape=float(rel.mean()),
+                    max_error=float(rel.max()),
+                    n_test=int(test.sum()),
+                    rmse_us=float(np.sqrt(np.mean((pred[test] - y[test]) ** 2))) * 1e6,
+                    worst_tokens=int(tokens[test][worst]),
+                    detail=detail,
+                )
+            )
+    return ValidationReport(
+        path=table.path,
+        format=table.format,
+        model=model.name,
+        gpu=hw.name,
+        train_tokens=tuple(int(t) for t in train_tokens),
+        max_tokens=max_tokens,
+        results=tuple(results),
+        mapped={c: _describe(spec[c]) for c in table.columns},
+        unmapped=table.unmapped,
+        skipped=skipped,
+    )
+
+
+def bundled_measured() -> Mapping[str, Path]:
+    """Measured tables shipped in the checkout's ``docs/data`` (empty in a wheel)."""
+    root = Path(__file__).resolve().parents[2] / "docs" / "data"
+    return {p.stem: p for p in sorted(root.glob("*.csv"))} if root.is_dir() else {}

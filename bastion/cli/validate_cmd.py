@@ -1,0 +1,85 @@
+"""``bastion validate``: the cost model against measured per-operator timings of a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from bastion.cli.cost_cmd import _int_list
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "validate",
+        help="bare / calibrated / profiled error against measured per-operator timings",
+        description="Read a per-operator CSV (Vidur- or LLMServingSim-style: num_tokens and "
+        "milliseconds per operator), calibrate each operator on --calibrate-on token counts and "
+        "report the error of the bare roofline, the calibrated roofline and the profiled "
+        "(interpolated) model on every other token count up to --max-tokens.",
+    )
+    p.add_argument("--measured", required=True, help="CSV of per-operator timings")
+    p.add_argument("--format", required=True, choices=["vidur", "llmservingsim"])
+    p.add_argument("--model", required=True, help="bundled model name or config.json path")
+    p.add_argument("--gpu", required=True, help="hardware profile name or path to a .toml")
+    p.add_argument(
+        "--calibrate-on",
+        type=_int_list,
+        default=None,
+        help="token counts to calibrate on (default 1,16,64,128,256,512,1024)",
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=1024, help="score token counts up to this (0: all)"
+    )
+    p.add_argument("--json", action="store_true", help="JSON records per operator and mode")
+    p.set_defaults(func=_validate)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from bastion.cost.hardware import get_profile
+    from bastion.cost.models import get_model
+    from bastion.cost.validation import DEFAULT_TRAIN_TOKENS, load_measured, validate
+    from bastion.errors import ConfigError
+
+    if args.max_tokens < 0:
+        raise ConfigError(f"--max-tokens must be ≥ 0 (0: all), got {args.max_tokens}")
+    hw = get_profile(args.gpu)
+    model = get_model(args.model)
+    table = load_measured(args.measured, args.format)
+    report = validate(
+        table,
+        model,
+        hw,
+        train_tokens=tuple(args.calibrate_on or DEFAULT_TRAIN_TOKENS),
+        max_tokens=args.max_tokens or None,
+    )
+    if not report.results:
+        raise ConfigError(
+            f"{args.measured}: no column could be scored ("
+            + "; ".join(f"{c}: {why}" for c, why in report.skipped.items())
+            + "); give more --calibrate-on token counts that the file measures"
+        )
+    if args.json:
+        print(json.dumps(report.records(), indent=2))
+        return 0
+    scope = f"s ≤ {report.max_tokens}" if report.max_tokens else "all s"
+    print(f"{report.path} ({report.format}): {report.model} on {report.gpu}, {scope}")
+    print(f"calibrated on s ∈ {{{', '.join(map(str, report.train_tokens))}}}; held-out errors")
+    for column, what in report.mapped.items():
+        print(f"  mapped   {column}: {what}")
+    for column in report.unmapped:
+        print(f"  unmapped {column}: no roofline operator (not scored)")
+    for column, why in report.skipped.items():
+        print(f"  skipped  {column}: {why}")
+    print(f"{'operator':<16} {'mode':<11} {'n':>4} {'MAPE':>7} {'max':>7} {'at s':>6}  notes")
+    for r in report.results:
+        print(
+            f"{r.operator:<16} {r.mode:<11} {r.n_test:>4} {r.mape:>7.1%} {r.max_error:>7.1%} "
+            f"{r.worst_tokens:>6}  {r.detail}"
+        )
+    for mode in ("bare", "calibrated", "profiled"):
+        print(
+            f"mean over operators, {mode}: {report.mean_mape(mode):.1%} MAPE, "
+            f"worst point {report.max_error(mode):.1%}"
+        )
+    return 0
