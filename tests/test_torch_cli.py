@@ -200,3 +200,30 @@ def test_greedy_lossless_on_cuda() -> None:
     for policy in ("ar", "chain", "fixed:16"):
         rep = generate(target, drafter, policy, prompt, max_new_tokens=16, eos_token_id=None)
         assert rep.output_ids == ref
+
+
+PLUGIN = '''
+from bastion.interfaces import TreeChoice
+from bastion.tree import best_first_tree
+
+
+class Greedy:
+    def __init__(self, size):
+        self.size, self.name = size, f"greedy:{size}"
+
+    def choose(self, marginals, context):
+        return TreeChoice(best_first_tree(marginals, self.size))
+'''
+
+
+def test_generate_runs_a_plugin_policy_losslessly(dirs, capsys, tmp_path) -> None:
+    """A policy defined only in the test's directory, named by file path, decodes exactly."""
+    target, tdir, ddir = dirs
+    (tmp_path / "mine.py").write_text(PLUGIN)
+    argv = ["generate", "--target", str(tdir), "--drafter", str(ddir), "--json"]
+    argv += ["--policy", f"{tmp_path / 'mine.py'}:Greedy:12", "--prompt-ids", "3,1,4,1,5"]
+    assert main([*argv, "--max-new-tokens", "10"]) == 0
+    out = json.loads(capsys.readouterr().out)["records"][0]
+    assert out["policy"] == "greedy:12"
+    assert out["output_ids"] == greedy_reference(target, [3, 1, 4, 1, 5], 10)
+    assert max(out["acceptance_lengths"]) <= 13  # at most the tree's 12 nodes and the bonus

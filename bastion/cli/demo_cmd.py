@@ -60,9 +60,9 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
         if value < least:
             raise BudgetError(f"{flag} must be ≥ {least}; got {value}")
     from bastion.demo.run import DEMO_POLICIES  # torch-free at import
-    from bastion.policies import make_policy
+    from bastion.policies import make_policy, split_policy_specs
 
-    policies = tuple(p for group in args.policy for p in group.split(",") if p) or DEMO_POLICIES
+    policies = tuple(p for group in args.policy for p in split_policy_specs(group)) or DEMO_POLICIES
     if policies[0] != "ar":
         policies = ("ar", *[p for p in policies if p != "ar"])
     for spec in policies:

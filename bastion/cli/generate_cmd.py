@@ -34,7 +34,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("generate", help="generate with a real target (torch backend)")
     p.add_argument("--target", required=True, help="Hugging Face model directory")
     p.add_argument("--drafter", help="DFlash drafter checkpoint directory (not needed for ar)")
-    p.add_argument("--policy", default="bastion", help="bastion | chain | fixed:N | eagle | ar")
+    p.add_argument(
+        "--policy",
+        default="bastion",
+        help="bastion | chain | fixed:N | eagle | ar | package.module:Name[:ARGS] (a plug-in)",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--prompt",
@@ -107,6 +111,9 @@ def _check_flags(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_flags(args)
+    from bastion.policies import make_policy
+
+    policy = make_policy(args.policy)  # a bad spec or plug-in fails before any model loads
     prompts = [_parse_ids(text) for text in args.prompt_ids] if args.prompt_ids else []
     from bastion.backends.torch import DFlashDrafter, SamplingParams, generate_batch, load_target
 
@@ -127,14 +134,14 @@ def run(args: argparse.Namespace) -> int:
             if not ids:
                 raise BudgetError(f"--prompt number {i + 1} tokenises to nothing")
     drafter = None
-    if args.policy.strip() != "ar":
+    if getattr(policy, "uses_drafter", True):
         if not args.drafter:
             raise BudgetError(f"--policy {args.policy} needs --drafter DIR (only ar runs without)")
         drafter = DFlashDrafter.from_pretrained(args.drafter, target, top_k=args.draft_top_k)
     report = generate_batch(
         target,
         drafter,
-        args.policy,
+        policy,
         prompts,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,

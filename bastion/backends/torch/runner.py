@@ -46,7 +46,7 @@ from bastion.interfaces import (
     StepLoad,
     TreePolicy,
 )
-from bastion.policies import AdaptivePolicy, AutoregressivePolicy, make_policy
+from bastion.policies import make_policy
 from bastion.trace import Trace, TraceStep, write_trace
 from bastion.tree import DraftMarginals
 
@@ -303,11 +303,12 @@ def resolve_cost_model(
     context_len: int,
     batch_size: int = 1,
 ) -> CostModel | None:
-    """The adaptive policy's cost model: ``cost_model`` if given; else the cached calibrated
-    roofline (``bastion calibrate --target``) or an :class:`AffineCostModel` fitted now, with
-    T_draft from the drafter's timing record (measured now and cached if there is none).
-    Other policies get ``cost_model`` as it is (``None`` is fine)."""
-    if cost_model is not None or not isinstance(policy, AdaptivePolicy):
+    """The cost model of a policy that declares ``uses_cost_model = True``: ``cost_model`` if
+    given; else the cached calibrated roofline (``bastion calibrate --target``) or an
+    :class:`AffineCostModel` fitted now, with T_draft from the drafter's timing record (measured
+    now and cached if there is none). Other policies get ``cost_model`` as it is (``None`` is
+    fine)."""
+    if cost_model is not None or not getattr(policy, "uses_cost_model", False):
         return cost_model
     from .calibrate import cached_cost_model, drafter_timing
 
@@ -547,8 +548,8 @@ def generate_batch(
     ``predict_cycles`` prices the run's steps with that cost model for the report's ``cycle``
     when the policy's own cost model is not one (e.g. to compare static policies).
     """
-    pol = make_policy(policy) if isinstance(policy, str) else policy
-    is_ar = isinstance(pol, AutoregressivePolicy)
+    pol = make_policy(policy)  # a spec string (built-in or plug-in) or a policy object
+    is_ar = not getattr(pol, "uses_drafter", True)
     if drafter is None and not is_ar:
         raise BudgetError(f"policy {pol.name} needs a drafter; only 'ar' runs without one")
     if max_new_tokens < 1:
