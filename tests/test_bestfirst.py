@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 
 import numpy as np
@@ -11,67 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bastion.bestfirst import COMPILED, best_first, best_first_heap, best_first_many
+from bastion.testing import lattice, marginals, optimal_acceptance, optimal_acceptance_enumerated
 from bastion.tree import DraftMarginals, best_first_tree, best_first_trees, surrogate_acceptance
-from tests.strategies import marginals
-
-
-def lattice(m: DraftMarginals) -> tuple[list[tuple[int, ...]], dict[tuple[int, ...], float]]:
-    """Every node of the top-K lattice as a rank tuple, with its score ρ."""
-    nodes: list[tuple[int, ...]] = [()]
-    score = {(): 1.0}
-    frontier: list[tuple[int, ...]] = [()]
-    for d in range(m.depth):
-        nxt = []
-        for node in frontier:
-            for r in range(m.k):
-                child = (*node, r)
-                score[child] = score[node] * float(m.probs[d, r])
-                nxt.append(child)
-        nodes.extend(nxt)
-        frontier = nxt
-    return nodes, score
-
-
-def all_prefix_closed_trees(nodes: list[tuple[int, ...]]) -> list[frozenset[tuple[int, ...]]]:
-    """Every prefix-closed subset containing the root, by recursion over children."""
-    children: dict[tuple[int, ...], list[tuple[int, ...]]] = {n: [] for n in nodes}
-    for n in nodes:
-        if n:
-            children[n[:-1]].append(n)
-
-    def subtrees(v: tuple[int, ...]) -> list[frozenset[tuple[int, ...]]]:
-        options = [[frozenset(), *subtrees(c)] for c in children[v]]
-        return [frozenset({v}).union(*combo) for combo in itertools.product(*options)]
-
-    return subtrees(())
-
-
-def best_by_size_dp(m: DraftMarginals) -> np.ndarray:
-    """max Â over prefix-closed trees of each size, by an exact tree-knapsack (max-plus) DP."""
-    nodes, score = lattice(m)
-    best: dict[tuple[int, ...], np.ndarray] = {}
-    for v in sorted(nodes, key=len, reverse=True):
-        acc = np.array([-np.inf, score[v]])  # acc[n] = best Â of a size-n subtree rooted at v
-        if len(v) < m.depth:
-            for r in range(m.k):
-                child = np.concatenate(([0.0], best[(*v, r)][1:]))  # a child may be absent
-                out = np.full(acc.size + child.size - 1, -np.inf)
-                sums = acc[:, None] + child[None, :]
-                for i in range(acc.size):
-                    out[i : i + child.size] = np.maximum(out[i : i + child.size], sums[i])
-                acc = out
-        best[v] = acc
-    return best[()]
 
 
 @given(marginals(max_depth=3, max_k=2))
 def test_best_first_matches_enumeration_of_every_tree(m: DraftMarginals) -> None:
     """Prop. 3.3 by brute force: Â(T_N) = max Â over every prefix-closed tree of size N."""
-    nodes, score = lattice(m)
-    best: dict[int, float] = {}
-    for tree in all_prefix_closed_trees(nodes):
-        a = sum(score[n] for n in tree)
-        best[len(tree)] = max(best.get(len(tree), -1.0), a)
+    nodes, _ = lattice(m)
+    best = optimal_acceptance_enumerated(m)
     full = best_first_tree(m, len(nodes))
     for n, value in best.items():
         if n <= full.size:  # beyond, only ρ = 0 nodes remain; their Â is T_full's
@@ -83,7 +30,7 @@ def test_best_first_matches_enumeration_of_every_tree(m: DraftMarginals) -> None
 @given(marginals(max_depth=4, max_k=3))
 def test_best_first_is_optimal_for_every_size(m: DraftMarginals) -> None:
     """Prop. 3.3 on depth ≤ 4, K ≤ 3: best-first equals an exact knapsack optimum at every N."""
-    dp = best_by_size_dp(m)
+    dp = optimal_acceptance(m)
     n_lattice = dp.size - 1
     full = best_first_tree(m, n_lattice)
     a_hat = np.cumsum(full.scores)
@@ -180,6 +127,6 @@ def test_optimality_check_rejects_a_suboptimal_builder() -> None:
         [[0, 1, 2], [3, 4, 5], [6, 7, 8]], [[0.9, 0.05, 0.01], [0.5, 0.3, 0.1], [0.9, 0.05, 0.02]]
     )
     beam = BeamPolicy(width=2, depth=3).choose(m, PolicyContext(StepLoad(0))).tree
-    dp = best_by_size_dp(m)
+    dp = optimal_acceptance(m)
     assert surrogate_acceptance(beam) < dp[beam.size] - 1e-6
     assert surrogate_acceptance(best_first_tree(m, beam.size)) == pytest.approx(dp[beam.size])
