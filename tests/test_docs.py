@@ -1,7 +1,8 @@
 """The Python examples in README.md and docs/*.md run as written.
 
 A block fenced as ```` ```python notest ```` is illustrative (it needs a checkpoint or a GPU)
-and is skipped; every plain ```` ```python ```` block must run.
+and is skipped; every plain ```` ```python ```` block must run. A page's blocks share one
+namespace and run in order.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCKS = [
-    pytest.param(block, id=f"{path.name}:{i}")
+FILES = [
+    pytest.param(blocks, id=path.name)
     for path in DOCS
-    for i, block in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), re.S))
+    if (blocks := re.findall(r"```python\n(.*?)```", path.read_text(), re.S))
 ]
 
 
-@pytest.mark.parametrize("code", BLOCKS)
-def test_doc_example_runs(code: str) -> None:
-    exec(compile(code, "<doc>", "exec"), {})
+@pytest.mark.parametrize("blocks", FILES)
+def test_doc_examples_run(blocks: list[str]) -> None:
+    """A page's blocks run in order in one namespace, as a reader would run them."""
+    namespace: dict[str, object] = {}
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"<python block {i}>", "exec"), namespace)
