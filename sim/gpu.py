@@ -61,8 +61,10 @@ environment and charges these durations as timeouts.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import numpy.typing as npt
@@ -70,15 +72,17 @@ import numpy.typing as npt
 from bastion.cost.backends import register_backend
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
-from bastion.cost.roofline import (
-    DrafterPricer,
-    LinearPricer,
-    RooflineOptions,
-    experts_touched,
-)
+from bastion.cost.roofline import DrafterPricer, LinearPricer, RooflineOptions
 from bastion.errors import ConfigError
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "GroundTruth", "SimulatedGPU", "causal_chunk_pairs"]
+__all__ = [
+    "DEFAULT_PREFILL_CHUNK",
+    "GroundTruth",
+    "SimulatedGPU",
+    "causal_chunk_pairs",
+    "expected_experts",
+    "routing_draws",
+]
 
 _ATTENTION_OPS = ("attn_scores", "attn_values")
 
@@ -155,19 +159,85 @@ def _chunks(new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> _Chunks:
 # (drafter, device, options) reprs → the drafter's pass pricer (see SimulatedGPU.__post_init__)
 _DRAFTERS: dict[tuple[str, str, str], DrafterPricer] = {}
 
+# Operators that are GEMMs over the pass's tokens (the measured shape factor applies to them)
+_GEMM_OPS = frozenset(
+    (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "qkv_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "gate_up_proj",
+        "down_proj",
+        "lm_head",
+        "router",
+    )
+)
+_EXPERT_OPS = frozenset(("experts_gate_up", "experts_act", "experts_down"))
+
+
+def _floats(values: object, where: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(v) for v in values)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"ground truth {where} must be a list of numbers; got {values!r}"
+        ) from None
+    return out
+
 
 @dataclass(frozen=True)
 class GroundTruth:
-    """How the simulated device departs from the bare roofline (all configurable)."""
+    """How the simulated device and its serving framework depart from the bare roofline.
 
+    The defaults are the *builtin* truth (the roofline × constant efficiencies, 64-token tile
+    steps, 1.5× launch cost, +50 % on masked attention, no framework overhead, no routing skew);
+    the shipped truth files (``sim/truths/*.toml``, see :mod:`sim.truth`) set the rest. Every
+    field is documented in ``docs/simulator.md`` ("The ground truth").
+    """
+
+    name: str = "builtin"
+    # the device
     compute_scale: float = 0.85  # truth η_c = profile η_c × this
     memory_scale: float = 0.90  # truth η_m = profile η_m × this
-    launch_scale: float = 1.5  # truth launch overhead = profile's × this
+    launch_scale: float = 1.5  # truth GPU-side gap per kernel = profile's launch overhead × this
     tile_tokens: int = 64  # GEMM token counts padded to a multiple of this (0: no steps)
     tile_step_s: float = 3e-6  # per layer and per extra tile: kernel/wave switches (steps)
-    tree_attention_penalty: float = 0.5  # masked attention kernels are this much slower
-    prep_request_s: float = 30e-6  # host preparation per request and step (top-K, tree, mask)
-    prep_node_s: float = 0.25e-6  # … plus this per tree node
+    gemm_shape_tokens: tuple[float, ...] = ()  # token counts of the measured GEMM shape factor
+    gemm_shape_factor: tuple[float, ...] = ()  # measured / smooth roofline at those counts
+    # attention
+    tree_attention_penalty: float = 0.5  # attention kernels reading a mask are this much slower
+    causal_reads_mask: bool = False  # True: a multi-token causal pass also runs the masked kernel
+    # the serving framework (host)
+    pass_overhead_s: float = 0.0  # fixed host time per forward pass (scheduling, sampling, sync)
+    host_layer_s: float = 0.0  # host time to dispatch one layer's kernels (eager; 0: graphs)
+    host_expert_s: float = 0.0  # … plus this per expert touched per layer (eager expert loop)
+    host_kernel_s: float = 0.0  # host time per kernel launched outside a graph (preparation)
+    # MoE routing and grouped GEMMs
+    routing_skew: float = 0.0  # Zipf exponent of expert popularity (0: uniform routing)
+    routing_correlation: float = 0.0  # share of a token's routing repeated from its request
+    moe_half_occupancy_per_sm: float = 0.0  # grouped-GEMM bandwidth halves at this many experts/SM
+    moe_block_tokens: int = 0  # rows per expert padded to a multiple of this (0: none)
+    # preparation (see prep_truth)
+    prep_topk_bytes: float = 10.0  # bytes moved per logit for softmax + top-K (trees)
+    prep_argmax_bytes: float = 2.0  # bytes moved per logit for the argmax (chain)
+    prep_tree_kernels: int = 4  # kernels of the tree's vocabulary pass (softmax, top-K, copies)
+    prep_chain_kernels: int = 1  # kernels of the chain's argmax
+    mask_bytes: float = 3.0  # bytes written and read on the device per tree-mask element
+    mask_kernels: int = 6  # kernels that build the mask on the device
+    compaction_kernels_per_layer: float = 0.0  # KV compaction after acceptance (trees)
+    d2h_latency_s: float = 0.0  # one device→host copy of the top-K (a synchronisation)
+    h2d_bandwidth: float = 25e9  # bytes/s of the mask upload (host → device)
+    h2d_latency_s: float = 0.0  # latency of one upload
+    tree_step_s: float = 0.0  # host best-first: per step
+    tree_request_s: float = 30e-6  # … per request
+    tree_node_s: float = 0.25e-6  # … per node
+    mask_host_request_s: float = 0.0  # host ancestor matrix: per tree
+    mask_host_element_s: float = 0.0  # … per element of the N × N matrix
+    controller_step_s: float = 0.0  # adaptive controller's host time per step
+    controller_request_s: float = 0.0  # … per request
     noise: float = 0.02  # σ of the log-normal noise per pass
     context_quantum: int = 16  # contexts are priced at multiples of this (cache granularity)
 
@@ -177,19 +247,69 @@ class GroundTruth:
             "memory_scale": self.memory_scale,
             "launch_scale": self.launch_scale,
             "context_quantum": self.context_quantum,
+            "h2d_bandwidth": self.h2d_bandwidth,
         }
         bad = [k for k, v in positive.items() if not v > 0]
-        non_negative = {
-            "tile_tokens": self.tile_tokens,
-            "tile_step_s": self.tile_step_s,
-            "tree_attention_penalty": self.tree_attention_penalty,
-            "prep_request_s": self.prep_request_s,
-            "prep_node_s": self.prep_node_s,
-            "noise": self.noise,
-        }
-        bad += [k for k, v in non_negative.items() if not v >= 0]
+        skip = {"name", "causal_reads_mask", "gemm_shape_tokens", "gemm_shape_factor"}
+        skip |= set(positive)
+        for f in fields(self):
+            if f.name not in skip and not getattr(self, f.name) >= 0:
+                bad.append(f.name)
+        if not self.routing_correlation < 1:
+            bad.append("routing_correlation")
         if bad:
-            raise ConfigError(f"ground truth has out-of-range fields: {', '.join(bad)}")
+            raise ConfigError(
+                f"ground truth {self.name!r} has out-of-range fields: {', '.join(bad)} (scales, "
+                "bandwidths and the context quantum must be > 0, everything else ≥ 0, "
+                "routing_correlation < 1)"
+            )
+        tokens = _floats(self.gemm_shape_tokens, "gemm_shape_tokens")
+        factor = _floats(self.gemm_shape_factor, "gemm_shape_factor")
+        object.__setattr__(self, "gemm_shape_tokens", tokens)
+        object.__setattr__(self, "gemm_shape_factor", factor)
+        if len(tokens) != len(factor):
+            raise ConfigError(
+                f"ground truth {self.name!r}: gemm_shape_tokens and gemm_shape_factor need the "
+                f"same length; got {len(tokens)} and {len(factor)}"
+            )
+        if tokens and (
+            any(b <= a for a, b in itertools.pairwise(tokens)) or tokens[0] < 1 or min(factor) <= 0
+        ):
+            raise ConfigError(
+                f"ground truth {self.name!r}: gemm_shape_tokens must rise strictly from ≥ 1 and "
+                "every gemm_shape_factor must be > 0"
+            )
+
+    def expert_popularity(self, experts: int) -> Array:
+        """p_e ∝ (e + 1)^−skew over the experts, normalised (uniform at skew 0)."""
+        p = np.arange(1, experts + 1, dtype=np.float64) ** -self.routing_skew
+        return np.asarray(p / p.sum(), dtype=np.float64)
+
+
+def routing_draws(tokens: npt.ArrayLike, requests: npt.ArrayLike, correlation: float) -> Array:
+    """Independent routing draws of a pass: each request's first token routes afresh, each
+    further token repeats its request's routing with probability ``correlation``:
+    requests + (tokens − requests)·(1 − correlation)."""
+    t = np.asarray(tokens, dtype=np.float64)
+    r = np.asarray(requests, dtype=np.float64)
+    return np.asarray(r + (t - r) * (1.0 - correlation), dtype=np.float64)
+
+
+def expected_experts(
+    draws: npt.ArrayLike, experts: int, per_token: int, popularity: npt.ArrayLike | None = None
+) -> Array:
+    """Expected distinct experts a layer reads for ``draws`` independent top-K routings.
+
+    Expert e is among a token's K with probability π_e = min(1, K·p_e) (p_e its popularity);
+    over x draws it is touched with probability 1 − (1 − π_e)^x, so E[U] = Σ_e 1 − (1 − π_e)^x.
+    Uniform routing (p_e = 1/E) gives E·(1 − (1 − K/E)^x).
+    """
+    x = np.asarray(draws, dtype=np.float64)
+    if popularity is None:
+        return np.asarray(experts * (1.0 - (1.0 - per_token / experts) ** x), dtype=np.float64)
+    pi = np.minimum(1.0, per_token * np.asarray(popularity, dtype=np.float64))
+    miss = np.log1p(-np.minimum(pi, 1.0 - 1e-12))  # log(1 − π_e)
+    return np.asarray(experts - np.exp(np.multiply.outer(x, miss)).sum(axis=-1), dtype=np.float64)
 
 
 @dataclass
@@ -219,7 +339,7 @@ class SimulatedGPU:
         # experts touched); columns: compute seconds of every operator, then memory seconds.
         pricer = LinearPricer(self.model, self.device, self.options, masked=True)
         names = pricer.names
-        self._ops = n_ops = len(names)
+        self._ops = len(names)
         self._peak, self._bw = pricer._peak, pricer._bw
         self._matrix = np.hstack(
             (
@@ -227,24 +347,27 @@ class SimulatedGPU:
                 np.vstack((pricer._b0, pricer._b)) / self._bw,
             )
         )
-        attention = np.array([name in _ATTENTION_OPS for name in names], dtype=np.float64)
-        lm_head = np.array([name == "lm_head" for name in names], dtype=np.float64)
-        launch = np.asarray(pricer.launch_s, dtype=np.float64)
-        penalty = t.tree_attention_penalty
-        self._w_tree = 1.0 + penalty * attention  # per-operator factor of a tree pass
-        self._w_plain = np.ones(n_ops)
-        self._launch_tree = float(np.dot(launch, self._w_tree))
-        self._launch_plain = float(launch.sum())
-        self._launch_attention = float(np.dot(launch, attention))
-        # mixed passes: Σ operators but the LM head, Σ attention operators, the LM head
-        self._w_mixed = np.column_stack((1.0 - lm_head, attention, lm_head))
+        self._attention = np.array([n in _ATTENTION_OPS for n in names], dtype=np.float64)
+        self._gemm = np.array([n in _GEMM_OPS for n in names], dtype=np.float64)
+        self._expert_idx = np.array([i for i, n in enumerate(names) if n in _EXPERT_OPS], int)
+        self._lm = names.index("lm_head")
+        self._launch = np.asarray(pricer.launch_s, dtype=np.float64)
+        self._launch_plain = float(self._launch.sum())
+        self._launch_attention = float(np.dot(self._launch, self._attention))
         self._tile = t.tile_tokens
         self._step_s = self.model.layers * t.tile_step_s if t.tile_tokens else 0.0
+        self._shape_t = np.asarray(t.gemm_shape_tokens, dtype=np.float64)
+        self._shape_f = np.asarray(t.gemm_shape_factor, dtype=np.float64)
+        self._shape_list = list(t.gemm_shape_tokens)
         m = self.model
         self._moe = m.is_moe
         self._experts, self._per_token = m.experts, m.experts_per_token
-        self._saturating = self.options.expert_touch == "saturating"
+        self._popularity = t.expert_popularity(m.experts) if m.is_moe and t.routing_skew else None
+        self._half = t.moe_half_occupancy_per_sm * hw.sm_count
+        self._layers = float(m.layers)
+        self._host = t.host_layer_s > 0 or t.host_expert_s > 0
         self._verify_cache: dict[int, Array] = {}
+        self._causal_cache: dict[int, Array] = {}
         self._ar_cache: dict[int, float] = {}
         self._draft_cache: dict[int, float] = {}
         # shared by every simulated GPU of the same drafter, device and options: its lines are
@@ -255,6 +378,7 @@ class SimulatedGPU:
         self._drafter = _DRAFTERS[key]
         self._quantum = float(t.context_quantum)
         self._rows = np.ones((3, 64))  # scratch rows (1, s, ⌈c / quantum⌉) of a tree pass
+        self._depth = float(self.drafter.block_size - 1)  # draft positions per request
 
     # -- truth without noise ------------------------------------------------------------------
 
@@ -281,78 +405,153 @@ class SimulatedGPU:
             raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
         return k
 
-    def _features(self, tokens: float, pairs: float, kv: float, mask: float) -> list[float]:
-        """The feature row of a pass (see ``_matrix``)."""
-        tile = self._tile
-        padded = math.ceil(tokens / tile) * tile if tile > 0 else tokens
+    def experts_touched(self, tokens: npt.ArrayLike, requests: npt.ArrayLike = 1) -> Array:
+        """The truth's expected distinct experts per layer for a pass of ``tokens`` tokens from
+        ``requests`` requests (its own routing model, not the cost model's)."""
+        draws = routing_draws(tokens, requests, self.truth.routing_correlation)
+        return expected_experts(draws, self._experts, self._per_token, self._popularity)
+
+    def _touched(self, draws: float) -> float:
         if not self._moe:
-            touched = 0.0
-        elif self._saturating:
-            touched = min(float(self._experts), self._per_token * tokens)
-        else:
-            e = self._experts
-            touched = e * (1.0 - (1.0 - self._per_token / e) ** tokens)
-        return [1.0, tokens, padded, pairs, kv, mask, touched]
-
-    def _tile_steps(self, tokens: float) -> float:
-        """The per-layer step for every GEMM tile beyond the first (0 when steps are off)."""
-        if not self._step_s:
             return 0.0
-        return self._step_s * (math.ceil(tokens / self._tile) - 1.0)
+        if self._popularity is None:
+            e = self._experts
+            return float(e * (1.0 - (1.0 - self._per_token / e) ** draws))
+        return float(expected_experts(draws, self._experts, self._per_token, self._popularity))
 
-    def _pass_s(self, tokens: float, pairs: float, kv: float, masked: bool) -> float:
-        """Truth of a pass without prefill chunks whose every token produces logits."""
+    def _shape(self, tokens: float) -> float:
+        """The measured GEMM shape factor at ``tokens`` (that of the next measured count)."""
+        if not self._shape_list:
+            return 1.0
+        i = bisect.bisect_left(self._shape_list, tokens)
+        return float(self._shape_f[min(i, len(self._shape_list) - 1)])
+
+    def _price(
+        self,
+        x: Array,
+        tokens: Array,
+        touched: Array,
+        share: Array | float,
+        head: tuple[Array, Array] | None = None,
+    ) -> Array:
+        """Truth of passes with feature rows ``x`` [n, 7] (``tokens`` [n] = column 1, ``touched``
+        [n] = column 6), ``share`` of their attention pairs behind a masked kernel, and optionally
+        the LM head priced on other rows (``head`` = its feature rows and token counts)."""
+        n_ops = self._ops
+        y = x @ self._matrix
+        comp, mem = y[:, :n_ops], y[:, n_ops:]
+        if self._moe and self._expert_idx.size:
+            self._moe_efficiency(comp, mem, tokens, touched)
+        per_op = np.maximum(comp, mem)
+        if self._shape_list:
+            idx = np.minimum(np.searchsorted(self._shape_t, tokens), self._shape_t.size - 1)
+            phi = self._shape_f[idx]
+            per_op = per_op * (1.0 + np.multiply.outer(phi - 1.0, self._gemm))
+        else:
+            phi = np.ones_like(tokens)
+        pen = self.truth.tree_attention_penalty * np.asarray(share, dtype=np.float64)
+        total = per_op.sum(axis=1) + pen * (per_op @ self._attention)
+        if head is not None:
+            hx, ht = head
+            hy = hx @ self._matrix[:, [self._lm, n_ops + self._lm]]
+            lm = np.maximum(hy[:, 0], hy[:, 1])
+            if self._shape_list:
+                hidx = np.minimum(np.searchsorted(self._shape_t, ht), self._shape_t.size - 1)
+                lm = lm * self._shape_f[hidx]
+            total = total - per_op[:, self._lm] + lm
+        total = total + self._launch_plain + pen * self._launch_attention
+        if self._step_s:
+            total = total + self._step_s * (np.ceil(tokens / self._tile) - 1.0)
+        return self._with_host(total, touched)
+
+    def _moe_efficiency(self, comp: Array, mem: Array, tokens: Array, touched: Array) -> None:
+        """Grouped-GEMM effects on the expert operators, in place: every touched expert's rows
+        padded to ``moe_block_tokens`` (compute), and bandwidth that reaches its achievable
+        level only when enough experts fill the SMs: × U / (U + U½), U½ = per-SM value × SMs."""
+        t = self.truth
+        idx = self._expert_idx
+        u = np.maximum(touched, 1e-9)
+        if t.moe_block_tokens:
+            rows = tokens * self._per_token
+            b = float(t.moe_block_tokens)
+            padded = u * np.ceil(rows / u / b) * b
+            comp[:, idx] *= (padded / np.maximum(rows, 1e-9))[:, None]
+        if self._half > 0:
+            mem[:, idx] *= ((u + self._half) / u)[:, None]
+
+    def _with_host(self, gpu: Array, touched: Array) -> Array:
+        """The framework's part: the host dispatches every layer's kernels (eager) while the
+        GPU runs them, so a pass takes the longer of the two, plus a fixed per-pass overhead."""
+        t = self.truth
+        if self._host:
+            host = self._layers * (t.host_layer_s + t.host_expert_s * touched)
+            gpu = np.maximum(gpu, host)
+        return gpu + t.pass_overhead_s if t.pass_overhead_s else gpu
+
+    def _pass_s(
+        self, requests: int, tokens: float, pairs: float, kv: float, tree: bool, causal_pairs: float
+    ) -> float:
+        """Truth of a decode pass without prefill chunks whose every token produces logits.
+
+        ``tree``: the pass reads a tree mask (``pairs`` = the full s·(c + s) blocks); otherwise
+        it is causal (``causal_pairs``), and the masked kernel runs only where the framework
+        materialises the causal mask of a multi-token pass (``causal_reads_mask``)."""
         tile = self._tile
         padded = math.ceil(tokens / tile) * tile if tile > 0 else tokens
-        touched = self._features(tokens, 0.0, 0.0, 0.0)[6] if self._moe else 0.0
-        x = [1.0, tokens, padded, pairs, kv, pairs if masked else 0.0, touched]
-        y = np.dot(x, self._matrix)
-        n = self._ops
-        per_op = np.maximum(y[:n], y[n:])
-        if masked:
-            total = float(np.dot(per_op, self._w_tree)) + self._launch_tree
-        else:
-            total = float(np.dot(per_op, self._w_plain)) + self._launch_plain
-        if self._step_s:  # padded / tile = ⌈T / tile⌉ exactly
-            total += self._step_s * (padded / tile - 1.0)
-        return total
+        masked = tree or (self.truth.causal_reads_mask and tokens > requests)
+        p = pairs if masked else causal_pairs
+        draws = routing_draws_one(tokens, requests, self.truth)
+        touched = self._touched(draws) if self._moe else 0.0
+        x = np.array([[1.0, tokens, padded, p, kv, p if masked else 0.0, touched]])
+        return float(
+            self._price(x, np.array([tokens]), np.array([touched]), 1.0 if masked else 0.0)[0]
+        )
 
     def _price_mixed(
         self,
         decode: tuple[int, float, float, float],
         chunks: _Chunks,
-        masked: bool,
+        tree: bool,
+        causal_pairs: float = 0.0,
     ) -> float:
         """Truth of one pass of decode requests (``decode`` = count, tokens, pairs, KV tokens;
         the count may be 0) and prefill chunks (not empty; contexts not yet quantised)."""
         n_decode, tokens, decode_pairs, kv = decode
         new, ctx = chunks
         q = self.truth.context_quantum
-        all_pairs = decode_pairs
+        masked = n_decode > 0 and (tree or (self.truth.causal_reads_mask and tokens > n_decode))
+        masked_pairs = decode_pairs if masked else 0.0
+        all_pairs = decode_pairs if masked else causal_pairs
+        draws = routing_draws_one(tokens, n_decode, self.truth) if n_decode else 0.0
         for n, c in zip(new, ctx, strict=True):
             cq = math.ceil(c / q) * q
             all_pairs += n * cq + n * (n + 1.0) / 2.0  # causal_chunk_pairs
             kv += cq + n
+            draws += routing_draws_one(n, 1, self.truth)
         total_tokens = tokens + sum(new)
         logit_rows = tokens + len(new)
-        masked = masked and n_decode > 0
-        # row 0: the whole pass; row 1: the LM head's rows only (other features zero)
-        x = self._features(total_tokens, all_pairs, kv, decode_pairs if masked else 0.0)
-        head = self._features(logit_rows, 0.0, 0.0, 0.0)
-        y = np.dot([x, head], self._matrix)
-        n_ops = self._ops
-        per_op = np.maximum(y[:, :n_ops], y[:, n_ops:])
-        sums: list[list[float]] = np.dot(per_op, self._w_mixed).tolist()
-        (rest, attention, _), (_, _, lm_head) = sums
-        share = decode_pairs / all_pairs if masked and all_pairs > 0 else 0.0
-        scale = self.truth.tree_attention_penalty * share
-        launches = self._launch_plain + scale * self._launch_attention
-        return rest + lm_head + scale * attention + launches + self._tile_steps(total_tokens)
+        tile = self._tile
+        padded = math.ceil(total_tokens / tile) * tile if tile > 0 else total_tokens
+        touched = self._touched(draws)
+        x = np.array([[1.0, total_tokens, padded, all_pairs, kv, masked_pairs, touched]])
+        h_pad = math.ceil(logit_rows / tile) * tile if tile > 0 else logit_rows
+        head = np.array([[1.0, logit_rows, h_pad, 0.0, 0.0, 0.0, 0.0]])
+        share = masked_pairs / all_pairs if all_pairs > 0 else 0.0
+        return float(
+            self._price(
+                x,
+                np.array([total_tokens]),
+                np.array([touched]),
+                share,
+                (head, np.array([float(logit_rows)])),
+            )[0]
+        )
 
     def _decode_sums(
         self, sizes: IntArray, contexts: npt.ArrayLike
-    ) -> tuple[int, float, float, float]:
-        """(requests, Σ s, Σ s·(c + s), Σ (c + s)) of tree passes, contexts quantised.
+    ) -> tuple[int, float, float, float, float]:
+        """(requests, Σ s, Σ s·(c + s), Σ (c + s), Σ s·c + s(s + 1)/2) of decode passes,
+        contexts quantised: the tree blocks' pairs and the causal pairs.
 
         The rows (1, s, ⌈c / quantum⌉) go into a reused buffer; their Gram matrix holds every
         sum at once (whole numbers, so exact) and one reduction their minima."""
@@ -365,7 +564,7 @@ class SimulatedGPU:
             if c.shape[0] != b:
                 raise ConfigError(f"{b} tree sizes but {c.shape[0]} contexts; give one each")
         if b == 0:
-            return 0, 0.0, 0.0, 0.0
+            return 0, 0.0, 0.0, 0.0, 0.0
         if b > self._rows.shape[1]:
             self._rows = np.ones((3, max(b, 2 * self._rows.shape[1])))
         rows = self._rows[:, :b]
@@ -378,7 +577,7 @@ class SimulatedGPU:
             raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
         (_, tokens, k_sum), (_, s_sq, s_k), _ = np.dot(rows, rows.T).tolist()
         q = self.truth.context_quantum
-        return b, tokens, q * s_k + s_sq, q * k_sum + tokens
+        return b, tokens, q * s_k + s_sq, q * k_sum + tokens, q * s_k + (s_sq + tokens) / 2.0
 
     def _ar_sums(self, contexts: npt.ArrayLike) -> tuple[int, float, float, float]:
         """The same for one token per request (an autoregressive step)."""
@@ -387,31 +586,35 @@ class SimulatedGPU:
         kv = self.truth.context_quantum * float(np.add.reduce(k)) + b if b else 0.0
         return b, float(b), kv, kv
 
-    def verify_curve(self, context_len: int) -> Array:
-        """Noise-free truth of a batch-1 tree pass for s = 1 … max_tree_size at this context."""
+    def _curve(self, context_len: int, tree: bool) -> Array:
+        """Noise-free truth of a batch-1 pass for s = 1 … max_tree_size at this context."""
         c = self._quantise_one(context_len)
+        cache = self._verify_cache if tree else self._causal_cache
         key = int(c)
-        if key not in self._verify_cache:
+        if key not in cache:
             if c < 0:
                 raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
             s = np.arange(1, self.max_tree_size + 1, dtype=np.float64)
             x = np.zeros((s.shape[0], 7))
             x[:, 0], x[:, 1], x[:, 4] = 1.0, s, c + s
-            x[:, 3] = x[:, 5] = s * (c + s)
+            masked = np.full_like(s, 1.0 if tree else 0.0)
+            if not tree and self.truth.causal_reads_mask:
+                masked[1:] = 1.0  # the framework's materialised causal mask (s > 1)
+            pairs = np.where(masked > 0, s * (c + s), s * c + s * (s + 1.0) / 2.0)
+            x[:, 3] = pairs
+            x[:, 5] = pairs * masked
             tile = self._tile
             x[:, 2] = np.ceil(s / tile) * tile if tile > 0 else s
+            touched = np.zeros_like(s)
             if self._moe:
-                m = self.model
-                x[:, 6] = experts_touched(
-                    s, m.experts, m.experts_per_token, self.options.expert_touch
-                )
-            y = x @ self._matrix
-            per_op = np.maximum(y[:, : self._ops], y[:, self._ops :])
-            total = per_op @ self._w_tree + self._launch_tree
-            if self._step_s:
-                total += self._step_s * (x[:, 2] / tile - 1.0)
-            self._verify_cache[key] = total
-        return self._verify_cache[key]
+                touched = self.experts_touched(s, 1)
+                x[:, 6] = touched
+            cache[key] = self._price(x, s, touched, masked)
+        return cache[key]
+
+    def verify_curve(self, context_len: int) -> Array:
+        """Noise-free truth of a batch-1 tree pass for s = 1 … max_tree_size at this context."""
+        return self._curve(context_len, True)
 
     def verify_truth(
         self,
@@ -419,9 +622,12 @@ class SimulatedGPU:
         contexts: npt.ArrayLike,
         prefill_tokens: npt.ArrayLike = (),
         prefill_contexts: npt.ArrayLike = (),
+        tree: bool = True,
     ) -> float:
-        """Noise-free truth of one batched tree-verification pass.
+        """Noise-free truth of one batched verification pass.
 
+        ``tree``: the requests verify trees (a tree mask, every s·(c + s) pair); ``False``: they
+        verify chains (a causal mask, s·c + s(s + 1)/2 pairs — the DFlash chain).
         ``prefill_tokens[j]`` new prompt tokens of another request over its
         ``prefill_contexts[j]`` cached ones ride in the same pass (see the module docstring);
         with chunks, ``tree_sizes`` may be empty (the pass is then :meth:`prefill_truth`).
@@ -433,20 +639,22 @@ class SimulatedGPU:
                 raise ConfigError(f"tree sizes must be 1-D, got shape {s.shape}")
         chunks = _chunks(prefill_tokens, prefill_contexts)
         if chunks[0]:
-            return self._price_mixed(self._decode_sums(s, contexts), chunks, True)
+            b, tokens, pairs, kv, causal = self._decode_sums(s, contexts)
+            return self._price_mixed((b, tokens, pairs, kv), chunks, tree, causal)
         if s.shape[0] == 1:
             s0 = int(s[0])
             c = np.asarray(contexts)
             if c.size == 1 and 1 <= s0 <= self.max_tree_size:
                 c0 = int(c.reshape(-1)[0])
-                curve = self._verify_cache.get(int(self._quantise_one(c0)))
+                cache = self._verify_cache if tree else self._causal_cache
+                curve = cache.get(int(self._quantise_one(c0)))
                 if curve is None:
-                    curve = self.verify_curve(c0)
+                    curve = self._curve(c0, tree)
                 return float(curve[s0 - 1])
-        b, tokens, pairs, kv = self._decode_sums(s, contexts)
+        b, tokens, pairs, kv, causal = self._decode_sums(s, contexts)
         if b == 0:
             raise ConfigError("a pass needs at least one request")
-        return self._pass_s(tokens, pairs, kv, masked=True)
+        return self._pass_s(b, tokens, pairs, kv, tree, causal)
 
     def ar_truth(
         self,
@@ -460,18 +668,20 @@ class SimulatedGPU:
         """
         chunks = _chunks(prefill_tokens, prefill_contexts)
         if chunks[0]:
-            return self._price_mixed(self._ar_sums(contexts), chunks, False)
+            b, tokens, pairs, kv = self._ar_sums(contexts)
+            return self._price_mixed((b, tokens, pairs, kv), chunks, False, pairs)
         c = np.asarray(contexts)
         if c.size == 1:
             key = int(self._quantise_one(float(c.reshape(-1)[0])))
             hit = self._ar_cache.get(key)
             if hit is None:
-                hit = self._ar_cache[key] = self._pass_s(*self._ar_sums(c)[1:], masked=False)
+                b, tokens, pairs, kv = self._ar_sums(c)
+                hit = self._ar_cache[key] = self._pass_s(b, tokens, pairs, kv, False, pairs)
             return hit
         b, tokens, pairs, kv = self._ar_sums(c)
         if b == 0:
             raise ConfigError("a pass needs at least one request")
-        return self._pass_s(tokens, pairs, kv, masked=False)
+        return self._pass_s(b, tokens, pairs, kv, False, pairs)
 
     def prefill_truth(self, new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> float:
         """Noise-free truth of one prefill pass: request i processes ``new_tokens[i]`` new prompt
@@ -484,7 +694,8 @@ class SimulatedGPU:
         return self._price_mixed((0, 0.0, 0.0, 0.0), chunks, False)
 
     def draft_truth(self, contexts: npt.ArrayLike) -> float:
-        """Noise-free truth of one DFlash drafter pass over a batch."""
+        """Noise-free truth of one DFlash drafter pass over a batch (its roofline, plus the
+        framework's per-pass overhead and, in eager mode, the host's dispatch of its layers)."""
         c = np.asarray(contexts)
         if c.size == 1:
             key = int(self._quantise_one(float(c.reshape(-1)[0])))
@@ -498,20 +709,62 @@ class SimulatedGPU:
         b = buckets.shape[0]
         if b == 0:
             raise ConfigError("a pass needs at least one request")
-        return self._drafter.total_s(b, self.truth.context_quantum * float(np.add.reduce(buckets)))
+        gpu = self._drafter.total_s(b, self.truth.context_quantum * float(np.add.reduce(buckets)))
+        t = self.truth
+        if t.host_layer_s:
+            gpu = max(gpu, self.drafter.model.layers * t.host_layer_s)
+        return gpu + t.pass_overhead_s
 
-    def prep_truth(self, tree_sizes: npt.ArrayLike, topk: bool = True) -> float:
-        """Host preparation for one step: per request, plus per node when trees are built."""
+    def prep_truth(
+        self,
+        tree_sizes: npt.ArrayLike,
+        topk: bool = True,
+        contexts: npt.ArrayLike | None = None,
+        controller: bool = False,
+    ) -> float:
+        """Host and device preparation of one step, from its operations (``docs/simulator.md``).
+
+        Trees (``topk``): softmax and top-K over the full vocabulary at every draft position of
+        every request (``prep_topk_bytes`` per logit), one device→host copy of the top-K, the
+        best-first builder and the ancestor matrices on the host, the upload of the N × N
+        matrices, the device-side mask over every (node, key) pair, and the KV compaction after
+        acceptance. The chain (``topk=False``): an argmax per position and its copy back.
+        ``controller``: the adaptive controller's host time (which includes growing the trees)
+        replaces the fixed builder's.
+        """
         t = self.truth
         if isinstance(tree_sizes, np.ndarray) and tree_sizes.ndim == 1:
-            n: int = tree_sizes.shape[0]
-            nodes = float(np.add.reduce(tree_sizes)) if topk else 0.0
+            s = tree_sizes.astype(np.float64, copy=False)
         else:
             s = np.atleast_1d(np.asarray(tree_sizes, dtype=np.float64))
-            n, nodes = s.size, float(s.sum())
-        if not topk:  # a chain needs the argmax only: no normalisation, no tree mask
-            return n * t.prep_request_s * 0.5
-        return n * t.prep_request_s + nodes * t.prep_node_s
+        b = s.shape[0]
+        logits = b * self._depth * self.model.vocab
+        bw = self._bw
+        if not topk:
+            seconds = logits * t.prep_argmax_bytes / bw
+            seconds += t.prep_chain_kernels * (t.host_kernel_s + self.device.launch_overhead_s)
+            seconds += t.d2h_latency_s
+        else:
+            nodes = float(np.add.reduce(s))
+            square = float(np.dot(s, s))
+            if contexts is None:
+                pairs = square
+            else:
+                c = self._quantise(contexts)
+                pairs = float(np.dot(s, c)) + square
+            layers = self.model.layers
+            moved = min(self._depth + 1.0, nodes / max(b, 1)) * b  # tokens compacted, at most
+            kv_bytes = 4.0 * layers * moved * self.model.h_kv * 2.0  # read + write K and V
+            kernels = t.prep_tree_kernels + t.mask_kernels + t.compaction_kernels_per_layer * layers
+            seconds = (logits * t.prep_topk_bytes + pairs * t.mask_bytes + kv_bytes) / bw
+            seconds += kernels * (t.host_kernel_s + self.device.launch_overhead_s)
+            seconds += t.d2h_latency_s + t.h2d_latency_s + square / t.h2d_bandwidth
+            seconds += b * t.mask_host_request_s + square * t.mask_host_element_s
+            if controller:  # the controller's measured time includes growing the trees
+                seconds += t.controller_step_s + b * t.controller_request_s
+            else:
+                seconds += t.tree_step_s + b * t.tree_request_s + nodes * t.tree_node_s
+        return float(seconds)
 
     # -- what a run observes ------------------------------------------------------------------
 
@@ -536,9 +789,10 @@ class SimulatedGPU:
         contexts: npt.ArrayLike,
         prefill_tokens: npt.ArrayLike = (),
         prefill_contexts: npt.ArrayLike = (),
+        tree: bool = True,
     ) -> float:
         return self._noisy(
-            self.verify_truth(tree_sizes, contexts, prefill_tokens, prefill_contexts)
+            self.verify_truth(tree_sizes, contexts, prefill_tokens, prefill_contexts, tree)
         )
 
     def ar_s(
@@ -555,8 +809,19 @@ class SimulatedGPU:
     def draft_s(self, contexts: npt.ArrayLike) -> float:
         return self._noisy(self.draft_truth(contexts))
 
-    def prep_s(self, tree_sizes: npt.ArrayLike, topk: bool = True) -> float:
-        return self._noisy(self.prep_truth(tree_sizes, topk))
+    def prep_s(
+        self,
+        tree_sizes: npt.ArrayLike,
+        topk: bool = True,
+        contexts: npt.ArrayLike | None = None,
+        controller: bool = False,
+    ) -> float:
+        return self._noisy(self.prep_truth(tree_sizes, topk, contexts, controller))
+
+
+def routing_draws_one(tokens: float, requests: float, truth: GroundTruth) -> float:
+    """:func:`routing_draws` for scalars (the per-step path)."""
+    return requests + (tokens - requests) * (1.0 - truth.routing_correlation)
 
 
 def _sim_backend(model: ModelSpec, hw: HardwareProfile, seed: int = 0):  # type: ignore[no-untyped-def]

@@ -13,10 +13,13 @@ request's first token (its time to first token); from the next step on it decode
 Each decode step is one call of the shared engine's :meth:`bastion.engine.SpecEngine.step` for
 every decoding request at once: the drafter drafts the batch, the policy chooses all trees
 together (the adaptive controller under one joint budget), the verifier accepts and commits.
-The step's time — the batched drafter pass, host preparation and the batched verification
+The step's time — the batched drafter pass, preparation and the batched verification
 pass, each priced on the simulated GPU — is then charged as one SimPy timeout (nothing can
 happen between passes that run back to back on the one GPU). Target-only AR
-steps have no draft and a one-token pass per request.
+steps have no draft and a one-token pass per request. What a policy costs besides its trees'
+sizes comes from two declared attributes: ``uses_topk`` (False for the chain: top-1
+preparation and a causal verification pass instead of top-K, tree building and a tree mask) and
+``uses_cost_model`` (the adaptive controller's host time is charged in preparation).
 
 Measured per request: arrival, first token, finish, tokens, steps, committed lengths (τ) and tree
 sizes; TTFT = first token − arrival, TPOT = (finish − first token) / (tokens − 1), end-to-end =
@@ -196,7 +199,10 @@ def serve(
     )
     batched = batch_policy(policy)
     is_ar = not getattr(batched, "uses_drafter", True)
+    # a policy that needs only the drafter's top-1 (the chain) verifies one path: causal mask,
+    # argmax preparation; every other drafting policy verifies trees (tree mask, top-K)
     topk = bool(getattr(policy, "uses_topk", True))
+    controller = bool(getattr(batched, "uses_cost_model", False))  # host time of the controller
     # a cost model learns from measured passes unless it says it does not (static, bare)
     learns = getattr(cost_model, "mode", "ema") in ("ema", "ema+calib")
     observe = cost_model is not None and not is_ar and learns
@@ -320,8 +326,8 @@ def serve(
                 t_verify = gpu.ar_s(contexts, chunk_tokens, chunk_contexts)
             else:
                 t_draft = gpu.draft_s(contexts)
-                t_prep = gpu.prep_s(sizes, topk)
-                t_verify = gpu.verify_s(sizes, contexts, chunk_tokens, chunk_contexts)
+                t_prep = gpu.prep_s(sizes, topk, contexts, controller)
+                t_verify = gpu.verify_s(sizes, contexts, chunk_tokens, chunk_contexts, topk)
             # the passes run back to back on the one GPU and nothing can happen between them
             yield env.timeout(t_draft + t_prep + t_verify)
             result.steps += 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
 from sim.latency import latency_summary
 from sim.serving import LengthSource, ServingResult, serve
 from sim.synthetic import SyntheticSource
+from sim.truth import DEFAULT_TRUTH, get_truth
 from sim.workloads import Workload, get_workload
 
 __all__ = ["PolicyResult", "SimSpec", "SimulationResult", "calibrated_cost_model", "simulate"]
@@ -62,7 +63,7 @@ class SimSpec:
     output_len: int | None = None  # override the workload's tokens per request
     cost_mode: CostMode = "static"
     n_max: int = 1024  # the adaptive controller's cap
-    truth: GroundTruth = field(default_factory=GroundTruth)
+    truth: str | GroundTruth = DEFAULT_TRUTH  # the simulated GPU: a truth name, path or object
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or self.concurrency < 1:
@@ -86,6 +87,7 @@ class SimSpec:
         object.__setattr__(self, "policies", tuple(self.policies))
         for p in self.policies:
             make_policy(p)  # raises on unknown or malformed specs and on non-policies
+        get_truth(self.truth)  # raises on an unknown truth name or a bad truth file
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-ready); a policy object is recorded by :func:`policy_label`."""
@@ -236,10 +238,10 @@ def simulate(
     model = get_model(spec.model)
     drafter = DrafterSpec.dflash_for(model)
 
+    truth = get_truth(spec.truth)
+
     def gpu() -> SimulatedGPU:
-        return SimulatedGPU(
-            hw, model, drafter, spec.truth, seed=spec.seed, max_tree_size=spec.n_max
-        )
+        return SimulatedGPU(hw, model, drafter, truth, seed=spec.seed, max_tree_size=spec.n_max)
 
     calibrated, record = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed)
     arrivals = arrivals_of(spec)

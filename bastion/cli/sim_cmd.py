@@ -67,6 +67,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         output_len=args.output_len,
         cost_mode=args.cost_mode,
         n_max=args.n_max,
+        truth=args.truth,
     )
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
     out = Path(args.out) if args.out else None
@@ -86,7 +87,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{spec.model} on {spec.gpu}, workload {spec.workload}, T = {spec.temperature:g}, "
-        f"concurrency {spec.concurrency}, {spec.requests} requests, seed {spec.seed}"
+        f"concurrency {spec.concurrency}, {spec.requests} requests, seed {spec.seed}, "
+        f"truth {spec.truth}"
     )
     print(
         f"controller's cost model: {spec.cost_mode}, calibrated on the simulated GPU "
@@ -184,6 +186,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the controller's latency model",
     )
     p.add_argument("--n-max", type=int, default=1024, help="the controller's N_max")
+    p.add_argument(
+        "--truth",
+        default="hf-eager",
+        help="the simulated GPU's ground truth: a truth name (hf-eager, cudagraph, builtin, or "
+        "one in $BASTION_TRUTHS) or a path to a truth .toml file (docs/simulator.md)",
+    )
     p.add_argument("--out", help="also write simulate.csv and simulate.json to this directory")
     p.add_argument("--json", action="store_true", help="print one JSON record per policy")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)

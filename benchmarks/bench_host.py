@@ -1,0 +1,237 @@
+"""Host-side costs for the simulator's ground truth: measures the constants of its host model.
+
+Measured on this machine, each a median over ``--repeats`` of back-to-back calls:
+
+- the best-first tree builder of ``fixed:N`` (``bastion.policies.best_first_batch``) for
+  B ∈ {1, 8, 32} requests and N ∈ {16, 64, 256} (``math`` marginals, depth 15), fitted by least
+  squares as ``tree_step_s + B·tree_request_s + ΣN·tree_node_s``;
+- the host's ancestor matrix of each tree (``bastion.tree.ancestor_matrix``, what the real
+  backend builds before uploading the mask), fitted as ``B·mask_host_request_s +
+  ΣN²·mask_host_element_s``;
+- the adaptive controller's joint choice (``bastion.joint.choose_joint_batch`` with a cost model
+  calibrated on the simulated GPU, as ``benchmarks/bench_joint.py`` does; tree growth included),
+  fitted as ``controller_step_s + B·controller_request_s``;
+- with torch and transformers installed: the host time of a Hugging Face Qwen3 forward pass in
+  eager mode (a tiny configuration on the CPU, so that the kernels themselves cost next to
+  nothing and what is timed is Python and the dispatcher), for 2 and 6 layers, one decode token
+  over a 64-token cache: the slope is ``host_layer_s``, the rest ``pass_overhead_s`` (embedding,
+  mask and cache bookkeeping, final norm, LM head dispatch), and one softmax on 64 elements gives
+  ``host_kernel_s`` (one op's dispatch). torch runs on one thread. Not included: the CUDA
+  launch call itself (a few µs per kernel), absent on the CPU.
+
+It prints the ``[host]`` table of a truth file; ``--write FILE…`` replaces the lines between
+``# BEGIN bench_host`` and ``# END bench_host`` of each given truth file (atomically). The host
+machine of a real run is faster or slower than this one: the numbers are this machine's.
+
+Run: ``python benchmarks/bench_host.py [--repeats 15] [--write sim/truths/hf-eager.toml …]``.
+Never part of the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+from bastion.batch import BatchMarginals
+from bastion.cost.hardware import get_profile
+from bastion.cost.models import DrafterSpec, get_model
+from bastion.files import write_text_atomic
+from bastion.joint import choose_joint_batch, joint_curve_from_cost_model
+from bastion.policies import best_first_batch
+from bastion.tree import ancestor_matrix
+from sim.gpu import SimulatedGPU
+from sim.simulate import calibrated_cost_model
+from sim.synthetic import SyntheticSource
+from sim.workloads import get_workload
+
+BATCHES = (1, 8, 32)
+SIZES = (16, 64, 256)
+# block name → its keys: "host" in every truth file, "eager" only where the framework is eager
+BLOCKS = {
+    "host": (
+        "tree_step_s",
+        "tree_request_s",
+        "tree_node_s",
+        "mask_host_request_s",
+        "mask_host_element_s",
+        "controller_step_s",
+        "controller_request_s",
+        "host_kernel_s",
+    ),
+    "eager": ("host_layer_s", "pass_overhead_s"),
+}
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median over ``repeats`` of the mean time of back-to-back calls filling ~20 ms (s)."""
+    t0 = time.perf_counter()
+    fn()
+    inner = max(1, int(20e-3 / max(1e-6, time.perf_counter() - t0)))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter() - t0) / inner)
+    return statistics.median(times)
+
+
+def marginals(b: int, seed: int = 0) -> BatchMarginals:
+    source = SyntheticSource(get_workload("math"), seed)
+    slots = np.arange(b)
+    for i in range(b):
+        source.admit(i, i)
+    return source.draft(slots, slots)[0]
+
+
+def fit(rows: list[list[float]], seconds: list[float]) -> list[float]:
+    """Non-negative least squares (dropping negative terms and refitting) of seconds on rows."""
+    a = np.array(rows, dtype=np.float64)  # one row per measurement
+    y = np.array(seconds)
+    keep = list(range(a.shape[1]))
+    coef = np.zeros(a.shape[1])
+    while keep:
+        sol, *_ = np.linalg.lstsq(a[:, keep], y, rcond=None)
+        if np.all(sol >= 0):
+            coef[keep] = sol
+            break
+        keep.pop(int(np.argmin(sol)))
+    return coef.tolist()
+
+
+def tree_constants(repeats: int) -> dict[str, float]:
+    cols, build, mask = [], [], []
+    for b in BATCHES:
+        m = marginals(b)
+        for n in SIZES:
+            trees = best_first_batch(m, n)
+            build.append(median_time(lambda m=m, n=n: best_first_batch(m, n), repeats))
+            singles = trees.trees()
+            mask.append(median_time(lambda s=singles: [ancestor_matrix(t) for t in s], repeats))
+            cols.append([1.0, float(b), float(b * n), float(b * n * n)])
+    step, request, node = fit([c[:3] for c in cols], build)
+    m_request, m_element = fit([[c[1], c[3]] for c in cols], mask)
+    return {
+        "tree_step_s": step,
+        "tree_request_s": request,
+        "tree_node_s": node,
+        "mask_host_request_s": m_request,
+        "mask_host_element_s": m_element,
+    }
+
+
+def controller_constants(repeats: int) -> dict[str, float]:
+    model = get_model("qwen3-8b")
+    gpu = SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model))
+    cm, _ = calibrated_cost_model(gpu)
+    cols, seconds = [], []
+    for b in BATCHES:
+        m = marginals(b)
+        contexts = np.full(b, 512)
+        curve = joint_curve_from_cost_model(cm, contexts)
+        seconds.append(
+            median_time(lambda m=m, curve=curve: choose_joint_batch(m, curve, 1024), repeats)
+        )
+        cols.append([1.0, float(b)])
+    step, request = fit(cols, seconds)
+    return {"controller_step_s": step, "controller_request_s": request}
+
+
+def eager_constants(repeats: int) -> dict[str, float]:
+    try:
+        import torch
+        from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
+    except ImportError:
+        return {}
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # tiny tensors: a thread pool would only add hand-off time
+
+    def model(layers: int) -> Callable[[], object]:
+        cfg = Qwen3Config(
+            vocab_size=1024,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            attn_implementation="sdpa",
+        )
+        net = Qwen3ForCausalLM(cfg).eval()
+        ids = torch.zeros((1, 64), dtype=torch.long)
+        with torch.inference_mode():
+            cache = DynamicCache(config=cfg)
+            net(input_ids=ids, cache=cache, use_cache=True)
+        one = torch.zeros((1, 1), dtype=torch.long)
+
+        def step() -> object:
+            with torch.inference_mode():
+                out = net(input_ids=one, cache=cache, use_cache=True)
+                cache.crop(-1)  # back to the 64-token cache
+            return out
+
+        return step
+
+    t2 = median_time(model(2), repeats)
+    t6 = median_time(model(6), repeats)
+    tiny = torch.zeros((1, 1, 64))  # one op's dispatch: on a GPU its work is not on the host
+    kernel = median_time(lambda: torch.softmax(tiny, dim=-1), repeats)
+    layer = (t6 - t2) / 4.0
+    return {"host_layer_s": layer, "pass_overhead_s": t2 - 2.0 * layer, "host_kernel_s": kernel}
+
+
+def toml_block(name: str, values: dict[str, float], command: str) -> str:
+    lines = [
+        f"# BEGIN bench_host {name}",
+        f"# measured by `{command}` on {platform.machine()} "
+        f"({platform.processor() or 'cpu'}), Python {platform.python_version()}, "
+        f"{date.today().isoformat()}",
+    ]
+    lines += [f"{k} = {values[k]:.3e}" for k in BLOCKS[name] if k in values]
+    lines.append(f"# END bench_host {name}")
+    return "\n".join(lines)
+
+
+def write_blocks(path: Path, blocks: dict[str, str]) -> list[str]:
+    """Replace every named block the file holds; return the names replaced."""
+    text = path.read_text(encoding="utf-8")
+    done = []
+    for name, block in blocks.items():
+        begin, end = f"# BEGIN bench_host {name}\n", f"# END bench_host {name}"
+        if begin in text and end in text:
+            head, rest = text.split(begin, 1)
+            _, tail = rest.split(end, 1)
+            text = head + block + tail
+            done.append(name)
+    if not done:
+        raise SystemExit(f"{path}: no '# BEGIN bench_host NAME' … '# END bench_host NAME' block")
+    write_text_atomic(path, text)
+    return done
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--write", nargs="*", default=[], help="truth files to update")
+    parser.add_argument("--no-eager", action="store_true", help="skip the transformers part")
+    args = parser.parse_args()
+    values = tree_constants(args.repeats)
+    values.update(controller_constants(args.repeats))
+    if not args.no_eager:
+        values.update(eager_constants(args.repeats))
+    command = f"python benchmarks/bench_host.py --repeats {args.repeats}"
+    blocks = {name: toml_block(name, values, command) for name in BLOCKS}
+    print("\n".join(blocks.values()))
+    for f in args.write:
+        print(f"{f}: replaced {', '.join(write_blocks(Path(f), blocks))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Truth files: loading, validation, lookup, and the effects they switch on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bastion.cost.hardware import get_profile
+from bastion.cost.models import DrafterSpec, get_model
+from bastion.errors import ConfigError, UnknownNameError
+from sim.gpu import GroundTruth, SimulatedGPU, expected_experts, routing_draws
+from sim.simulate import SimSpec
+from sim.truth import (
+    TRUTH_DIR_ENV,
+    gemm_shape_from_csv,
+    get_truth,
+    known_truths,
+    load_truth,
+    truth_from_dict,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
+
+
+def gpu(truth: GroundTruth, model: str = "qwen3-8b", device: str = "a100-sxm-80gb") -> SimulatedGPU:
+    m = get_model(model)
+    return SimulatedGPU(get_profile(device), m, DrafterSpec.dflash_for(m), truth)
+
+
+def test_shipped_truths_load_and_differ() -> None:
+    assert {"hf-eager", "cudagraph", "builtin"} <= set(known_truths())
+    eager, graph = get_truth("hf-eager"), get_truth("cudagraph")
+    assert eager.name == "hf-eager" and graph.name == "cudagraph"
+    assert eager.host_layer_s > 0 and graph.host_layer_s == 0  # measured vs graph replay
+    assert eager.causal_reads_mask and not graph.causal_reads_mask
+    assert len(eager.gemm_shape_tokens) == len(eager.gemm_shape_factor) > 100
+    assert get_truth("builtin") == GroundTruth()
+
+
+def test_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownNameError, match="known: builtin, cudagraph, hf-eager"):
+        get_truth("tensorrt")
+    with pytest.raises(UnknownNameError, match="unknown truth"):
+        SimSpec(truth="tensorrt")
+
+
+def test_user_truth_by_path_and_by_environment(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    text = 'name = "mine"\n[framework]\npass_overhead_s = 1e-3\n'
+    (tmp_path / "mine.toml").write_text(text)
+    assert load_truth(tmp_path / "mine.toml").pass_overhead_s == 1e-3
+    assert get_truth(str(tmp_path / "mine.toml")).name == "mine"
+    monkeypatch.setenv(TRUTH_DIR_ENV, str(tmp_path))
+    assert "mine" in known_truths() and get_truth("mine").pass_overhead_s == 1e-3
+    assert SimSpec(truth="mine").truth == "mine"
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ({"name": "x", "framework": {"pass_overhead": 1}}, r"\[framework\] has unknown key"),
+        ({"name": "x", "gpu": {}}, "unknown key"),
+        ({"framework": {}}, "'name'"),
+        ({"name": "x", "framework": {"pass_overhead_s": "1ms"}}, r"pass_overhead_s: must be"),
+        ({"name": "x", "framework": {"pass_overhead_s": -1.0}}, "pass_overhead_s"),
+        ({"name": "x", "attention": {"causal_reads_mask": 1}}, "true or false"),
+        ({"name": "x", "device": {"tile_tokens": 1.5}}, "whole number"),
+        ({"name": "x", "moe": {"routing_correlation": 1.0}}, "routing_correlation"),
+        ({"name": "x", "gemm_shape": {"tokens": [1, 2], "factor": [1.0]}}, "same length"),
+        ({"name": "x", "gemm_shape": {"tokens": [4, 2], "factor": [1, 1]}}, "rise strictly"),
+    ],
+)
+def test_bad_truth_files_name_file_and_key(data: dict, match: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError, match=match) as err:
+        truth_from_dict(data, origin="bad.toml")
+    assert "bad.toml" in str(err.value)
+
+
+def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    (tmp_path / "t.toml").write_text("name = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_truth(tmp_path / "t.toml")
+    with pytest.raises(ConfigError, match="not found"):
+        load_truth(tmp_path / "none.toml")
+
+
+def test_expected_experts_uniform_formula_and_skew() -> None:
+    """Uniform routing gives E·(1 − (1 − K/E)^x); a skewed popularity touches fewer experts;
+    correlated tokens of one request are fewer independent draws."""
+    x = np.array([1.0, 16.0, 1025.0])
+    uniform = expected_experts(x, 128, 8)
+    np.testing.assert_allclose(uniform, 128 * (1 - (1 - 8 / 128) ** x), rtol=1e-12)
+    flat = expected_experts(x, 128, 8, np.full(128, 1 / 128))
+    np.testing.assert_allclose(flat, uniform, rtol=1e-9)
+    skewed = expected_experts(x, 128, 8, GroundTruth(routing_skew=0.3).expert_popularity(128))
+    assert skewed[1] < uniform[1] and skewed[2] <= uniform[2]  # both saturate at 1025
+    assert skewed[0] == pytest.approx(8, rel=1e-6)
+    assert routing_draws(16, 1, 0.1) == pytest.approx(1 + 15 * 0.9)
+    assert routing_draws(36, 36, 0.5) == 36  # one token per request: no correlation to use
+
+
+def test_moe_truth_is_not_the_cost_models_saturating_belief() -> None:
+    """Decision 7: the truth's experts come from its own routing model: at 16 tokens far fewer
+    than the 128 the saturating min(E, K·s) believes, and skew lowers them further."""
+    g = gpu(GroundTruth(routing_skew=0.3, routing_correlation=0.1), "qwen3-coder-30b-a3b")
+    assert 50 < float(g.experts_touched(16, 1)) < 80
+    plain = gpu(GroundTruth(), "qwen3-coder-30b-a3b")
+    assert float(plain.experts_touched(16, 1)) == pytest.approx(128 * (1 - (15 / 16) ** 16))
+
+
+def test_grouped_gemm_occupancy_makes_small_passes_relatively_slower() -> None:
+    base = gpu(GroundTruth(noise=0), "qwen3-coder-30b-a3b")
+    occ = gpu(GroundTruth(noise=0, moe_half_occupancy_per_sm=0.1), "qwen3-coder-30b-a3b")
+    ratio_base = base.verify_truth([16], [512]) / base.ar_truth([512])
+    ratio_occ = occ.verify_truth([16], [512]) / occ.ar_truth([512])
+    assert occ.ar_truth([512]) > base.ar_truth([512]) * 1.1
+    assert ratio_occ < ratio_base
+
+
+def test_chain_is_causal_tree_is_masked() -> None:
+    g = gpu(GroundTruth(noise=0, tree_attention_penalty=0.5))
+    sizes, ctx = [16] * 32, [2000] * 32
+    assert g.verify_truth(sizes, ctx, tree=False) < g.verify_truth(sizes, ctx)
+    # a framework that materialises the causal mask runs the masked kernel for the chain too
+    h = gpu(GroundTruth(noise=0, causal_reads_mask=True))
+    assert h.verify_truth(sizes, ctx, tree=False) == pytest.approx(
+        h.verify_truth(sizes, ctx), rel=1e-3
+    )
+    # batch 1: the cached causal curve equals the batched route
+    one = g.verify_truth([16], [2000], tree=False)
+    two = g.verify_truth([16, 1], [2000, 0], tree=False)
+    assert one < two
+
+
+def test_eager_host_bound_pass_is_flat_until_the_gpu_takes_over() -> None:
+    t = GroundTruth(noise=0, host_layer_s=1e-3, pass_overhead_s=0.0, tile_tokens=0)
+    g = gpu(t)
+    host = g.model.layers * 1e-3
+    assert g.ar_truth([100]) == pytest.approx(host)
+    assert g.verify_truth([64], [100]) == pytest.approx(host)
+    assert g.verify_truth([4096], [100]) > host * 1.5
+
+
+def test_gemm_shape_from_the_measured_csv_has_its_cliffs() -> None:
+    tokens, factor, eta_m, eta_c = gemm_shape_from_csv(
+        DATA / "a100-80gb_llama-3-8b_per-layer-ops.csv"
+    )
+    f = dict(zip(tokens, factor, strict=True))
+    assert f[1.0] == 1.0 and 0.7 < eta_m < 0.85 and 0.6 < eta_c < 0.85
+    assert f[136.0] > 1.3 * f[128.0]  # the kernel switch past 128 tokens
+    g = gpu(GroundTruth(noise=0, tile_tokens=0, gemm_shape_tokens=tokens, gemm_shape_factor=factor))
+    curve = g.verify_curve(512)
+    assert curve[128] - curve[127] > 10 * np.median(np.diff(curve[:100]))
+
+
+def test_prep_from_operations() -> None:
+    t = get_truth("cudagraph")
+    g = gpu(t)
+    ctx = [1000] * 36
+    tree, chain = g.prep_truth([16] * 36, True, ctx), g.prep_truth([16] * 36, False, ctx)
+    assert tree > 3 * chain  # softmax + top-K over the vocabulary vs an argmax
+    assert g.prep_truth([64] * 36, True, ctx) > tree  # mask and builder grow with the trees
+    # the controller's measured time replaces the fixed builder's
+    with_controller = g.prep_truth([16] * 36, True, ctx, controller=True)
+    assert with_controller - tree == pytest.approx(
+        t.controller_step_s
+        - t.tree_step_s
+        - 36 * 16 * t.tree_node_s
+        - 36 * t.tree_request_s
+        + 36 * t.controller_request_s,
+        rel=1e-9,
+    )
