@@ -1,8 +1,10 @@
 """Reproduce the cost-model validation table and figure of docs/cost-model.md.
 
-    python docs/make_cost_figures.py            # prints the Markdown tables, writes the PNG
+    python docs/make_cost_figures.py            # prints the Markdown table, writes the PNG
 
-Needs matplotlib (``pip install bastion[plot]``).
+The table is what ``bastion validate --measured docs/data/a100-80gb_llama-3-8b_per-layer-ops.csv
+--format vidur --model llama-3.1-8b --gpu a100-sxm-80gb`` prints. The figure needs matplotlib
+(``pip install bastion[plot]``).
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import numpy as np
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import get_model
 from bastion.cost.validation import (
-    CSV_TO_OPERATOR,
     DEFAULT_TRAIN_TOKENS,
-    MEASURED_OPTIONS,
+    FORMATS,
+    calibrate_column,
     load_measured,
-    operator_errors,
-    roofline_per_layer,
+    operator_features,
+    validate,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -28,26 +30,33 @@ FIGURE = HERE / "figures" / "a100-llama3-8b-measured-vs-predicted.png"
 
 
 def tables() -> str:
-    data = load_measured(CSV)
-    model, hw = get_model("llama-3.1-8b"), get_profile("a100-sxm-80gb")
-    lines = []
-    for max_tokens in (1024, None):
-        scope = f"s ≤ {max_tokens}" if max_tokens else "all s (1 … 32768)"
-        lin = operator_errors(data, model, hw, max_tokens=max_tokens, tile_tokens=0)
-        step = operator_errors(data, model, hw, max_tokens=max_tokens, tile_tokens=64)
-        lines.append(f"\n**{scope}**, {lin[0].n_test} held-out token counts\n")
+    table = load_measured(CSV, "vidur")
+    report = validate(table, get_model("llama-3.1-8b"), get_profile("a100-sxm-80gb"))
+    by = {(r.operator, r.mode): r for r in report.results}
+    ops = list(dict.fromkeys(r.operator for r in report.results))
+    lines = [
+        f"\n**s ≤ {report.max_tokens}**, {report.results[0].n_test} held-out token counts per "
+        "operator (calibrated on s ∈ {1, 16, 64, 128, 256, 512, 1024})\n",
+        "| operator | bare MAPE | bare max | calibrated MAPE | calibrated max | features (CV) "
+        "| CV error | profiled MAPE | profiled max |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for op in ops:
+        b, c, p = by[(op, "bare")], by[(op, "calibrated")], by[(op, "profiled")]
+        choice, _, cv = c.detail.partition(", leave-one-out ")
         lines.append(
-            "| operator | bare RMSE µs | bare MAPE | linear RMSE µs | linear MAPE "
-            "| linear+step RMSE µs | linear+step MAPE | linear+step max |"
+            f"| {op} | {b.mape:.1%} | {b.max_error:.1%} | {c.mape:.1%} | {c.max_error:.1%} "
+            f"| {choice} | {cv} | {p.mape:.1%} | {p.max_error:.1%} |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|")
-        for a, b in zip(lin, step, strict=True):
-            lines.append(
-                f"| {a.column.removesuffix('_ms')} | {a.rmse_bare_ms * 1e3:.1f} "
-                f"| {a.mape_bare:.1%} | {a.rmse_calibrated_ms * 1e3:.1f} | {a.mape_calibrated:.1%} "
-                f"| {b.rmse_calibrated_ms * 1e3:.1f} | {b.mape_calibrated:.1%} "
-                f"| {b.max_rel_calibrated:.1%} |"
-            )
+    lines.append(
+        "| **mean / worst** | "
+        + " | ".join(
+            f"**{report.mean_mape(m):.1%}** | **{report.max_error(m):.1%}**"
+            + (" | | " if m == "calibrated" else "")
+            for m in ("bare", "calibrated", "profiled")
+        )
+        + " |"
+    )
     return "\n".join(lines)
 
 
@@ -57,30 +66,28 @@ def figure() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = load_measured(CSV)
+    table = load_measured(CSV, "vidur")
     model, hw = get_model("llama-3.1-8b"), get_profile("a100-sxm-80gb")
-    tokens = data["num_tokens"]
-    keep = tokens <= 2048
-    errors = {e.column: e for e in operator_errors(data, model, hw, tile_tokens=64)}
+    tokens = table.tokens
+    keep = tokens <= 1024
+    t = tokens[keep]
+    train = np.isin(t, DEFAULT_TRAIN_TOKENS)
     columns = ["qkv_proj_ms", "o_proj_ms", "gate_up_proj_ms", "down_proj_ms"]
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
-    tiled = MEASURED_OPTIONS.__class__(**{**MEASURED_OPTIONS.__dict__, "tile_tokens": 64})
     for ax, column in zip(axes.ravel(), columns, strict=True):
-        op, share = CSV_TO_OPERATOR[column]
-        _, rm, bare = roofline_per_layer(model, hw, tokens, op, MEASURED_OPTIONS, share)
-        rc, _, _ = roofline_per_layer(model, hw, tokens, op, tiled, share)
-        cal = errors[column].calibration.predict(rc, rm)
-        train = np.isin(tokens, DEFAULT_TRAIN_TOKENS) & keep
-        ax.plot(tokens[keep], data[column][keep], ".", ms=3, label="measured (Vidur, A100 80GB)")
-        ax.plot(tokens[keep], bare[keep] * 1e3, "-", label="bare roofline")
-        ax.plot(tokens[keep], cal[keep] * 1e3, "-", label="calibrated (linear + 64-token step)")
-        ax.plot(tokens[train], data[column][train], "o", mfc="none", label="calibration points")
+        y = table.columns[column][keep]
+        feats = operator_features(FORMATS["vidur"][column], model, hw, t)
+        cal = calibrate_column(feats, t, y, train)
+        ax.plot(t, y * 1e3, ".", ms=3, label="measured (Vidur, A100 80GB)")
+        ax.plot(t, feats.bare * 1e3, "-", label="bare roofline")
+        ax.plot(t, cal.predict(feats) * 1e3, "-", label=f"calibrated ({cal.choice})")
+        ax.plot(t[train], y[train] * 1e3, "o", mfc="none", label="calibration points")
         ax.set_title(column.removesuffix("_ms") + " (one layer)")
         ax.set_ylabel("ms")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     for ax in axes[1]:
         ax.set_xlabel("tokens in the pass")
-    axes[0, 0].legend(fontsize=7)
     fig.suptitle("Llama-3-8B on A100 80GB: measured vs predicted per-layer projection latency")
     fig.tight_layout()
     FIGURE.parent.mkdir(parents=True, exist_ok=True)
