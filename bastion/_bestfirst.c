@@ -133,6 +133,21 @@ static Py_ssize_t build_one(const double *p, Py_ssize_t depth, Py_ssize_t k, Py_
     return n;
 }
 
+/* Overflow-safe buffer checks: whether a buffer of len bytes holds exactly a*b*c elements of
+   elem bytes, or at least n of them. Sizes come from Python and may be anything. */
+static int holds_exactly(Py_ssize_t len, Py_ssize_t elem, Py_ssize_t a, Py_ssize_t b,
+                         Py_ssize_t c) {
+    if (a < 0 || b < 0 || c < 0) return 0;
+    if (a == 0 || b == 0 || c == 0) return len == 0;
+    Py_ssize_t max = PY_SSIZE_T_MAX / elem;
+    if (a > max || b > max / a || c > max / a / b) return 0;
+    return len == elem * a * b * c;
+}
+
+static int holds_at_least(Py_ssize_t len, Py_ssize_t elem, Py_ssize_t n) {
+    return n >= 0 && n <= len / elem;
+}
+
 static PyObject *build(PyObject *self, PyObject *args) {
     Py_buffer probs, budgets;
     Py_ssize_t depth, k;
@@ -141,15 +156,23 @@ static PyObject *build(PyObject *self, PyObject *args) {
     Py_ssize_t b = budgets.len / (Py_ssize_t)sizeof(int64_t);
     const int64_t *bud = (const int64_t *)budgets.buf;
     Py_ssize_t total = 0, max_budget = 1;
+    if (budgets.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "budgets buffer is not a whole number of int64");
+        goto done;
+    }
     for (Py_ssize_t j = 0; j < b; j++) {
         if (bud[j] < 1 || bud[j] > INT32_MAX / 2) {
-            PyErr_SetString(PyExc_ValueError, "budgets must be in [1, 2^30]");
+            PyErr_SetString(PyExc_ValueError, "every budget must be in 1 ... 2^30 - 1");
+            goto done;
+        }
+        if (total > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) - bud[j]) {
+            PyErr_NoMemory();
             goto done;
         }
         total += bud[j];
         if (bud[j] > max_budget) max_budget = bud[j];
     }
-    if (depth < 0 || k < 0 || probs.len != (Py_ssize_t)sizeof(double) * b * depth * k) {
+    if (!holds_exactly(probs.len, (Py_ssize_t)sizeof(double), b, depth, k)) {
         PyErr_SetString(PyExc_ValueError, "probs buffer does not match B * depth * k doubles");
         goto done;
     }
@@ -224,11 +247,11 @@ static PyObject *chunk(PyObject *self, PyObject *args) {
         return NULL;
     if (depth < 1 || k < 1 || budget < 1 || budget > INT32_MAX / 2 || ahead < budget ||
         n_max < ahead || rule < RULE_FIRST_DECREASE || rule > RULE_BOUNDED ||
-        probs.len != (Py_ssize_t)sizeof(double) * depth * k ||
-        ids.len != (Py_ssize_t)sizeof(int64_t) * depth * k ||
-        verify.len < (Py_ssize_t)sizeof(double) * ahead ||
-        ints.len < (Py_ssize_t)sizeof(int64_t) * 4 * budget ||
-        floats.len < (Py_ssize_t)sizeof(double) * 4 * budget) {
+        !holds_exactly(probs.len, (Py_ssize_t)sizeof(double), depth, k, 1) ||
+        !holds_exactly(ids.len, (Py_ssize_t)sizeof(int64_t), depth, k, 1) ||
+        !holds_at_least(verify.len, (Py_ssize_t)sizeof(double), ahead) ||
+        !holds_at_least(ints.len, (Py_ssize_t)sizeof(int64_t), 4 * budget) ||
+        !holds_at_least(floats.len, (Py_ssize_t)sizeof(double), 4 * budget)) {
         PyErr_SetString(PyExc_ValueError, "chunk: buffer sizes or arguments do not match");
         goto done;
     }

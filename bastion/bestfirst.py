@@ -32,11 +32,22 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["COMPILED", "TreeArrays", "best_first", "best_first_heap", "best_first_many"]
+from bastion.errors import BudgetError
+
+__all__ = [
+    "COMPILED",
+    "MAX_TREE_SIZE",
+    "TreeArrays",
+    "best_first",
+    "best_first_heap",
+    "best_first_many",
+    "buildable_nodes",
+]
 
 try:
     from bastion import _bestfirst as _compiled  # type: ignore[attr-defined]
@@ -48,6 +59,30 @@ COMPILED: bool = _compiled is not None
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 TreeArrays = tuple[IntArray, IntArray, IntArray, FloatArray]  # parents, depths, ranks, scores
+
+
+MAX_TREE_SIZE = 1 << 20
+"""The largest tree any builder makes (1,048,576 nodes, root included): a budget is first cut to
+the nodes the lattice can give (:func:`buildable_nodes`), and a budget still above this limit is
+refused before anything is allocated. (The paper's largest tree has 1025 nodes.)"""
+
+
+_SMALL_BUDGET = 1 << 14  # budgets up to this are passed on as they are (cheap to allocate)
+
+
+def buildable_nodes(probs: npt.ArrayLike, limit: int = MAX_TREE_SIZE + 1) -> npt.NDArray[np.int64]:
+    """Nodes with ρ > 0 in the lattice of ``probs`` ([D, K] → shape (), [B, D, K] → [B]), root
+    included, counted up to ``limit`` (a bigger lattice reads as ``limit``): what a budget can
+    actually buy. Rows are sorted descending, so a row's positive entries come first and every
+    path through them has ρ > 0 unless some factor underflows (then fewer are built)."""
+    p = np.asarray(probs, dtype=np.float64)
+    positive = np.sum(p > 0.0, axis=-1).astype(np.float64)  # [..., D]
+    with np.errstate(divide="ignore"):  # log(0) = -inf: no node below an empty row
+        log_level = np.cumsum(np.log(positive), axis=-1)  # nodes at depth 1 … D, in log space
+    level = np.exp(np.minimum(log_level, math.log(limit)))  # finite, never NaN
+    total = np.minimum(1.0 + np.sum(level, axis=-1), float(limit))
+    out: npt.NDArray[np.int64] = np.rint(total).astype(np.int64)
+    return out
 
 
 def _as_tree_arrays(
@@ -91,6 +126,24 @@ def best_first_heap(probs: FloatArray, budget: int) -> TreeArrays:
     return _as_tree_arrays(parents, depths, ranks, scores)
 
 
+def _clamped(probs: FloatArray, budgets: npt.ArrayLike) -> IntArray:
+    """Budgets [B] (≥ 1) cut to what each request's lattice can build; refuses more than
+    :data:`MAX_TREE_SIZE` before allocating."""
+    b = probs.shape[0]
+    bud = np.broadcast_to(np.asarray(budgets, dtype=np.int64), (b,))
+    if b and int(bud.min()) < 1:
+        raise BudgetError(f"every budget must be ≥ 1 (the root counts); got {int(bud.min())}")
+    if not b or int(bud.max()) <= _SMALL_BUDGET:  # the common case: nothing big to allocate
+        return np.ascontiguousarray(bud)
+    bud = np.minimum(bud, buildable_nodes(probs))
+    if int(bud.max()) > MAX_TREE_SIZE:
+        raise BudgetError(
+            f"a tree of more than MAX_TREE_SIZE = {MAX_TREE_SIZE} nodes was asked for (the "
+            "lattice has that many nodes with ρ > 0); give a smaller budget"
+        )
+    return np.ascontiguousarray(bud)
+
+
 def best_first(probs: FloatArray, budget: int) -> TreeArrays:
     """Best-first tree of size ``budget`` (fewer if the lattice runs out of ρ > 0 nodes)."""
     return best_first_many(probs[None], budget)[0]
@@ -103,7 +156,7 @@ def best_first_many(probs: FloatArray, budgets: npt.ArrayLike) -> list[TreeArray
     loop; without it, this is B calls of :func:`best_first_heap`. The output is identical.
     """
     b, depth, k = probs.shape
-    bud = np.ascontiguousarray(np.broadcast_to(np.asarray(budgets, dtype=np.int64), (b,)))
+    bud = _clamped(probs, budgets)
     if _compiled is None:
         return [best_first_heap(probs[j], int(bud[j])) for j in range(b)]
     p = np.ascontiguousarray(probs, dtype=np.float64)
@@ -207,7 +260,7 @@ def best_first_flat(probs: FloatArray, budgets: npt.ArrayLike) -> tuple[TreeArra
     """:func:`best_first_many` concatenated: the B trees' arrays one after another, and the
     B + 1 offsets into them (the layout of :class:`bastion.batch.TreeBatch`)."""
     b, depth, k = probs.shape
-    bud = np.ascontiguousarray(np.broadcast_to(np.asarray(budgets, dtype=np.int64), (b,)))
+    bud = _clamped(probs, budgets)
     if _compiled is None:
         trees = [best_first_heap(probs[j], int(bud[j])) for j in range(b)]
         offsets = np.concatenate(([0], np.cumsum([t[0].shape[0] for t in trees])))

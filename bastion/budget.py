@@ -45,7 +45,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from bastion.bestfirst import best_first
+from bastion.bestfirst import MAX_TREE_SIZE, best_first, buildable_nodes
 from bastion.errors import BudgetError, CostModelError
 from bastion.interfaces import CostCurve
 from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
@@ -180,8 +180,14 @@ def choose_tree(
         raise BudgetError(f"n_max must be an integer ≥ 1; got {n_max!r}")
     if mode not in _MODES:
         raise BudgetError(f"unknown controller mode {mode!r}; known: {', '.join(_MODES)}")
-    if initial_budget < 1:
-        raise BudgetError(f"initial_budget must be ≥ 1; got {initial_budget}")
+    if (
+        isinstance(initial_budget, bool)
+        or not isinstance(initial_budget, (int, np.integer))
+        or initial_budget < 1
+    ):
+        raise BudgetError(f"initial_budget must be an integer ≥ 1; got {initial_budget!r}")
+    if n_max > MAX_TREE_SIZE:  # no tree outgrows its lattice or the builders' limit
+        n_max = min(MAX_TREE_SIZE, int(buildable_nodes(marginals.probs)) + 1)
     source: CurveSource = curve if callable(curve) else (lambda _n: curve)
     rule: Rule = "bounded" if mode == "auto" else mode
     if _chunk is not None and marginals.probs.ndim == 2 and marginals.probs.size:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from bastion.errors import CostModelError
 from bastion.tree import DraftMarginals, DraftTree
 
 if TYPE_CHECKING:
@@ -124,6 +125,26 @@ class CostCurve:
     # a guaranteed lower bound on how much verify_s grows per further node beyond its last
     # entry (0: only that it never decreases); joint curves use it to stop pricing early
     growth_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Types and shape only: values (finite, positive) are checked where a curve is used
+        (:func:`bastion.budget.validate_cost_curve`), so a cost model's bad output is reported
+        as that model's error."""
+        for name in ("draft_s", "prep_s", "ar_step_s", "growth_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+                raise CostModelError(f"CostCurve.{name} must be a number of seconds; got {value!r}")
+        verify = self.verify_s
+        if not (isinstance(verify, np.ndarray) and verify.dtype == np.float64):
+            try:
+                verify = np.asarray(verify, dtype=np.float64)
+            except (TypeError, ValueError) as exc:
+                raise CostModelError(f"CostCurve.verify_s must be numbers: {exc}") from exc
+            object.__setattr__(self, "verify_s", verify)
+        if verify.ndim != 1 or verify.shape[0] < 1:
+            raise CostModelError(
+                f"CostCurve.verify_s must be 1-D with an entry per N ≥ 1; got shape {verify.shape}"
+            )
 
     @property
     def max_tree_size(self) -> int:

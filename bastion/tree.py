@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from bastion.bestfirst import TreeArrays, best_first, best_first_many
+from bastion.bestfirst import MAX_TREE_SIZE, TreeArrays, best_first, best_first_many
 from bastion.errors import BudgetError, MarginalsError
 
 if TYPE_CHECKING:
@@ -44,12 +44,34 @@ __all__ = [
 ]
 
 _SUM_TOLERANCE = 1e-6
+_MAX_TOKEN = np.iinfo(np.int64).max
 
 
 def _frozen(a: npt.ArrayLike, dtype: type) -> npt.NDArray[Any]:
     arr: npt.NDArray[Any] = np.array(a, dtype=dtype, copy=True)
     arr.flags.writeable = False
     return arr
+
+
+def _checked_ints(name: str, value: object) -> npt.NDArray[Any]:
+    """An int64 field of a tree from user input: integers only (no strings, floats with a
+    fraction, None, or values beyond int64)."""
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise MarginalsError(f"tree field {name} must be an integer array: {exc}") from exc
+    if (
+        arr.dtype.kind == "f"
+        and np.all(np.isfinite(arr))
+        and np.all(arr == np.round(arr))
+        and np.all(np.abs(arr) < 2.0**63)
+    ):
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu" and arr.size:
+        raise MarginalsError(f"tree field {name} must hold integers; got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > _MAX_TOKEN:
+        raise MarginalsError(f"tree field {name} holds {int(arr.max())} ≥ 2**63")
+    return _frozen(arr, np.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,12 +104,19 @@ class DraftMarginals:
         if depth == 0 or k == 0:
             raise MarginalsError(f"marginals are empty (depth={depth}, K={k}); need depth, K ≥ 1")
         if ids.dtype.kind not in "iu":
-            if ids.dtype.kind == "f" and np.all(np.isfinite(ids)) and np.all(ids == np.round(ids)):
+            if (
+                ids.dtype.kind == "f"
+                and np.all(np.isfinite(ids))
+                and np.all(ids == np.round(ids))
+                and np.all(np.abs(ids) < 2.0**63)
+            ):
                 ids = ids.astype(np.int64)
             else:
                 raise MarginalsError(f"token_ids must be integers; got dtype {ids.dtype}")
         if np.any(ids < 0):
             raise MarginalsError("token_ids must be non-negative")
+        if ids.dtype.kind == "u" and ids.size and int(ids.max()) > _MAX_TOKEN:
+            raise MarginalsError(f"token ids must be < 2**63; got {int(ids.max())}")
         if not np.all(np.isfinite(p)):
             raise MarginalsError("probs contain NaN or infinite values")
         if np.any(p < 0.0) or np.any(p > 1.0):
@@ -176,16 +205,22 @@ class DraftTree:
         *,
         validate: bool = True,
     ) -> None:
-        par = _frozen(parents, np.int64)
-        n = par.shape[0] if par.ndim == 1 else -1
-        rk = np.full(max(n, 0), -1) if ranks is None else ranks
-        fields = {
-            "parents": par,
-            "tokens": _frozen(tokens, np.int64),
-            "depths": _frozen(depths, np.int64),
-            "scores": _frozen(scores, np.float64),
-            "ranks": _frozen(rk, np.int64),
+        given: dict[str, Any] = {
+            "parents": parents,
+            "tokens": tokens,
+            "depths": depths,
+            "ranks": ranks,
         }
+        fields: dict[str, npt.NDArray[Any]] = {}
+        for name, value in given.items():
+            if name == "ranks" and value is None:
+                n = fields["parents"].shape[0] if fields["parents"].ndim == 1 else 0
+                value = np.full(n, -1)
+            fields[name] = _checked_ints(name, value) if validate else _frozen(value, np.int64)
+        try:
+            fields["scores"] = _frozen(scores, np.float64)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise MarginalsError(f"tree scores must be numbers: {exc}") from exc
         for name, value in fields.items():
             object.__setattr__(self, name, value)
         if validate:
@@ -207,6 +242,8 @@ class DraftTree:
             raise MarginalsError("every non-root node's parent must come before it (prefix-closed)")
         if np.any(self.depths[1:] != self.depths[par] + 1):
             raise MarginalsError("depths must equal the parent's depth + 1")
+        if not np.all(np.isfinite(self.scores)) or np.any(self.scores < 0):
+            raise MarginalsError("tree scores ρ must be finite and ≥ 0")
         if np.any(self.scores[1:] > self.scores[par] * (1 + 1e-12)):
             raise MarginalsError("a node's score ρ cannot exceed its parent's")
 
@@ -285,7 +322,9 @@ def _check_budget(budget: int) -> int:
         raise BudgetError(f"budget must be an integer ≥ 1; got {budget!r}")
     if budget < 1:
         raise BudgetError(f"budget must be ≥ 1 (the root counts); got {budget}")
-    return int(budget)
+    # a budget beyond MAX_TREE_SIZE is cut here (Python ints may be any size); the builder cuts
+    # it to what the lattice can give and refuses it only if that is still too many
+    return min(int(budget), MAX_TREE_SIZE + 1)
 
 
 def tree_from_arrays(
@@ -319,16 +358,24 @@ def best_first_trees(
     All marginals must share one shape [depth, K]; the result equals calling
     :func:`best_first_tree` on each.
     """
+    if isinstance(batch, DraftMarginals) or not isinstance(batch, Sequence):
+        raise MarginalsError(
+            "batch must be a sequence of DraftMarginals (one per request); got "
+            f"{type(batch).__name__}"
+        )
+    if not all(isinstance(m, DraftMarginals) for m in batch):
+        raise MarginalsError("every item of batch must be a DraftMarginals")
     if len(batch) == 0:
         return []
     shapes = {m.probs.shape for m in batch}
     if len(shapes) != 1:
         raise MarginalsError(f"a batch needs one marginals shape; got {sorted(shapes)}")
-    nb = (
-        [_check_budget(budgets)] * len(batch)
-        if isinstance(budgets, (int, np.integer))
-        else [_check_budget(x) for x in budgets]
-    )
+    if isinstance(budgets, (int, np.integer)):
+        nb = [_check_budget(budgets)] * len(batch)
+    elif isinstance(budgets, (Sequence, np.ndarray)) and not isinstance(budgets, (str, bytes)):
+        nb = [_check_budget(x) for x in budgets]
+    else:
+        raise BudgetError(f"budgets must be an integer or one per request; got {budgets!r}")
     if len(nb) != len(batch):
         raise BudgetError(f"{len(nb)} budgets for {len(batch)} requests")
     roots = [-1] * len(batch) if root_tokens is None else list(root_tokens)
