@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bastion.cost.hardware import get_profile
@@ -26,6 +28,6 @@ def test_new_profiles_hold_the_datasheet_numbers(name: str) -> None:
         hw.sm_count,
     )
     assert got == DENSE[name]
-    assert hw.path is not None and "Datasheet: http" in open(hw.path).read()
+    assert hw.path is not None and "Datasheet: http" in Path(hw.path).read_text()
     for key in ("bf16_flops", "memory_bandwidth", "l2_bytes", "sm_count", "compute", "memory"):
         assert hw.sources[key].strip()
