@@ -125,6 +125,11 @@ class PolicyResult:
     tpot_p99_s: float
     e2e_p50_s: float
     e2e_p99_s: float
+    ttft_mean_s: float  # means beside the percentiles (tpot_s is TPOT's mean)
+    e2e_mean_s: float
+    acceptance_rate: float  # accepted draft tokens / drafted tree nodes (nan without a draft)
+    acceptance_by_position: tuple[float, ...]  # [d-1]: share of steps accepting ≥ d drafts
+    tokens: int  # output tokens generated over all requests
 
     @classmethod
     def of(cls, r: ServingResult, ar_tpot_s: float, wall_s: float) -> PolicyResult:
@@ -142,8 +147,29 @@ class PolicyResult:
             mean_batch=r.mean_batch,
             simulated_s=r.elapsed_s,
             wall_s=wall_s,
-            **latency_summary(q.latency() for q in r.requests),
+            **latency_summary(q.latency() for q in r.requests),  # type: ignore[arg-type]
+            ttft_mean_s=float(np.mean([q.ttft_s for q in r.requests])),
+            e2e_mean_s=float(np.mean([q.e2e_s for q in r.requests])),
+            **acceptance(r),
+            tokens=r.tokens,
         )
+
+
+def acceptance(r: ServingResult) -> dict[str, Any]:
+    """Draft acceptance of a run: the rate (accepted / drafted nodes, over every step with a
+    draft) and, per draft position d = 1, 2, …, the share of those steps whose accepted path
+    reached depth d (position 1's share is the first draft token's acceptance rate)."""
+    committed = np.array([c for q in r.requests for c in q.committed], dtype=np.int64)
+    sizes = np.array([s for q in r.requests for s in q.tree_sizes], dtype=np.int64)
+    drafted = sizes > 0
+    if committed.size != sizes.size or not drafted.any():  # AR: nothing drafted
+        return {"acceptance_rate": float("nan"), "acceptance_by_position": ()}
+    accepted = committed[drafted] - 1  # the bonus token is not a draft token
+    depth = int(accepted.max())
+    return {
+        "acceptance_rate": float(accepted.sum() / sizes[drafted].sum()),
+        "acceptance_by_position": tuple(float(np.mean(accepted >= d)) for d in range(1, depth + 1)),
+    }
 
 
 @dataclass(frozen=True)
@@ -157,8 +183,18 @@ class SimulationResult:
     served: tuple[ServingResult, ...] = ()  # each policy's run, request by request
 
     def request_rows(self) -> list[dict[str, Any]]:
-        """One row per policy and request: the policy, then the latency columns."""
-        return [{"policy": r.policy, **q.latency().row()} for r in self.served for q in r.requests]
+        """One row per policy and request: the policy, the latency columns
+        (:data:`sim.latency.REQUEST_COLUMNS`), then the request's τ and mean tree size."""
+        return [
+            {
+                "policy": r.policy,
+                **q.latency().row(),
+                "tau": q.tau,
+                "mean_tree_size": float(np.mean(q.tree_sizes)) if q.tree_sizes else 0.0,
+            }
+            for r in self.served
+            for q in r.requests
+        ]
 
     def row(self, policy: str) -> PolicyResult:
         for r in self.rows:

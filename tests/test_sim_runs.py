@@ -176,7 +176,8 @@ def test_bad_traces_are_named(tmp_path: Path, content: str, message: str) -> Non
 
 def tiny_runs(quick: bool) -> list[dict]:  # type: ignore[type-arg]
     return [
-        experiments._run(policies=["chain"], requests=1, output_len=24, seed=s) for s in range(3)
+        experiments.make_run(policies=["chain"], requests=1, output_len=24, seed=s)
+        for s in range(3)
     ]
 
 
@@ -200,7 +201,7 @@ def test_interrupted_experiment_resumes_without_recomputing(
     calls: list[int] = []
     real = experiments.execute
 
-    def flaky(run: dict) -> list[dict]:  # type: ignore[type-arg]
+    def flaky(run: dict) -> tuple[list[dict], list[dict]]:  # type: ignore[type-arg]
         calls.append(run["spec"]["seed"])
         if len(calls) == 2:
             raise KeyboardInterrupt  # the second run is interrupted
@@ -229,7 +230,7 @@ def test_ray_executor_matches_serial(tmp_path: Path) -> None:
 
 def test_every_experiment_runs_quick(tmp_path: Path) -> None:
     """Each experiment's quick grid runs end to end and writes CSV, summary (and plots)."""
-    for name in experiments.EXPERIMENTS:
+    for name in experiments.known_experiments():
         summary = experiments.run_experiment(name, tmp_path, executor="serial", quick=True)
         assert "Claim" in summary
         assert (tmp_path / name / "results.csv").stat().st_size > 0

@@ -11,8 +11,8 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from bastion.errors import ConfigError
 
@@ -20,15 +20,28 @@ DEFAULT_PREFILL_CHUNK = 512  # sim.gpu.DEFAULT_PREFILL_CHUNK (the CLI does not i
 
 
 def _progress(enabled: bool):  # type: ignore[no-untyped-def]
-    """A one-line progress report on stderr (only when it is a terminal, or asked for)."""
+    """A progress bar per policy on stderr, with rate and ETA (tqdm)."""
     if not enabled:
-        return None
+        return None, lambda: None
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    bars: dict[str, Any] = {}
 
     def report(policy: str, done: int, total: int) -> None:
-        end = "\n" if done == total else ""
-        print(f"\r  {policy:<12} {done:>4}/{total} requests", end=end, file=sys.stderr, flush=True)
+        bar = bars.get(policy)
+        if bar is None:
+            for other in bars.values():
+                other.close()
+            bar = bars[policy] = tqdm(
+                total=total, desc=f"{policy:<12}", unit="req", file=sys.stderr, leave=False
+            )
+        bar.update(done - bar.n)
 
-    return report
+    def close() -> None:
+        for bar in bars.values():
+            bar.close()
+
+    return report, close
 
 
 def check_output_dir(path: Path) -> None:
@@ -73,17 +86,22 @@ def run_simulate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     if out is not None:
         check_output_dir(out)  # before the work, not after it
-    result = simulate(spec, progress=_progress(show))
-    rows = [asdict(r) for r in result.rows]
-    if out is not None:
-        from sim.results import write_csv_atomic, write_json_atomic
+    report, close = _progress(show)
+    try:
+        result = simulate(spec, progress=report)
+    finally:
+        close()
+    from sim.experiments import records_of
+    from sim.results import _json_safe, write_csv_atomic, write_records_json
 
+    rows, requests = records_of(result, {"spec": spec.to_dict()})
+    if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_csv_atomic(out / "simulate.csv", rows)
-        write_json_atomic(out / "simulate.json", {"spec": spec.to_dict(), "rows": rows})
-        write_csv_atomic(out / "requests.csv", result.request_rows())
+        write_records_json(out / "simulate.json", rows, spec=spec.to_dict())
+        write_csv_atomic(out / "requests.csv", requests)
     if args.json:
-        print(json.dumps({"spec": spec.to_dict(), "records": rows}, indent=2))
+        print(json.dumps(_json_safe({"spec": spec.to_dict(), "records": rows}), indent=2))
         return 0
     print(
         f"{spec.model} on {spec.gpu}, workload {spec.workload}, T = {spec.temperature:g}, "
@@ -116,23 +134,50 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def run_experiment(args: argparse.Namespace) -> int:
-    from sim.experiments import EXPERIMENTS
-    from sim.experiments import run_experiment as run
+    from sim import experiments
 
-    if args.name not in EXPERIMENTS:
-        raise ConfigError(f"unknown experiment {args.name!r}; known: {', '.join(EXPERIMENTS)}")
+    if args.list:
+        for name, path in experiments.known_experiments().items():
+            print(f"{name:<20} {path}")
+        return 0
+    if (args.name is None) == (args.config is None):
+        known = ", ".join(experiments.known_experiments())
+        raise ConfigError(
+            "give an experiment: a shipped NAME (" + known + ") or --config FILE.toml, not both"
+            if args.name and args.config
+            else "give an experiment: a shipped NAME (" + known + ") or --config FILE.toml"
+        )
+    config = experiments.resolve_config(args.config or args.name)
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers must be ≥ 1; got {args.workers}")
+    if not args.connect_timeout > 0:
+        raise ConfigError(f"--connect-timeout must be > 0 seconds; got {args.connect_timeout}")
+    if args.address and args.executor != "ray":
+        raise ConfigError("--address is for --executor ray (a Ray cluster)")
+    out = Path(args.out)
+    if args.dry_run:
+        print(experiments.plan(config, out, args.quick).describe())
+        return 0
+    check_output_dir(out)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
-    report = run(
-        args.name,
-        Path(args.out),
+    report = experiments.run_experiment(
+        config,
+        out,
         executor=args.executor,
         address=args.address,
         workers=args.workers,
         quick=args.quick,
         progress=show,
+        connect_timeout=args.connect_timeout,
     )
     print(report)
     return 0
+
+
+def _aliases(p: argparse.ArgumentParser) -> None:
+    """The old or other subcommands' names of shared options, hidden (deprecated)."""
+    p.add_argument("--output", dest="out", help=argparse.SUPPRESS)
+    p.add_argument("--quiet", dest="progress", action="store_false", help=argparse.SUPPRESS)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -192,23 +237,74 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the simulated GPU's ground truth: a truth name (hf-eager, cudagraph, builtin, or "
         "one in $BASTION_TRUTHS) or a path to a truth .toml file (docs/simulator.md)",
     )
-    p.add_argument("--out", help="also write simulate.csv and simulate.json to this directory")
-    p.add_argument("--json", action="store_true", help="print one JSON record per policy")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="also write simulate.csv, simulate.json and requests.csv to this directory",
+    )
+    p.add_argument(
+        "--json", action="store_true", help='print {"spec", "records": [one per policy]}'
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bars on stderr (default: when stderr is a terminal)",
+    )
+    _aliases(p)
     p.set_defaults(func=run_simulate)
 
     e = sub.add_parser(
         "experiment",
-        help="run one of the paper's analyses in the simulator (CSV + PNG + table)",
+        help="run a grid of simulations from a config file, or one of the paper's analyses",
+        description="Run (or resume) an experiment: a grid of simulations from a TOML config "
+        "(docs/experiments-config.md), or a shipped one by name (--list). Writes results.csv, "
+        "results.json, requests.csv, summary.md and plots to OUT/NAME/.",
     )
     e.add_argument(
         "name",
-        help="budget-sweep, best-first-vs-beam, multi-batch, moe, latency-model",
+        nargs="?",
+        help="a shipped experiment (budget-sweep, best-first-vs-beam, multi-batch, moe, "
+        "latency-model; --list) or a config path",
     )
-    e.add_argument("--out", default="out/experiments", help="results directory")
-    e.add_argument("--executor", default="process", choices=("process", "serial", "ray"))
-    e.add_argument("--address", help="Ray cluster address HOST:PORT (with --executor ray)")
-    e.add_argument("--workers", type=int, help="local worker processes (default: CPU count)")
-    e.add_argument("--quick", action="store_true", help="fewer requests and shorter outputs")
-    e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    e.add_argument("--config", metavar="FILE.toml", help="the experiment's config file")
+    e.add_argument("--list", action="store_true", help="list the shipped experiments and exit")
+    e.add_argument("--out", metavar="DIR", default="out/experiments", help="results directory")
+    e.add_argument(
+        "--executor",
+        default="process",
+        choices=("process", "serial", "ray"),
+        help="where runs execute: a local process pool, this process, or Ray",
+    )
+    e.add_argument(
+        "--address",
+        help="with --executor ray: the cluster's address, HOST:PORT (the GCS address that "
+        "`ray start --head` prints; the driver joins the cluster) or ray://HOST:PORT (Ray "
+        "Client, port 10001). Without it a local Ray instance is started",
+    )
+    e.add_argument(
+        "--workers",
+        type=int,
+        help="process/local Ray: worker processes (default: CPU count); with --address: the "
+        "most runs in flight at once (default: no cap, the cluster's CPUs decide)",
+    )
+    e.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the Ray cluster at --address before giving up",
+    )
+    e.add_argument("--quick", action="store_true", help="the config's [quick] grid: small runs")
+    e.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the grid's size and what is stored; run nothing",
+    )
+    e.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar with rate and ETA on stderr (default: when stderr is a terminal)",
+    )
+    _aliases(e)
     e.set_defaults(func=run_experiment)
