@@ -609,7 +609,7 @@ def _grid(source: str, where: str, table: Any, base: Path) -> dict[str, list[Any
     return {k: _values(source, f"{where}.{k}", k, v, base) for k, v in table.items()}
 
 
-def _check_names(source: str, grids: Sequence[Mapping[str, list[Any]]]) -> None:
+def _check_names(source: str, grids: Mapping[str, Mapping[str, list[Any]]]) -> None:
     """Every model, GPU, workload and truth the grid names exists (before any run starts)."""
     from bastion.cost.hardware import get_profile
     from bastion.cost.models import get_model
@@ -630,13 +630,12 @@ def _check_names(source: str, grids: Sequence[Mapping[str, list[Any]]]) -> None:
         "workload": workload,
         "truth": get_truth,
     }
-    for i, grid in enumerate(grids):
+    for where, grid in grids.items():
         for key, check in checks.items():
             for value in grid.get(key, ()):
                 try:
                     check(value)
                 except BastionError as exc:
-                    where = "grid" if len(grids) == 1 else f"grid[{i}]"
                     raise _bad(source, f"{where}.{key}", str(exc)) from None
 
 
@@ -688,7 +687,8 @@ def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
         for i, t in enumerate(tables)
     )
     quick = _grid(source, "quick", data.get("quick", {}), base)
-    _check_names(source, [*grids, quick])
+    where = ["grid"] if len(grids) == 1 else [f"grid[{i}]" for i in range(len(grids))]
+    _check_names(source, {**dict(zip(where, grids, strict=True)), "quick": quick})
     config = ExperimentConfig(name, source, grids, quick, report, description, dirs)
     config.runs(quick=False)  # every grid point is a valid spec (policies included)
     return config
