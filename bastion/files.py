@@ -1,19 +1,95 @@
-"""Atomic file writes: calibration records, probed profiles, results, reports.
+"""Atomic file writes: calibration records, probed profiles, results, reports, figures.
 
 A file is written to a temporary sibling and renamed into place with ``os.replace``: readers see
 the old file or the new one, never half of one, and a failed write leaves nothing behind. The
-file gets the user's umask (``mkstemp`` alone would leave it readable by its owner only).
+file gets the user's umask (``mkstemp`` alone would leave it readable by its owner only). A
+directory (a trained model) is built as a temporary sibling directory and renamed into place
+the same way (:func:`atomic_directory`). :func:`check_output_file` and
+:func:`check_output_dir` refuse a path that cannot be written *before* any work starts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_json_atomic", "write_text_atomic"]
+from bastion.errors import ConfigError
+
+__all__ = [
+    "atomic_directory",
+    "check_output_dir",
+    "check_output_file",
+    "read_json_file",
+    "read_text_file",
+    "read_toml_file",
+    "save_figure_atomic",
+    "write_bytes_atomic",
+    "write_json_atomic",
+    "write_text_atomic",
+]
+
+
+#: Largest configuration or data file read whole (bytes); a larger one is refused, not read.
+MAX_READ_BYTES = 256 << 20
+
+
+def read_text_file(
+    path: str | os.PathLike[str], what: str = "file", max_bytes: int = MAX_READ_BYTES
+) -> str:
+    """The UTF-8 text of ``path``; a missing file, a directory, an unreadable, oversized or
+    binary file is a :class:`ConfigError` naming the file."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise ConfigError(f"{what} {p} is a directory; give a file")
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise ConfigError(f"{what} {p} is {size} bytes; at most {max_bytes} are read")
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} not found: {p}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} {p} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{what} {p} cannot be read ({exc.strerror or exc})") from None
+
+
+def read_json_file(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
+    """The parsed JSON of ``path`` (see :func:`read_text_file`); invalid or too deeply nested
+    JSON is a :class:`ConfigError` naming the file."""
+    text = read_text_file(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {path} is nested too deeply to be a valid file") from None
+
+
+def read_toml_file(path: str | os.PathLike[str], what: str = "TOML file") -> dict[str, Any]:
+    """The parsed TOML of ``path`` (see :func:`read_text_file`); invalid or too deeply nested
+    TOML is a :class:`ConfigError` naming the file."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+
+    text = read_text_file(path, what)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} {path} is not valid TOML ({exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{what} {path} is nested too deeply to be a valid file") from None
 
 
 def _umask() -> int:
@@ -22,20 +98,112 @@ def _umask() -> int:
     return mask
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary sibling, fsync, ``os.replace``)."""
+def _existing_ancestor(path: Path) -> Path:
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def check_output_file(path: str | os.PathLike[str], what: str = "output") -> Path:
+    """Refuse, with a :class:`ConfigError`, a file path that cannot be written: a directory,
+    a path under a regular file, or one whose nearest existing folder is not writable. Missing
+    parent folders are fine (the writers create them). Call it before the work starts."""
+    target = Path(path)
+    if str(path) == "" or target.name in ("", ".", ".."):
+        raise ConfigError(f"{what} {str(path)!r} is not a file name; give a file path")
+    if target.is_dir():
+        raise ConfigError(f"{what} {target} is a directory; give a file path")
+    base = _existing_ancestor(target.parent)
+    if not base.is_dir():
+        raise ConfigError(f"{what} {target}: {base} is not a directory")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {target}: {base} is not writable")
+    if target.exists() and not os.access(target, os.W_OK) and not os.access(base, os.W_OK):
+        raise ConfigError(f"{what} {target} is not writable")
+    return target
+
+
+def check_output_dir(path: str | os.PathLike[str], what: str = "output directory") -> Path:
+    """Refuse, with a :class:`ConfigError`, a directory path that cannot be created or written
+    (a regular file, a path under a regular file, an unwritable folder). Call it before the
+    work starts."""
+    target = Path(path)
+    if str(path) == "":
+        raise ConfigError(f"{what} is empty; give a directory path")
+    base = _existing_ancestor(target)
+    if not base.is_dir():
+        raise ConfigError(f"{what} {target}: {base} is not a directory")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {target}: {base} is not writable")
+    return target
+
+
+def _write_atomic(path: str | os.PathLike[str], write: Any) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary sibling, fsync, ``os.replace``)."""
+    data = text.encode("utf-8")
+    _write_atomic(path, lambda f: f.write(data))
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary sibling, fsync, ``os.replace``)."""
+    _write_atomic(path, lambda f: f.write(data))
+
+
+def save_figure_atomic(fig: Any, path: str | os.PathLike[str], **savefig_kwargs: Any) -> None:
+    """``fig.savefig(path, **savefig_kwargs)`` atomically: a killed plot leaves the old file or
+    none, never a truncated one. The format comes from ``path``'s suffix unless ``format=`` is
+    given (the temporary sibling's name would not tell matplotlib)."""
+    target = Path(path)
+    kwargs = dict(savefig_kwargs)
+    if "format" not in kwargs and target.suffix:
+        kwargs["format"] = target.suffix.lstrip(".")
+    _write_atomic(target, lambda f: fig.savefig(f, **kwargs))
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike[str], *, replace: bool = False) -> Iterator[Path]:
+    """Build a directory atomically: yields a temporary sibling to fill; on success it is
+    renamed to ``path``, on any error it is removed and ``path`` is left as it was.
+
+    ``path`` must be absent or an empty directory unless ``replace`` is true, in which case an
+    existing directory is swapped out (moved aside, then removed) only after the new one is
+    complete."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"{target} exists and is not a directory")
+    if target.is_dir() and any(target.iterdir()) and not replace:
+        raise ConfigError(f"{target} is not empty; give a new or empty directory")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
+        yield tmp
+        old = None
+        if target.is_dir():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.replace(target, old / "d")
+        os.replace(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from bastion.errors import BastionError, ConfigError
+from bastion.files import read_json_file, write_text_atomic
 from bastion.tree import DraftMarginals
 
 __all__ = ["TRACE_FORMAT", "TRACE_VERSION", "Trace", "TraceStep", "read_trace", "write_trace"]
@@ -89,56 +88,90 @@ def _to_json(trace: Trace) -> dict[str, Any]:
 
 def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
     """Write ``trace`` as JSON atomically: a failed write leaves no file at ``path``."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    write_text_atomic(path, json.dumps(_to_json(trace)))
+
+
+_MAX_ID = 2**63 - 1
+
+
+def _int(value: Any, name: str, origin: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= _MAX_ID:
+        raise ConfigError(
+            f"{origin}: trace field {name} must be an integer in [{minimum}, 2**63), got "
+            f"{str(value)[:40]!r}"
+        )
+    return value
+
+
+def _ints(value: Any, name: str, origin: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(
+            f"{origin}: trace field {name} must be a list of token ids (integers ≥ 0)"
+        )
+    return tuple(_int(x, f"{name}[{i}]", origin) for i, x in enumerate(value))
+
+
+def _marginals(s: Any, where: str, origin: str) -> DraftMarginals:
+    for key in ("token_ids", "probs"):
+        if key not in s:
+            raise ConfigError(f"{origin}: {where} lacks field {key!r}")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(_to_json(trace), f)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _ints(value: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(value, Sequence) or not all(isinstance(x, int) for x in value):
-        raise ConfigError(f"trace field {name} must be a list of integers")
-    return tuple(value)
+        return DraftMarginals(s["token_ids"], s["probs"])
+    except BastionError as exc:
+        raise ConfigError(f"{origin}: {where}: {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:  # ragged or non-numeric rows
+        raise ConfigError(
+            f"{origin}: {where}: token_ids/probs are not numeric [depth][K] rows ({exc})"
+        ) from None
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate a trace written by :func:`write_trace`."""
+    """Read and validate a trace written by :func:`write_trace`; anything malformed is a
+    :class:`ConfigError` naming the file and the field."""
+    origin = str(path)
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read trace {path}: {exc}") from exc
+        data = read_json_file(path, "trace")
+    except ConfigError as exc:
+        raise ConfigError(f"cannot read trace: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
-        raise ConfigError(f"{path} is not a {TRACE_FORMAT} file")
+        raise ConfigError(f'{path} is not a {TRACE_FORMAT} file (no "format": "{TRACE_FORMAT}")')
     if data.get("version") != TRACE_VERSION:
-        raise ConfigError(f"{path}: trace version {data.get('version')}; known: {TRACE_VERSION}")
-    try:
-        steps = tuple(
+        raise ConfigError(f"{path}: trace version {data.get('version')!r}; known: {TRACE_VERSION}")
+    raw_steps = data.get("steps")
+    if not isinstance(raw_steps, list):
+        raise ConfigError(f"{origin}: trace field steps must be a list of step objects")
+    steps = []
+    for i, s in enumerate(raw_steps):
+        where = f"steps[{i}]"
+        if not isinstance(s, dict):
+            raise ConfigError(f"{origin}: {where} must be an object")
+        for key in ("position", "tree_size", "committed"):
+            if key not in s:
+                raise ConfigError(f"{origin}: {where} lacks field {key!r}")
+        steps.append(
             TraceStep(
-                int(s["position"]),
-                DraftMarginals(s["token_ids"], s["probs"]),
-                int(s["tree_size"]),
-                int(s["committed"]),
+                _int(s["position"], f"{where}.position", origin),
+                _marginals(s, where, origin),
+                _int(s["tree_size"], f"{where}.tree_size", origin, minimum=1),
+                _int(s["committed"], f"{where}.committed", origin, minimum=1),
             )
-            for s in data["steps"]
         )
-        dense = {
-            int(d["position"]): DraftMarginals(d["token_ids"], d["probs"])
-            for d in data.get("dense") or []
-        }
-    except (KeyError, TypeError) as exc:
-        raise ConfigError(f"{path}: malformed step ({exc})") from exc
-    except BastionError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+    raw_dense = data.get("dense") or []
+    if not isinstance(raw_dense, list):
+        raise ConfigError(f"{origin}: trace field dense must be a list")
+    dense = {}
+    for i, d in enumerate(raw_dense):
+        where = f"dense[{i}]"
+        if not isinstance(d, dict) or "position" not in d:
+            raise ConfigError(f"{origin}: {where} must be an object with a position")
+        dense[_int(d["position"], f"{where}.position", origin)] = _marginals(d, where, origin)
+    metadata = data.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise ConfigError(f"{origin}: trace field metadata must be an object")
     return Trace(
-        _ints(data.get("prompt_ids"), "prompt_ids"),
-        _ints(data.get("output_ids"), "output_ids"),
-        steps,
-        dict(data.get("metadata") or {}),
+        _ints(data.get("prompt_ids"), "prompt_ids", origin),
+        _ints(data.get("output_ids"), "output_ids", origin),
+        tuple(steps),
+        metadata,
         dense,
     )

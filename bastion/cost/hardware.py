@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -21,11 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import ConfigError, UnknownNameError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
 
 __all__ = [
     "PROFILE_DIR_ENV",
@@ -112,6 +106,8 @@ def _table(data: Mapping[str, Any], key: str, origin: str) -> Mapping[str, Any]:
 
 def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> HardwareProfile:
     """Validate a parsed profile (the TOML layout) and build a :class:`HardwareProfile`."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{origin}: a hardware profile is a table, got {type(data).__name__}")
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{origin}: missing field 'name' (a non-empty string)")
@@ -138,14 +134,17 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
     for key in ("compute", "memory"):
         if values[key] > 1.0:
             raise ConfigError(f"{origin}: [efficiency].{key} must be in (0, 1], got {values[key]}")
+    description = data.get("description", name)
+    if not isinstance(description, str):
+        raise ConfigError(f"{origin}: field 'description' must be a string")
     for key in values:
         if not isinstance(sources.get(key), str) or not sources[key].strip():
             raise ConfigError(f"{origin}: [sources].{key} missing; every number needs a source")
-    if values["sm_count"] != int(values["sm_count"]):
-        raise ConfigError(f"{origin}: [peak].sm_count must be an integer")
+    if values["sm_count"] != int(values["sm_count"]) or values["sm_count"] > 2**31 - 1:
+        raise ConfigError(f"{origin}: [peak].sm_count must be an integer in [1, 2**31 - 1]")
     return HardwareProfile(
         name=name,
-        description=str(data.get("description", name)),
+        description=description,
         bf16_flops=values["bf16_flops"],
         memory_bandwidth=values["memory_bandwidth"],
         memory_bytes=values["memory_bytes"],
@@ -212,14 +211,10 @@ def profile_to_toml(profile: HardwareProfile) -> str:
 
 def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     """Read and validate one profile file."""
+    from bastion.files import read_toml_file
+
     p = Path(path)
-    try:
-        with p.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"hardware profile file not found: {p}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    data = read_toml_file(p, "hardware profile file")
     return profile_from_dict(data, origin=str(p))
 
 
@@ -255,6 +250,11 @@ def known_profiles() -> list[str]:
 
 def get_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     """A profile by name (``a100-sxm-80gb``) or by path to a TOML file."""
+    if not isinstance(name_or_path, str | os.PathLike) or not os.fspath(name_or_path):
+        raise ConfigError(
+            f"a hardware profile is a name (see `bastion hw list`) or a .toml path; "
+            f"got {name_or_path!r}"
+        )
     text = os.fspath(name_or_path)
     if text.endswith(".toml") or os.sep in text:
         return load_profile(text)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -30,13 +30,55 @@ _MOE_TYPES = ("qwen3_moe", "qwen2_moe")
 _QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 
 
+#: Largest accepted integer in a model config (widths, layers, heads, vocabulary, experts): the
+#: roofline's float arithmetic stays exact and finite below it.
+MAX_CONFIG_INT = 2**31 - 1
+
+
 def _int_field(cfg: Mapping[str, Any], key: str, origin: str, *, minimum: int = 1) -> int:
     if key not in cfg:
         raise ConfigError(f"{origin}: config.json is missing required key {key!r}")
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{origin}: {key!r} must be an integer ≥ {minimum}, got {value!r}")
+    return config_int(cfg[key], key, origin, minimum=minimum)
+
+
+def config_int(value: Any, key: str, origin: str, *, minimum: int = 1) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not minimum <= value <= MAX_CONFIG_INT
+    ):
+        raise ConfigError(
+            f"{origin}: {key!r} must be an integer in [{minimum}, {MAX_CONFIG_INT}], got "
+            f"{_show(value)}"
+        )
     return value
+
+
+def _optional_int(cfg: Mapping[str, Any], key: str, origin: str, *, minimum: int = 1) -> int | None:
+    """An integer field that may be absent or null (``None`` then)."""
+    value = cfg.get(key)
+    return None if value is None else config_int(value, key, origin, minimum=minimum)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_config_json(
+    path: str | os.PathLike[str], what: str = "model config"
+) -> tuple[dict[str, Any], Path]:
+    """A ``config.json`` (or a directory holding one) as a dict, and the file it came from;
+    missing, unreadable, binary, invalid or non-object files are a :class:`ConfigError`."""
+    from bastion.files import read_json_file
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    cfg = read_json_file(p, what)
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{p}: expected a JSON object, got {type(cfg).__name__}")
+    return cfg, p
 
 
 @dataclass(frozen=True)
@@ -103,25 +145,17 @@ class ModelSpec:
             cfg: Mapping[str, Any] = path_or_dict
             origin = name or "<config dict>"
         else:
-            p = Path(path_or_dict)
-            if p.is_dir():
-                p = p / "config.json"
-            try:
-                cfg = json.loads(p.read_text())
-            except FileNotFoundError:
-                raise ConfigError(f"model config not found: {p}") from None
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{p}: not valid JSON ({exc})") from None
-            if not isinstance(cfg, Mapping):
-                raise ConfigError(f"{p}: expected a JSON object")
+            cfg, p = read_config_json(path_or_dict)
             origin = str(p)
             name = name or (p.parent.name if p.name == "config.json" else p.stem)
-        model_type = str(cfg.get("model_type", ""))
+        model_type = cfg.get("model_type", "")
+        if not isinstance(model_type, str):
+            raise ConfigError(f"{origin}: 'model_type' must be a string, got {_show(model_type)}")
         hidden = _int_field(cfg, "hidden_size", origin)
         layers = _int_field(cfg, "num_hidden_layers", origin)
         q_heads = _int_field(cfg, "num_attention_heads", origin)
-        kv_heads = int(cfg.get("num_key_value_heads") or q_heads)
-        if kv_heads < 1 or q_heads % kv_heads:
+        kv_heads = _optional_int(cfg, "num_key_value_heads", origin) or q_heads
+        if q_heads % kv_heads:
             raise ConfigError(
                 f"{origin}: num_key_value_heads ({kv_heads}) must divide "
                 f"num_attention_heads ({q_heads})"
@@ -133,6 +167,15 @@ class ModelSpec:
         else:
             head_dim = hidden // q_heads
         vocab = _int_field(cfg, "vocab_size", origin)
+        for key in ("num_experts", "num_local_experts", "num_experts_per_tok"):
+            _optional_int(cfg, key, origin, minimum=0)
+        for key in ("moe_intermediate_size", "intermediate_size", "decoder_sparse_step"):
+            _optional_int(cfg, key, origin, minimum=0)
+        tied = cfg.get("tie_word_embeddings", False)
+        if not isinstance(tied, bool):
+            raise ConfigError(
+                f"{origin}: 'tie_word_embeddings' must be true or false, got {_show(tied)}"
+            )
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         is_moe = model_type in _MOE_TYPES or experts > 0
         if is_moe:
@@ -146,7 +189,7 @@ class ModelSpec:
                     f"{origin}: shared experts and dense-only layers are not modelled; accepted:"
                     " Qwen3-MoE with every layer MoE and no shared expert"
                 )
-            if int(cfg.get("decoder_sparse_step", 1)) != 1:
+            if (cfg.get("decoder_sparse_step") or 1) != 1:
                 raise ConfigError(f"{origin}: decoder_sparse_step must be 1 (every layer MoE)")
             ffn = int(cfg.get("intermediate_size") or 0)
         else:
@@ -162,7 +205,7 @@ class ModelSpec:
             head_dim=head_dim,
             ffn=ffn,
             vocab=vocab,
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tied_embeddings=tied,
             experts=experts if is_moe else 0,
             experts_per_token=k,
             expert_ffn=expert_ffn,
@@ -212,18 +255,38 @@ class DrafterSpec:
         """Read a DFlash ``config.json`` (``block_size``, ``dflash_config.target_layer_ids``)."""
         if isinstance(path_or_dict, Mapping):
             cfg: Mapping[str, Any] = path_or_dict
+            origin = "<drafter config dict>"
         else:
-            p = Path(path_or_dict)
-            p = p / "config.json" if p.is_dir() else p
-            try:
-                cfg = json.loads(p.read_text())
-            except (FileNotFoundError, json.JSONDecodeError) as exc:
-                raise ConfigError(f"cannot read drafter config {p}: {exc}") from None
-        model = ModelSpec.from_hf_config(cfg, name="dflash-drafter")
+            cfg, p = read_config_json(path_or_dict, "drafter config")
+            origin = str(p)
+        model = ModelSpec.from_hf_config(cfg, name=origin if origin[0] != "<" else None)
+        model = replace(model, name="dflash-drafter")
         inner = cfg.get("dflash_config") or {}
+        if not isinstance(inner, Mapping):
+            raise ConfigError(f"{origin}: 'dflash_config' must be an object, got {_show(inner)}")
         taps_ids = inner.get("target_layer_ids", cfg.get("target_layer_ids"))
-        taps = len(taps_ids) if taps_ids else model.layers
-        return cls(model=model, block_size=int(cfg.get("block_size", 16)), taps=taps)
+        taps = model.layers if taps_ids is None else len(target_layer_ids(taps_ids, origin))
+        block = cfg.get("block_size", 16)
+        return cls(
+            model=model, block_size=config_int(block, "block_size", origin, minimum=2), taps=taps
+        )
+
+
+def target_layer_ids(value: Any, origin: str) -> tuple[int, ...]:
+    """A drafter's ``target_layer_ids``: a non-empty list of integers ≥ 0 (a string
+    such as ``"12"`` is refused, not read as ``[1, 2]``)."""
+    if (
+        not isinstance(value, list | tuple)
+        or not value
+        or any(isinstance(j, bool) or not isinstance(j, int) for j in value)
+    ):
+        raise ConfigError(
+            f"{origin}: 'target_layer_ids' must be a non-empty list of layer indices, got "
+            f"{_show(value)}"
+        )
+    for j in value:
+        config_int(j, "target_layer_ids", origin, minimum=0)
+    return tuple(value)
 
 
 def _bundled() -> dict[str, Any]:
@@ -238,6 +301,11 @@ def known_models() -> list[str]:
 
 def get_model(name_or_path: str | os.PathLike[str]) -> ModelSpec:
     """A bundled model by short name (``qwen3-8b``) or any ``config.json`` path / directory."""
+    if not isinstance(name_or_path, str | os.PathLike) or not os.fspath(name_or_path):
+        raise ConfigError(
+            f"a model is a bundled name ({', '.join(known_models())}) or a config.json path; "
+            f"got {_show(name_or_path)}"
+        )
     text = os.fspath(name_or_path)
     bundled = _bundled()
     if text in bundled:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from bastion.cost.models import config_int, target_layer_ids
 from bastion.errors import CheckpointError, ConfigError
 
 __all__ = [
@@ -32,7 +33,9 @@ __all__ = [
     "DFlashConfig",
     "default_target_layer_ids",
     "read_checkpoint",
+    "read_config",
     "state_dict_keys",
+    "state_dict_shapes",
     "write_checkpoint",
 ]
 
@@ -46,6 +49,12 @@ _REQUIRED = (
     "intermediate_size",
     "vocab_size",
 )
+
+
+def _activations() -> set[str]:
+    from transformers.activations import ACT2FN
+
+    return set(ACT2FN)
 
 
 def default_target_layer_ids(num_draft_layers: int, num_target_layers: int) -> list[int]:
@@ -84,48 +93,116 @@ class DFlashConfig:
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DFlashConfig:
+    def from_dict(cls, d: dict[str, Any], origin: str = "DFlash config") -> DFlashConfig:
+        """Validate a DFlash ``config.json`` field by field; a :class:`ConfigError` names
+        ``origin`` (the file) and the field that is missing or wrong."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"{origin}: a DFlash config is a JSON object, got {type(d).__name__}")
         missing = [k for k in (*_REQUIRED, "block_size") if k not in d]
         if missing:
-            raise ConfigError(f"DFlash config.json lacks {missing}; see docs/real-backend.md")
+            raise ConfigError(f"{origin} lacks {missing}; see docs/real-backend.md")
         inner = d.get("dflash_config") or {}
         if not isinstance(inner, dict):
-            raise ConfigError("DFlash config field dflash_config must be an object")
+            raise ConfigError(f"{origin}: field dflash_config must be an object")
 
         def pick(key: str) -> Any:
             return inner[key] if key in inner else d.get(key)
 
+        def integer(key: str, value: Any, minimum: int = 1) -> int:
+            return config_int(value, key, origin, minimum=minimum)
+
+        def number(key: str, default: float, positive: bool = True) -> float:
+            value = d.get(key)
+            if value is None:
+                return default
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or (positive and value <= 0)
+            ):
+                raise ConfigError(
+                    f"{origin}: {key!r} must be a {'positive ' if positive else ''}finite number, "
+                    f"got {value!r}"
+                )
+            return float(value)
+
+        hidden, heads = (
+            integer("hidden_size", d["hidden_size"]),
+            integer("num_attention_heads", d["num_attention_heads"]),
+        )
+        kv_heads = integer("num_key_value_heads", d["num_key_value_heads"])
+        if heads % kv_heads:
+            raise ConfigError(
+                f"{origin}: num_key_value_heads ({kv_heads}) must divide num_attention_heads "
+                f"({heads})"
+            )
+        if d.get("head_dim") is not None:
+            head_dim = integer("head_dim", d["head_dim"])
+        elif hidden % heads:
+            raise ConfigError(f"{origin}: no head_dim and hidden_size % num_attention_heads != 0")
+        else:
+            head_dim = hidden // heads
+        if head_dim % 2:
+            raise ConfigError(f"{origin}: head_dim must be even (rotary embedding); got {head_dim}")
+        n_layers = integer("num_hidden_layers", d["num_hidden_layers"])
+        vocab = integer("vocab_size", d["vocab_size"])
+        block_size = integer("block_size", d["block_size"], minimum=2)
         mask_token_id = pick("mask_token_id")
         if mask_token_id is None:
-            raise ConfigError("DFlash config has no mask_token_id (in dflash_config or top level)")
-        n_layers = int(d["num_hidden_layers"])
+            raise ConfigError(f"{origin} has no mask_token_id (in dflash_config or top level)")
+        mask_token_id = integer("mask_token_id", mask_token_id, minimum=0)
+        if mask_token_id >= vocab:
+            raise ConfigError(
+                f"{origin}: mask_token_id {mask_token_id} is outside the vocabulary "
+                f"(0 … {vocab - 1})"
+            )
         num_target = d.get("num_target_layers")
+        if num_target is not None:
+            num_target = integer("num_target_layers", num_target)
         taps = pick("target_layer_ids")
         if taps is None:
             if num_target is None:
-                raise ConfigError("DFlash config needs target_layer_ids or num_target_layers")
-            taps = default_target_layer_ids(n_layers, int(num_target))
+                raise ConfigError(f"{origin} needs target_layer_ids or num_target_layers")
+            taps = default_target_layer_ids(n_layers, num_target)
+        taps = target_layer_ids(taps, origin)
         if num_target is None:
             num_target = max(taps) + 1
-        heads = int(d["num_attention_heads"])
+        elif max(taps) >= num_target:
+            raise ConfigError(
+                f"{origin}: target_layer_ids {list(taps)} are out of range for "
+                f"num_target_layers = {num_target}"
+            )
+        act = d.get("hidden_act", "silu")
+        known = _activations()
+        if not isinstance(act, str) or act not in known:
+            raise ConfigError(
+                f"{origin}: unknown hidden_act {act!r}; accepted: {', '.join(sorted(known))}"
+            )
+        bias = d.get("attention_bias", False)
+        if not isinstance(bias, bool):
+            raise ConfigError(f"{origin}: attention_bias must be true or false, got {bias!r}")
+        cap = d.get("final_logit_softcapping")
+        if cap is not None:
+            cap = number("final_logit_softcapping", 0.0)
         return cls(
-            hidden_size=int(d["hidden_size"]),
+            hidden_size=hidden,
             num_hidden_layers=n_layers,
             num_attention_heads=heads,
-            num_key_value_heads=int(d["num_key_value_heads"]),
-            head_dim=int(d.get("head_dim") or int(d["hidden_size"]) // heads),
-            intermediate_size=int(d["intermediate_size"]),
-            vocab_size=int(d["vocab_size"]),
-            block_size=int(d["block_size"]),
-            num_target_layers=int(num_target),
-            mask_token_id=int(mask_token_id),
-            target_layer_ids=tuple(int(j) for j in taps),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            attention_bias=bool(d.get("attention_bias", False)),
-            hidden_act=str(d.get("hidden_act", "silu")),
-            input_embedding_scale=float(d.get("input_embedding_scale") or 1.0),
-            output_multiplier=float(d.get("output_multiplier") or 1.0),
-            final_logit_softcapping=d.get("final_logit_softcapping"),
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate_size=integer("intermediate_size", d["intermediate_size"]),
+            vocab_size=vocab,
+            block_size=block_size,
+            num_target_layers=num_target,
+            mask_token_id=mask_token_id,
+            target_layer_ids=taps,
+            rms_norm_eps=number("rms_norm_eps", 1e-6),
+            attention_bias=bias,
+            hidden_act=act,
+            input_embedding_scale=number("input_embedding_scale", 1.0),
+            output_multiplier=number("output_multiplier", 1.0),
+            final_logit_softcapping=cap,
             raw=dict(d),
         )
 
@@ -171,37 +248,90 @@ def state_dict_keys(cfg: DFlashConfig) -> list[str]:
     return keys
 
 
-def read_checkpoint(path: str | os.PathLike[str]) -> tuple[DFlashConfig, dict[str, torch.Tensor]]:
-    """Read and check a checkpoint directory; errors name the missing or bad file or key."""
-    from safetensors.torch import load_file
+def state_dict_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor a checkpoint of ``cfg`` holds (``state_dict_keys`` order)."""
+    h, hd, ffn = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {}
+    for key in state_dict_keys(cfg):
+        name = key.rsplit(".", 2)[-2]
+        if key == "fc.weight":
+            shape: tuple[int, ...] = (h, len(cfg.target_layer_ids) * h)
+        elif name in ("q_norm", "k_norm"):
+            shape = (hd,)
+        elif key.endswith("norm.weight") or "layernorm" in key:
+            shape = (h,)
+        elif name in ("q_proj", "k_proj", "v_proj"):
+            out = q if name == "q_proj" else kv
+            shape = (out, h) if key.endswith("weight") else (out,)
+        elif name == "o_proj":
+            shape = (h, q) if key.endswith("weight") else (h,)
+        elif name in ("gate_proj", "up_proj"):
+            shape = (ffn, h)
+        else:  # down_proj
+            shape = (h, ffn)
+        shapes[key] = shape
+    return shapes
+
+
+def read_config(path: str | os.PathLike[str]) -> DFlashConfig:
+    """The validated ``config.json`` of a checkpoint directory (no weights are read)."""
+    from bastion.files import read_json_file
 
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"drafter checkpoint {root} is not a directory")
-    cfg_path, weights_path = root / CONFIG_FILE, root / WEIGHTS_FILE
-    for p in (cfg_path, weights_path):
-        if not p.is_file():
-            raise CheckpointError(f"drafter checkpoint {root} lacks {p.name}")
+    cfg_path = root / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise CheckpointError(f"drafter checkpoint {root} lacks {CONFIG_FILE}")
     try:
-        cfg = DFlashConfig.from_dict(json.loads(cfg_path.read_text()))
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise
-        raise CheckpointError(f"{cfg_path} is not a valid DFlash config: {exc}") from exc
+        data = read_json_file(cfg_path, "DFlash config")
+    except ConfigError as exc:  # unreadable, binary, not JSON: the checkpoint is broken
+        raise CheckpointError(f"{cfg_path} is not a valid DFlash config: {exc}") from None
+    return DFlashConfig.from_dict(data, origin=str(cfg_path))
+
+
+def read_checkpoint(
+    path: str | os.PathLike[str], cfg: DFlashConfig | None = None
+) -> tuple[DFlashConfig, dict[str, torch.Tensor]]:
+    """Read and check a checkpoint directory; errors name the missing or bad file or key.
+
+    ``cfg`` (from :func:`read_config`, checked against a target by the caller) skips reading
+    the config again. Tensor names and shapes are checked from the safetensors header before
+    any tensor is loaded."""
+    from safetensors import safe_open
+
+    root = Path(path)
+    cfg = cfg or read_config(root)
+    weights_path = root / WEIGHTS_FILE
+    if not weights_path.is_file():
+        raise CheckpointError(f"drafter checkpoint {root} lacks {WEIGHTS_FILE}")
+    expected = state_dict_shapes(cfg)
     try:
-        state = load_file(str(weights_path))
+        with safe_open(str(weights_path), framework="pt") as f:
+            names = {k.removeprefix("model."): k for k in f.keys()}  # noqa: SIM118
+            missing = sorted(expected.keys() - names.keys())
+            extra = sorted(names.keys() - expected.keys())
+            extra = [k for k in extra if not k.startswith(("embed_tokens.", "lm_head."))]
+            if missing or extra:
+                raise CheckpointError(
+                    f"{weights_path} does not match the DFlash format of {root / CONFIG_FILE}: "
+                    f"missing {missing[:5]}{'…' if len(missing) > 5 else ''}, "
+                    f"unexpected {extra[:5]}"
+                )
+            for key, shape in expected.items():
+                got = tuple(f.get_slice(names[key]).get_shape())
+                if got != shape:
+                    raise CheckpointError(
+                        f"{weights_path}: tensor {key} has shape {list(got)} but "
+                        f"{root / CONFIG_FILE} implies {list(shape)}"
+                    )
+            state = {key: f.get_tensor(names[key]) for key in expected}
+    except CheckpointError:
+        raise
     except Exception as exc:  # safetensors raises its own SafetensorError on corrupt files
         raise CheckpointError(f"{weights_path} cannot be read as safetensors: {exc}") from exc
-    state = {k.removeprefix("model."): v for k, v in state.items()}
-    expected = set(state_dict_keys(cfg))
-    missing, extra = sorted(expected - state.keys()), sorted(state.keys() - expected)
-    extra = [k for k in extra if not k.startswith(("embed_tokens.", "lm_head."))]
-    if missing or extra:
-        raise CheckpointError(
-            f"{weights_path} does not match the DFlash format: missing {missing[:5]}"
-            f"{'…' if len(missing) > 5 else ''}, unexpected {extra[:5]}"
-        )
-    return cfg, {k: state[k] for k in state_dict_keys(cfg)}
+    return cfg, state
 
 
 def write_checkpoint(

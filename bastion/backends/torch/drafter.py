@@ -40,6 +40,7 @@ from .dflash_format import (
     DFlashConfig,
     default_target_layer_ids,
     read_checkpoint,
+    read_config,
     write_checkpoint,
 )
 from .verifier import TargetFeedback
@@ -72,6 +73,37 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None] + rotated * sin[:, None]
+
+
+def check_against_target(cfg: DFlashConfig, target: Any, origin: str = "drafter") -> None:
+    """Refuse a drafter config that does not fit ``target`` (vocabulary, hidden size, layer
+    count, tapped layers, mask token), with a :class:`ConfigError` naming both numbers."""
+    tcfg = target.config
+    try:
+        n_target = int(tcfg.num_hidden_layers)
+        theirs = {"vocab_size": int(tcfg.vocab_size), "hidden_size": int(tcfg.hidden_size)}
+        rows = int(target.get_input_embeddings().num_embeddings)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise ConfigError(f"the target has no usable config for a DFlash drafter ({exc})") from None
+    mine = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size}
+    for name, value in theirs.items():
+        if mine[name] != value:
+            raise ConfigError(f"{origin}: {name} {mine[name]} does not match the target's {value}")
+    if cfg.num_target_layers != n_target:
+        raise ConfigError(
+            f"{origin}: num_target_layers {cfg.num_target_layers} does not match the target's "
+            f"{n_target} layers"
+        )
+    bad = [j for j in cfg.target_layer_ids if not 0 <= j < n_target]
+    if bad:
+        raise ConfigError(
+            f"{origin}: target_layer_ids {bad} are out of range for a {n_target}-layer target"
+        )
+    if not 0 <= cfg.mask_token_id < rows:
+        raise ConfigError(
+            f"{origin}: mask_token_id {cfg.mask_token_id} is not a row of the target's embedding "
+            f"table (0 … {rows - 1})"
+        )
 
 
 class _DraftAttention(nn.Module):
@@ -275,40 +307,12 @@ class DFlashDrafter:
     """
 
     def __init__(self, model: DFlashDraftModel, target: Any, *, top_k: int = 16) -> None:
-        cfg, tcfg = model.cfg, target.config
-        n_target = int(tcfg.num_hidden_layers)
-        checks = [
-            (cfg.vocab_size == int(tcfg.vocab_size), "vocab_size", cfg.vocab_size, tcfg.vocab_size),
-            (
-                cfg.hidden_size == int(tcfg.hidden_size),
-                "hidden_size",
-                cfg.hidden_size,
-                tcfg.hidden_size,
-            ),
-            (
-                cfg.num_target_layers == n_target,
-                "num_target_layers",
-                cfg.num_target_layers,
-                n_target,
-            ),
-        ]
-        for ok, name, mine, theirs in checks:
-            if not ok:
-                raise ConfigError(f"drafter {name} {mine} does not match the target's {theirs}")
-        bad = [j for j in cfg.target_layer_ids if not 0 <= j < n_target]
-        if bad:
-            raise ConfigError(
-                f"drafter target_layer_ids {bad} are out of range for a {n_target}-layer target"
-            )
+        cfg = model.cfg
+        check_against_target(cfg, target)
         self.embed = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
-        if not 0 <= cfg.mask_token_id < self.embed.num_embeddings:
-            raise ConfigError(
-                f"mask_token_id {cfg.mask_token_id} is not a row of the target's embedding "
-                f"table (0 … {self.embed.num_embeddings - 1})"
-            )
-        if top_k < 1:
-            raise BudgetError(f"top_k must be ≥ 1; got {top_k}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise BudgetError(f"top_k must be an integer ≥ 1; got {top_k!r}")
         param = next(target.parameters())
         self.model = model.to(device=param.device, dtype=param.dtype).eval()
         self.cfg = cfg
@@ -322,8 +326,14 @@ class DFlashDrafter:
     def from_pretrained(
         cls, path: str | os.PathLike[str], target: Any, *, top_k: int = 16
     ) -> DFlashDrafter:
-        """Load a DFlash checkpoint directory (no remote code)."""
-        cfg, state = read_checkpoint(path)
+        """Load a DFlash checkpoint directory (no remote code). Its config is checked against
+        ``target`` (and the weights' names and shapes against the config) before any weight
+        is loaded."""
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise BudgetError(f"top_k must be an integer ≥ 1; got {top_k!r}")
+        cfg = read_config(path)
+        check_against_target(cfg, target, origin=f"drafter {path}")
+        cfg, state = read_checkpoint(path, cfg)
         model = DFlashDraftModel(cfg)
         model.load_state_dict(state, strict=True)
         return cls(model, target, top_k=top_k)

@@ -94,12 +94,15 @@ def load_target(
     root = Path(path)
     if not (root / "config.json").is_file():
         raise CheckpointError(f"target {root} lacks config.json (a Hugging Face model directory)")
+    from bastion.cost.models import read_config_json
+
+    read_config_json(root, "target config")  # a binary, deeply nested or non-object file: refused
     dtype = dtype or (torch.bfloat16 if dev.type == "cuda" else torch.float32)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(root), dtype=dtype, attn_implementation="sdpa"
         )
-    except (OSError, ValueError, KeyError) as exc:
+    except Exception as exc:  # transformers and safetensors raise many types on bad files
         raise CheckpointError(f"cannot load target {root}: {exc}") from exc
     return model.to(dev).eval()  # type: ignore[arg-type]  # transformers' to() stub is narrow
 
