@@ -110,7 +110,7 @@ def _remapped(spec: Mapping[str, Any], remap: Mapping[str, str]) -> dict[str, An
     for p in d["policies"]:
         path, sep, rest = p.partition(".py:")
         policies.append(
-            remap[path + ".py"] + sep[3:] + ":" + rest if sep and path + ".py" in remap else p
+            remap[path + ".py"] + ":" + rest if sep and path + ".py" in remap else p
         )
     d["policies"] = policies
     return d
