@@ -109,9 +109,7 @@ def _remapped(spec: Mapping[str, Any], remap: Mapping[str, str]) -> dict[str, An
     policies = []
     for p in d["policies"]:
         path, sep, rest = p.partition(".py:")
-        policies.append(
-            remap[path + ".py"] + ":" + rest if sep and path + ".py" in remap else p
-        )
+        policies.append(remap[path + ".py"] + ":" + rest if sep and path + ".py" in remap else p)
     d["policies"] = policies
     return d
 
@@ -866,10 +864,13 @@ def _budget_sweep_figure(groups: Mapping[tuple[Any, ...], list[Row]], out: Path)
         return
     pairs = list(dict.fromkeys(k[:2] for k in groups))
     workloads = list(dict.fromkeys(k[2] for k in groups))
+    width = max(3.6 * len(workloads), 7.0)
+    ncol = 5 if width >= 10 else 3
+    legend_in = 0.3 * math.ceil(5 / ncol)  # the figure legend's height (inches)
     fig, axes = plt.subplots(
         len(pairs),
         len(workloads),
-        figsize=(3.6 * len(workloads), 2.7 * len(pairs) + 0.6),
+        figsize=(width, 2.7 * len(pairs) + legend_in + 0.2),
         squeeze=False,
         sharex=True,
         sharey="row",
@@ -908,8 +909,8 @@ def _budget_sweep_figure(groups: Mapping[tuple[Any, ...], list[Row]], out: Path)
         if j == 0:
             ax.set_ylabel("speedup over AR ×")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
+    fig.legend(handles, labels, loc="upper center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - (legend_in + 0.1) / fig.get_figheight()))
     _savefig(fig, out / "budget-sweep.png")
 
 
