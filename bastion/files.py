@@ -105,6 +105,19 @@ def _existing_ancestor(path: Path) -> Path:
     return probe
 
 
+def _probe_writable(base: Path, what: str, target: Path) -> None:
+    """Create and remove a file in ``base``: permission bits say nothing for root or a
+    read-only file system, a real attempt does."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".bastion-probe.", dir=base)
+    except OSError as exc:
+        raise ConfigError(
+            f"{what} {target}: cannot write in {base} ({exc.strerror or exc})"
+        ) from None
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+
+
 def check_output_file(path: str | os.PathLike[str], what: str = "output") -> Path:
     """Refuse, with a :class:`ConfigError`, a file path that cannot be written: a directory,
     a path under a regular file, or one whose nearest existing folder is not writable. Missing
@@ -117,10 +130,7 @@ def check_output_file(path: str | os.PathLike[str], what: str = "output") -> Pat
     base = _existing_ancestor(target.parent)
     if not base.is_dir():
         raise ConfigError(f"{what} {target}: {base} is not a directory")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {target}: {base} is not writable")
-    if target.exists() and not os.access(target, os.W_OK) and not os.access(base, os.W_OK):
-        raise ConfigError(f"{what} {target} is not writable")
+    _probe_writable(base, what, target)
     return target
 
 
@@ -134,8 +144,7 @@ def check_output_dir(path: str | os.PathLike[str], what: str = "output directory
     base = _existing_ancestor(target)
     if not base.is_dir():
         raise ConfigError(f"{what} {target}: {base} is not a directory")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {target}: {base} is not writable")
+    _probe_writable(base, what, target)
     return target
 
 

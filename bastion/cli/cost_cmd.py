@@ -6,18 +6,30 @@ import argparse
 import json
 from typing import Any
 
-from bastion.errors import ConfigError
+from bastion.cli import _checks as checks
+from bastion.errors import BudgetError, ConfigError
+from bastion.files import check_output_dir
+
+#: Bounds of the grids and sizes these commands take (refused above, before any work).
+MAX_LIST = 256  # entries in one comma-separated list
+MAX_VALUE = 2**24  # a token count, context length or tile
+MAX_BATCH = 4096  # requests in one priced pass (`cost --batch`)
+MAX_REPEATS = 1000
 
 
 def _int_list(text: str) -> list[int]:
+    if text.count(",") > 2 * MAX_LIST:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_LIST} integers, got {text[:80]!r}")
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
+            f"expected comma-separated integers, got {text[:80]!r}"
         ) from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    if not values or min(values) < 1 or max(values) > MAX_VALUE or len(values) > MAX_LIST:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_LIST} integers in [1, {MAX_VALUE}], got {text[:80]!r}"
+        )
     return values
 
 
@@ -73,14 +85,17 @@ def _options(args: argparse.Namespace) -> Any:
 
 
 def _cost(args: argparse.Namespace) -> int:
+    from bastion.bestfirst import MAX_TREE_SIZE
     from bastion.cost.calibration import CalibrationCache
     from bastion.cost.costmodel import RooflineCostModel
     from bastion.cost.hardware import get_profile
     from bastion.cost.models import DrafterSpec, get_model
     from bastion.interfaces import RequestLoad, StepLoad
 
-    if args.batch < 1 or args.context < 0:
-        raise ConfigError("--batch must be ≥ 1 and --context ≥ 0")
+    checks.int_in("--batch", args.batch, 1, MAX_BATCH)
+    checks.int_in("--context", args.context, 0, MAX_VALUE)
+    if max(args.tokens) > MAX_TREE_SIZE:
+        raise BudgetError(f"--tokens must be ≤ MAX_TREE_SIZE = {MAX_TREE_SIZE}; got {args.tokens}")
     hw = get_profile(args.gpu)
     model = get_model(args.model)
     record = None
@@ -152,7 +167,12 @@ def _calibrate(args: argparse.Namespace) -> int:
     from bastion.cost.hardware import get_profile
     from bastion.cost.models import get_model
 
+    checks.seed(args.seed)
+    checks.int_in("--repeats", args.repeats, 1, MAX_REPEATS)
+    if args.tiles and max(args.tiles) > 2**16:
+        raise BudgetError(f"--tiles must be ≤ {2**16} tokens; got {args.tiles}")
     cache = CalibrationCache(args.cache_dir)
+    check_output_dir(cache.directory, "--cache-dir")  # the record is written after the sweep
     if args.target:
         from bastion.backends.torch import load_target
         from bastion.backends.torch.calibrate import calibrate_target

@@ -15,7 +15,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from bastion.cli import _checks as checks
 from bastion.errors import BudgetError, ConfigError
+from bastion.files import check_output_dir
+
+MAX_BATCH = 4096  # requests decoded together
+MAX_STEPS = 10_000_000  # optimizer steps of `bastion train`
 
 
 def _need_torch() -> None:
@@ -44,25 +49,33 @@ def _batch_sizes(groups: list[str]) -> tuple[int, ...]:
             ) from None
         if b < 1:
             raise BudgetError(f"--batch-size must be ≥ 1; got {b}")
+        if b > MAX_BATCH:
+            raise BudgetError(f"--batch-size must be ≤ {MAX_BATCH}; got {b}")
         if b not in sizes:
             sizes.append(b)
+    if groups and not sizes:
+        raise BudgetError(f"--batch-size lists no size ({groups!r}); e.g. 1,2,4,8")
     return tuple(sizes) or (1,)
 
 
 def run_demo_cmd(args: argparse.Namespace) -> int:
     sizes = _batch_sizes(args.batch_size)
-    for flag, value, least in (
-        ("--prompts", args.prompts, 1),
-        ("--max-new-tokens", args.max_new_tokens, 1),
-        ("--repeats", args.repeats, 1),
-        ("--warmup", args.warmup, 0),
+    for flag, value, least, most in (
+        ("--prompts", args.prompts, 1, None),
+        ("--max-new-tokens", args.max_new_tokens, 1, 1 << 20),
+        ("--repeats", args.repeats, 1, 1000),
+        ("--warmup", args.warmup, 0, 1000),
     ):
-        if value < least:
-            raise BudgetError(f"{flag} must be ≥ {least}; got {value}")
+        checks.int_in(flag, value, least, most)
+    if args.record_traces:
+        check_output_dir(args.record_traces, "--record-traces")
     from bastion.demo.run import DEMO_POLICIES  # torch-free at import
     from bastion.policies import make_policy, split_policy_specs
 
-    policies = tuple(p for group in args.policy for p in split_policy_specs(group)) or DEMO_POLICIES
+    policies = tuple(p for group in args.policy for p in split_policy_specs(group))
+    if args.policy and not policies:
+        raise BudgetError(f"--policy lists no policy ({args.policy!r}); e.g. ar,chain,bastion")
+    policies = policies or DEMO_POLICIES
     if policies[0] != "ar":
         policies = ("ar", *[p for p in policies if p != "ar"])
     for spec in policies:
@@ -119,25 +132,28 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    checks.int_in("--steps", args.steps, 1, MAX_STEPS)
+    checks.seed(args.seed)
     _need_torch()
     from bastion.demo import DRAFTER_DIR, TARGET_DIR
     from bastion.demo.train import DrafterTraining, TargetTraining, train_drafter, train_target
 
     out = Path(args.out) if args.out else (TARGET_DIR if args.what == "target" else DRAFTER_DIR)
+    check_output_dir(out, "--out")  # before training, not after it
     if out.exists() and any(out.iterdir()) and not args.force:
         raise ConfigError(f"{out} is not empty; pass --force to overwrite or --out DIR")
+    # the model is written to a sibling directory and renamed into place: a kill during
+    # training or saving leaves the old model (or nothing), never a half-written one
     if args.what == "target":
         cfg = TargetTraining(seed=args.seed)
-        cfg = replace(cfg, steps=args.steps) if args.steps else cfg
+        cfg = replace(cfg, steps=args.steps) if args.steps is not None else cfg
         report = train_target(out, cfg, progress=not args.quiet)
     else:
         target = Path(args.target) if args.target else TARGET_DIR
+        if not (target / "config.json").is_file():
+            raise ConfigError(f"--target {target} lacks config.json (a trained demo target)")
         dcfg = DrafterTraining(seed=args.seed)
-        dcfg = replace(dcfg, steps=args.steps) if args.steps else dcfg
-        if out.exists() and args.force:
-            for f in out.iterdir():
-                f.unlink()
-            out.rmdir()
+        dcfg = replace(dcfg, steps=args.steps) if args.steps is not None else dcfg
         report = train_drafter(target, out, dcfg, progress=not args.quiet)
     print(json.dumps(report, indent=2))
     return 0

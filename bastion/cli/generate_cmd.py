@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
+from bastion.cli import _checks as checks
 from bastion.errors import BudgetError, CheckpointError
+from bastion.files import check_output_file
+
+#: Most new tokens one request may ask for.
+MAX_NEW_TOKENS = 1 << 20
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -27,6 +31,9 @@ def _parse_ids(text: str) -> list[int]:
         ) from exc
     if not ids:
         raise BudgetError("--prompt-ids is empty")
+    bad = [t for t in ids if not 0 <= t < 2**63]
+    if bad:
+        raise BudgetError(f"--prompt-ids must be token ids in [0, 2**63); got {bad[0]}")
     return ids
 
 
@@ -82,20 +89,18 @@ def register(sub: Any) -> None:
 
 def _check_flags(args: argparse.Namespace) -> None:
     """Every numeric flag in range, before any model is loaded (one-line errors)."""
-    for flag, value, least in (
-        ("--max-new-tokens", args.max_new_tokens, 1),
-        ("--batch-size", args.batch_size, 1),
-        ("--repeats", args.repeats, 1),
-        ("--warmup", args.warmup, 0),
-        ("--draft-top-k", args.draft_top_k, 1),
-        ("--top-k", args.top_k, 0),
+    for flag, value, least, most in (
+        ("--max-new-tokens", args.max_new_tokens, 1, MAX_NEW_TOKENS),
+        ("--batch-size", args.batch_size, 1, 4096),
+        ("--repeats", args.repeats, 1, 1000),
+        ("--warmup", args.warmup, 0, 1000),
+        ("--draft-top-k", args.draft_top_k, 1, 2**31 - 1),
+        ("--top-k", args.top_k, 0, 2**31 - 1),
     ):
-        if value < least:
-            raise BudgetError(f"{flag} must be ≥ {least}; got {value}")
-    if not args.temperature >= 0:
-        raise BudgetError(f"--temperature must be ≥ 0; got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise BudgetError(f"--top-p must be in (0, 1]; got {args.top_p}")
+        checks.int_in(flag, value, least, most)
+    checks.seed(args.seed)
+    checks.float_in("--temperature", args.temperature, 0.0, 1e4)
+    checks.float_in("--top-p", args.top_p, 0.0, 1.0, open_low=True)
     n = len(args.prompt or args.prompt_ids)
     traces = args.record_trace or []
     if traces and len(traces) != n:
@@ -103,8 +108,7 @@ def _check_flags(args: argparse.Namespace) -> None:
             f"{len(traces)} --record-trace paths for {n} prompts; give one per prompt"
         )
     for t in traces:
-        if Path(t).is_dir():
-            raise BudgetError(f"--record-trace {t} is a directory; give a file path")
+        check_output_file(t, "--record-trace")
     if args.dense_trace and not traces:
         raise BudgetError("--dense-trace needs --record-trace PATH")
 

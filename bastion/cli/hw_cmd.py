@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from bastion.cost.hardware import get_profile, known_profiles, profile_dirs, profile_to_toml
+from bastion.errors import ConfigError
+from bastion.files import check_output_file, write_text_atomic
 
 
 def register(subparsers: Any) -> None:
@@ -68,9 +70,12 @@ def _show(args: argparse.Namespace) -> int:
 def _probe(args: argparse.Namespace) -> int:
     from bastion.cost.probe import probe_profile
 
-    prof = probe_profile(args.name, quick=args.quick)
+    if not args.name or not args.name.strip() or "/" in args.name or args.name in (".", ".."):
+        raise ConfigError(f"--name must be a profile name without '/'; got {args.name!r}")
     out: Path = args.output or Path(f"{args.name}.toml")
-    out.write_text(profile_to_toml(prof))
+    check_output_file(out, "--output")  # before the measurement, not after it
+    prof = probe_profile(args.name, quick=args.quick)
+    write_text_atomic(out, profile_to_toml(prof))
     print(
         f"wrote {out}: {prof.bf16_flops / 1e9:.1f} GFLOP/s, "
         f"{prof.memory_bandwidth / 1e9:.1f} GB/s, launch {prof.launch_overhead_s * 1e6:.2f} µs"

@@ -14,6 +14,7 @@ import json
 import numpy as np
 
 from bastion.budget import choose_tree
+from bastion.cli import _checks as checks
 from bastion.errors import BudgetError
 from bastion.interfaces import CostCurve
 from bastion.tree import DraftMarginals, DraftTree, best_first_tree, surrogate_acceptance
@@ -44,20 +45,40 @@ def render(tree: DraftTree, limit: int) -> list[str]:
     for i in range(1, n):
         kids[int(tree.parents[i])].append(i)
     lines: list[str] = []
-
-    def walk(node: int, indent: str) -> None:
+    stack = [(0, "")] if n else []  # depth first, iteratively (a deep chain has no recursion limit)
+    while stack:
+        node, indent = stack.pop()
         tok = "root" if node == 0 else f"tok {tree.tokens[node]:>5}"
         lines.append(f"{indent}[{node:>3}] {tok}  ρ={tree.scores[node]:.4f}")
-        for child in kids[node]:
-            walk(child, indent + "  ")
-
-    walk(0, "")
+        stack.extend((child, indent + "  ") for child in reversed(kids[node]))
     if tree.size > n:
         lines.append(f"… {tree.size - n} more nodes")
     return lines
 
 
+#: Largest --depth and --k of the sample marginals (a drafter block is 16 positions; the
+#: ids are drawn from a 50 000-token vocabulary).
+MAX_DEPTH, MAX_K = 1024, 4096
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Every flag in range before anything is drawn or allocated."""
+    from bastion.bestfirst import MAX_TREE_SIZE
+
+    checks.seed(args.seed)
+    checks.int_in("--depth", args.depth, 1, MAX_DEPTH)
+    checks.int_in("--k", args.k, 1, MAX_K)
+    checks.int_in("--budget", args.budget, 1, MAX_TREE_SIZE)
+    checks.int_in("--show", args.show, 0)
+    checks.int_in("--n-max", args.n_max, 1, MAX_TREE_SIZE)
+    checks.float_in("--top1", args.top1, 0.0, 1.0, open_low=True)
+    checks.float_in("--decay", args.decay, 0.0, 1.0, open_low=True)
+    checks.float_in("--fixed-ms", args.fixed_ms, 0.0, 1e6, open_low=True)
+    checks.float_in("--node-us", args.node_us, 0.0, 1e9)
+
+
 def run(args: argparse.Namespace) -> int:
+    _check(args)
     rng = np.random.default_rng(args.seed)
     m = sample_marginals(rng, args.depth, args.k, args.top1, args.decay)
     tree = best_first_tree(m, args.budget)

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from bastion.cli.cost_cmd import _int_list
+from bastion.cli.cost_cmd import MAX_VALUE, _int_list
 
 
 def register(subparsers: Any) -> None:
@@ -41,8 +41,10 @@ def _validate(args: argparse.Namespace) -> int:
     from bastion.cost.validation import DEFAULT_TRAIN_TOKENS, load_measured, validate
     from bastion.errors import ConfigError
 
-    if args.max_tokens < 0:
-        raise ConfigError(f"--max-tokens must be ≥ 0 (0: all), got {args.max_tokens}")
+    if not 0 <= args.max_tokens <= MAX_VALUE:
+        raise ConfigError(
+            f"--max-tokens must be in [0, {MAX_VALUE}] (0: all), got {args.max_tokens}"
+        )
     hw = get_profile(args.gpu)
     model = get_model(args.model)
     table = load_measured(args.measured, args.format)

@@ -41,7 +41,7 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, verify_pass
 from bastion.errors import ConfigError
-from bastion.files import write_text_atomic
+from bastion.files import read_json_file, write_text_atomic
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -321,10 +321,9 @@ class CalibrationCache:
         path = self.path_for(key)
         if not path.is_file():
             return None
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}: not valid JSON ({exc})") from None
+        data = read_json_file(path, "calibration record")
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: a calibration record is a JSON object")
         return CalibrationRecord.from_dict(data, origin=str(path))
 
     def save(self, record: CalibrationRecord) -> Path:

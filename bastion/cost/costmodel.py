@@ -48,6 +48,20 @@ Array = npt.NDArray[np.float64]
 _CurveKey = tuple[int, tuple[tuple[int, int], ...]]  # (context bucket, co-batched (N, bucket))
 
 
+def check_tree_size(value: object, name: str = "tree_size") -> int:
+    """``value`` as an int in [1, MAX_TREE_SIZE] (the largest tree the library builds), or a
+    :class:`BudgetError` saying so — before anything is allocated for it."""
+    from bastion.bestfirst import MAX_TREE_SIZE
+
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise BudgetError(f"{name} must be an integer in [1, {MAX_TREE_SIZE}]; got {value!r}")
+    if not 1 <= int(value) <= MAX_TREE_SIZE:
+        raise BudgetError(
+            f"{name} must be in [1, MAX_TREE_SIZE = {MAX_TREE_SIZE}]; got {int(value)}"
+        )
+    return int(value)
+
+
 class _PricedCurve:
     """``cost_curve``'s cache entry for one situation: priced for N = 1 … ``length``.
 
@@ -256,8 +270,7 @@ class RooflineCostModel:
         is priced once for a power-of-two number of sizes and sliced, and it is corrected and
         checked once per correction (in the ema modes γ moves with every ``observe``).
         """
-        if max_tree_size < 1:
-            raise BudgetError(f"max_tree_size must be ≥ 1, got {max_tree_size}")
+        max_tree_size = check_tree_size(max_tree_size, "max_tree_size")
         co = load.co_batched
         key: _CurveKey = (
             self.bucket(load.context_len),
@@ -325,8 +338,7 @@ class RooflineCostModel:
         Operator entries (``verify.<op>``) are the bare roofline's shares rescaled to sum to
         ``verify_s``; ``roofline.*`` entries are the bare totals and branches before correction.
         """
-        if tree_size < 1:
-            raise BudgetError(f"tree_size must be ≥ 1, got {tree_size}")
+        tree_size = check_tree_size(tree_size, "tree_size")
         tokens = np.array([float(tree_size)])
         bare_s, cal_s = self._base(tokens, load)
         verify = float(self._check(self._correct(bare_s, cal_s), "verify")[0])

@@ -172,8 +172,12 @@ def load_measured(path: str | os.PathLike[str], format: str = "vidur") -> Measur
             rows = list(reader)
     except FileNotFoundError:
         raise MeasuredDataError(f"measured data not found: {name}") from None
+    except IsADirectoryError:
+        raise MeasuredDataError(f"measured data {name} is a directory; give a CSV file") from None
     except (UnicodeDecodeError, csv.Error) as exc:
         raise MeasuredDataError(f"{name}: not a readable CSV ({exc})") from None
+    except OSError as exc:
+        raise MeasuredDataError(f"measured data {name} cannot be read ({exc})") from None
     if "num_tokens" not in header:
         raise MeasuredDataError(
             f"{name}, row 1: no 'num_tokens' column (header: {', '.join(header) or 'empty'}); "

@@ -32,6 +32,7 @@ import torch
 from torch.nn import functional as F
 
 from bastion.demo.corpus import SPECIALS, Corpus, load_corpus, train_tokenizer
+from bastion.files import atomic_directory
 
 __all__ = ["DrafterTraining", "TargetTraining", "train_drafter", "train_target"]
 
@@ -154,7 +155,6 @@ def train_target(
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     corpus = corpus or load_corpus()
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(corpus, cfg.vocab_size)
     train, held = _data(tokenizer, corpus)
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIALS}
@@ -193,9 +193,10 @@ def train_target(
         "train_minutes": (time.perf_counter() - start) / 60,
         "config": asdict(cfg),
     }
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    with atomic_directory(out, replace=True) as tmp:  # a kill leaves the old model or the new
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "training.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -255,8 +256,9 @@ def train_drafter(
         "train_minutes": (time.perf_counter() - start) / 60,
         "config": asdict(cfg),
     }
-    drafter.save_pretrained(out)
-    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    with atomic_directory(out, replace=True) as tmp:  # a kill leaves the old model or the new
+        drafter.save_pretrained(tmp)
+        (tmp / "training.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 

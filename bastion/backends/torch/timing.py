@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from bastion.cost.costmodel import check_tree_size
 from bastion.errors import BudgetError, ConfigError
 from bastion.interfaces import CostCurve, CostModel, StepCost, StepLoad
 
@@ -129,10 +130,12 @@ class AffineCostModel:
         return sum(int(r.tree_size) for r in load.co_batched)
 
     def step_cost(self, tree_size: int, load: StepLoad) -> StepCost:
+        tree_size = check_tree_size(tree_size, "tree_size")
         tokens = tree_size + self._others(load)
         return StepCost(self.draft_s, self.prep_s, self.verify_a_s + self.verify_b_s * tokens)
 
     def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
+        max_tree_size = check_tree_size(max_tree_size, "max_tree_size")
         n = np.arange(1, max_tree_size + 1, dtype=np.float64) + self._others(load)
         verify = self.verify_a_s + self.verify_b_s * n
         ar = self.verify_a_s + self.verify_b_s * load.batch_size
