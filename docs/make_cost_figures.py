@@ -23,6 +23,7 @@ from bastion.cost.validation import (
     operator_features,
     validate,
 )
+from bastion.files import save_figure_atomic
 
 HERE = Path(__file__).resolve().parent
 CSV = HERE / "data" / "a100-80gb_llama-3-8b_per-layer-ops.csv"
@@ -91,7 +92,7 @@ def figure() -> None:
     fig.suptitle("Llama-3-8B on A100 80GB: measured vs predicted per-layer projection latency")
     fig.tight_layout()
     FIGURE.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(FIGURE, dpi=110)
+    save_figure_atomic(fig, FIGURE, dpi=110)
     plt.close(fig)
 
 
