@@ -93,7 +93,7 @@ METRIC_COLUMNS = (
     "e2e_p99_s",
     "ttft_mean_s",
     "e2e_mean_s",
-    "acceptance_rate",  # accepted draft tokens / drafted nodes
+    "acceptance_rate",  # accepted draft tokens / drafted nodes (root excluded); empty for AR
     "acceptance_by_position",  # [d-1]: share of drafting steps accepting ≥ d draft tokens
     "tokens",  # output tokens generated
 )

@@ -156,18 +156,19 @@ class PolicyResult:
 
 
 def acceptance(r: ServingResult) -> dict[str, Any]:
-    """Draft acceptance of a run: the rate (accepted / drafted nodes, over every step with a
-    draft) and, per draft position d = 1, 2, …, the share of those steps whose accepted path
-    reached depth d (position 1's share is the first draft token's acceptance rate)."""
+    """Draft acceptance of a run: the rate (accepted draft tokens / drafted nodes, the root — the
+    previous step's bonus token — not counted, over every step with a draft) and, per draft
+    position d = 1, 2, …, the share of those steps whose accepted path reached depth d (position
+    1's share is the first draft token's acceptance rate). NaN and () for AR (no draft)."""
     committed = np.array([c for q in r.requests for c in q.committed], dtype=np.int64)
     sizes = np.array([s for q in r.requests for s in q.tree_sizes], dtype=np.int64)
-    drafted = sizes > 0
-    if committed.size != sizes.size or not drafted.any():  # AR: nothing drafted
+    drafted = sizes > 1  # a tree of N nodes counts its root
+    if committed.size != sizes.size or not drafted.any():
         return {"acceptance_rate": float("nan"), "acceptance_by_position": ()}
     accepted = committed[drafted] - 1  # the bonus token is not a draft token
     depth = int(accepted.max())
     return {
-        "acceptance_rate": float(accepted.sum() / sizes[drafted].sum()),
+        "acceptance_rate": float(accepted.sum() / (sizes[drafted] - 1).sum()),
         "acceptance_by_position": tuple(float(np.mean(accepted >= d)) for d in range(1, depth + 1)),
     }
 

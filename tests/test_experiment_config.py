@@ -317,3 +317,39 @@ def test_kill_9_leaves_no_workers_and_resumes(tmp_path: Path) -> None:
         rows = list(csv.DictReader(f))
     assert len(rows) == 8 * 3
     assert [r["seed"] for r in rows[::3]] == [str(s) for s in range(8)]
+
+
+def test_simulate_out_writes_the_same_records(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        code = main(
+            [
+                "simulate",
+                "--policy",
+                "chain",
+                "--requests",
+                "2",
+                "--output-len",
+                "24",
+                "--seed",
+                "3",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+    finally:
+        os.umask(old)
+    assert code == 0
+    data = json.loads((tmp_path / "simulate.json").read_text())
+    assert set(data) == {"spec", "records"} and [r["policy"] for r in data["records"]] == [
+        "ar",
+        "chain",
+    ]
+    assert data["records"][0]["acceptance_rate"] is None  # AR drafts nothing (NaN → null)
+    with (tmp_path / "simulate.csv").open() as f:
+        header = next(csv.reader(f))
+    assert set(header) <= set(RECORD_COLUMNS)
+    assert header == [c for c in RECORD_COLUMNS if c in header]  # documented order
+    assert data["records"][1]["seed"] == 3 and data["records"][1]["bastion_version"]
+    for name in ("simulate.json", "simulate.csv", "requests.csv"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o644  # the user's umask
