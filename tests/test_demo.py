@@ -188,10 +188,10 @@ def test_demo_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     )
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["identical"] is True
-    assert [(p["policy"], p["batch_size"]) for p in out["policies"]] == [
+    assert [(p["policy"], p["batch_size"]) for p in out["records"]] == [
         (name, b) for b in (1, 2) for name in ("ar", "chain", "fixed:16")
     ]
-    for p in out["policies"]:
+    for p in out["records"]:
         assert {"policy", "tau", "mean_tree_size", "tpot_s", "throughput_tok_s"} <= set(p)
         assert p["tpot_min_s"] <= p["tpot_s"] <= p["tpot_max_s"]
 

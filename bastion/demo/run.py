@@ -66,7 +66,7 @@ class DemoResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "policies": [r.__dict__ for r in self.rows],
+            "records": [r.__dict__ for r in self.rows],  # one per policy and batch size
             "identical": self.identical,
             "calibration": self.calibration,
         }
