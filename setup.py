@@ -3,7 +3,8 @@
 - The optional compiled best-first kernel ``bastion._bestfirst``. ``optional=True``: where no C
   compiler is available the install still succeeds and Bastion falls back to the pure-Python
   heap, which gives identical trees, only slower.
-- The top-level ``hwprofiles/`` directory ships in the wheel as ``bastion/hwprofiles``.
+- The top-level ``hwprofiles/`` and ``workloads/`` directories ship in the wheel as
+  ``bastion/hwprofiles`` and ``bastion/workloads``.
 """
 
 from pathlib import Path
@@ -16,11 +17,12 @@ class BuildPyWithProfiles(build_py):
     def run(self) -> None:
         super().run()
         if getattr(self, "editable_mode", False):
-            return  # an editable checkout reads hwprofiles/ in place
-        target = Path(self.build_lib) / "bastion" / "hwprofiles"
-        target.mkdir(parents=True, exist_ok=True)
-        for src in sorted(Path(__file__).parent.joinpath("hwprofiles").glob("*.toml")):
-            self.copy_file(str(src), str(target / src.name))
+            return  # an editable checkout reads hwprofiles/ and workloads/ in place
+        for data in ("hwprofiles", "workloads"):
+            target = Path(self.build_lib) / "bastion" / data
+            target.mkdir(parents=True, exist_ok=True)
+            for src in sorted(Path(__file__).parent.joinpath(data).glob("*.toml")):
+                self.copy_file(str(src), str(target / src.name))
 
 
 setup(

@@ -1,17 +1,20 @@
 """Synthetic drafter–target streams, drawn for a whole batch of requests at once.
 
 The statistical model is that of :mod:`sim.workloads` (read its docstring): at each step a
-request's drafter proposes a row of top-K marginals per future position — the top-1 probability
-from the request's confidence curve, the remaining mass spread over the runners-up — and the
-target's token at each position is the drafter's rank-r candidate with probability λ·q[r], else a
-token outside the row.
+request's drafter proposes a row of top-K marginals per future position — a head mass from the
+request's confidence curve shifted by the step's and the position's noise, split in two at forks
+and branches, the remaining mass spread over the runners-up — and the target's token at each
+position is the drafter's rank-r candidate with probability c_r·a_k·q[r] (on a branch: the side
+it follows), else a token outside the row. Every step draws fresh rows: confidence varies from
+step to step, not only with depth.
 
 Two things make it cheap enough to simulate thousands of request-steps per second:
 
 - **Blocks.** Each request draws ``block_steps`` steps of marginals and target tokens at once
   from its own generator (seeded by the run's seed and the request's index, so a request's stream
   does not depend on which other requests share its batch), into a slot of a preallocated array;
-  a step then gathers every request's current step with one fancy index.
+  a step then gathers every request's current step with one fancy index. All of a block's
+  draws (noise, forks, branches, spreads, target uniforms) are whole-array operations.
 - **A bank of runner-up spreads.** The Dirichlet draw of the runner-up mass is taken from a bank
   of ``bank_size`` (default 4096) Dirichlet rows drawn once per source, each row picked uniformly
   at random per position and step. The law of one row is exactly the Dirichlet's; rows repeat
@@ -85,7 +88,11 @@ class SyntheticSource:
         self.workload = w = workload
         self.seed = seed
         self.block_steps = block_steps
-        self.alignment = w.alignment * math.exp(-w.temperature_penalty * temperature)
+        self.temperature = temperature
+        self._law = w.rank_alignment(temperature)[None, :, :]  # [1, D, K]: c_r · a_k at T
+        head = np.clip(w.head_curve(), 1e-12, 1.0 - 1e-12)
+        self._base_logit = np.log(head / (1.0 - head))
+        self._branch_stay = min(1.0 - 1.0 / w.branch_len, 1.0 - 1e-12)  # geometric length
         self._bank, self._bank_cdf = _spread_bank(
             w.k, w.concentration, w.tail_alpha, seed, bank_size
         )
@@ -135,44 +142,79 @@ class SyntheticSource:
         w = self.workload
         rng = np.random.default_rng([self.seed, index])
         shift = rng.normal(0.0, w.difficulty_sd) if w.difficulty_sd else 0.0
-        base = w.top1 * w.decay ** np.arange(w.depth)
-        logits = np.log(base / (1.0 - base)) + shift
-        # the logistic of a finite logit is < 1, but may round to 1.0: keep 1 − top-1 > 0
-        self._top1[slot] = np.minimum(1.0 / (1.0 + np.exp(-logits)), 1.0 - 1e-12)
+        self._top1[slot] = self._base_logit + shift  # the request's head log-odds per position
         self._rngs[slot] = rng
         self._refill(slot)
         return rng
 
     def _refill(self, slot: int) -> None:
-        """Draw the next ``block_steps`` steps of ``slot`` in one vectorised pass."""
+        """Draw the next ``block_steps`` steps of ``slot`` in one vectorised pass.
+
+        Per step: a confidence shift e_s, and a branch (whether, where, how long, its ratio,
+        the side the target takes); per position: noise η, an isolated fork and its ratio, a
+        runner-up spread (a bank row) and the target's uniform. Every draw is made whatever the
+        parameters, so a request's randomness does not depend on them (common random numbers
+        when fitting)."""
         w, rng = self.workload, self._rngs[slot]
         assert rng is not None
-        steps, k = self.block_steps, w.k
-        top1 = self._top1[slot][None, :, None]  # [1, D, 1]
-        pick = rng.integers(0, self._bank.shape[0], size=(steps, w.depth))
-        # rows: the top-1 value, then the bank's runners-up (descending) scaled to 1 − top-1
-        probs = np.take(self._bank, pick, axis=0)
-        probs *= 1.0 - top1
-        probs[:, :, :1] = top1
-        # the target's token: rank r with probability λ·q[r], else outside (rank K) — the first
-        # rank whose cumulative mass (the bank's cumulative rows, scaled; +∞ after K) exceeds u
-        cdf = np.take(self._bank_cdf, pick, axis=0)
-        cdf *= 1.0 - top1
-        cdf += top1
-        above = probs[:, :, 1] > probs[:, :, 0]  # a runner-up beats the top-1 value (rare)
-        if above.any():  # move the top-1 value to where it belongs, so each row stays sorted
-            rows = probs[above]
-            first = rows[:, 0].copy()
-            runners = rows[:, 1:]
-            pos = (runners > first[:, None]).sum(axis=1)[:, None]
-            col = np.arange(k)[None, :]
-            padded = np.concatenate((runners, np.zeros((rows.shape[0], 1))), axis=1)
-            probs[above] = np.where(col < pos, padded, np.where(col == pos, first[:, None], rows))
-            cdf[above, :k] = np.cumsum(probs[above], axis=1)
+        steps, depth, k = self.block_steps, w.depth, w.k
+        z = rng.standard_normal((steps, depth + 1))  # column 0: the step's shift
+        logit = self._top1[slot][None, :] + w.step_sd * z[:, :1] + w.position_sd * z[:, 1:]
+        # h: the head mass, kept in (0, 1) however large the log-odds
+        head = np.minimum(1.0 / (1.0 + np.exp(-logit)), 1.0 - 1e-12)[:, :, None]  # [S, D, 1]
+        u = rng.random((steps, 2 * depth + 5))  # branch: 5 per step; forks: 2 per position
+        pick = rng.integers(0, self._bank.shape[0], size=(steps, depth))
+        probs = np.take(self._bank, pick, axis=0)  # runners-up (descending) in columns 1 …
+        probs *= 1.0 - head
+        probs[:, :, :1] = head
+        cols = np.arange(depth)[None, :]
+        # a branch: from depth j0 for L positions, two continuations the drafter cannot tell
+        # apart; the target follows one of them (the second with probability v/(1+v))
+        start = np.floor(u[:, 1:2] * depth)
+        length = 1.0 + np.floor(np.log(u[:, 2:3]) / np.log(self._branch_stay))
+        branch = (u[:, :1] < w.branch_rate) & (cols >= start) & (cols < start + length)
+        ratio = w.fork_ratio_min + (1.0 - w.fork_ratio_min) * np.concatenate(
+            (np.broadcast_to(u[:, 3:4], (steps, depth)), u[:, 5 + depth :]), axis=1
+        )  # [S, 2D]: the branch's ratio per step, then each isolated fork's
+        second = u[:, 4:5] < ratio[:, :1] / (1.0 + ratio[:, :1])  # the target's side
+        fork = branch | (u[:, 5 : 5 + depth] < w.fork_rate)
+        if fork.any():
+            v = np.where(branch, ratio[:, :depth], ratio[:, depth:])[fork]
+            rows = probs[fork]  # [F, K]: head, runners-up
+            h = rows[:, 0].copy()
+            rows[:, 2:] = rows[:, 1:-1]  # the runners-up move down one rank
+            rows[:, 0] = h / (1.0 + v)
+            rows[:, 1] = h * v / (1.0 + v)
+            probs[fork] = rows
+        # the target's law per rank: c_r·a_k·q[r], where a fork's second candidate counts as
+        # a head candidate (λ, not λ₂); on a branch the whole head mass goes to the side the
+        # target follows
+        weights = probs * self._law
+        if fork.any():
+            weights[:, :, 1] = np.where(fork, probs[:, :, 1] * self._law[:, :, 0], weights[:, :, 1])
+        if branch.any():
+            on = weights[branch]  # [B, K]
+            side = np.broadcast_to(second, branch.shape)[branch]
+            total = on[:, 0] + on[:, 1]
+            on[:, 0] = np.where(side, 0.0, total)
+            on[:, 1] = np.where(side, total, 0.0)
+            weights[branch] = on
+        unsorted = (probs[:, :, 1:] > probs[:, :, :-1]).any(axis=2)
+        if unsorted.any():  # a runner-up above the head (low confidence): keep rows sorted
+            order = np.argsort(-probs[unsorted], axis=1, kind="stable")
+            probs[unsorted] = np.take_along_axis(probs[unsorted], order, axis=1)
+            weights[unsorted] = np.take_along_axis(weights[unsorted], order, axis=1)
         self._probs[slot] = probs
-        u = rng.random((steps, w.depth, 1)) / self.alignment
-        self._target[slot, :, : w.depth] = np.argmin(u > cdf, axis=2)
-        self._target[slot, :, w.depth] = -1
+        # the target's token: rank r with probability weights[r] (rows scaled down to a total
+        # of 1 where they would exceed it), else outside (rank K)
+        cdf = np.empty((steps, depth, k + 1))
+        np.cumsum(weights, axis=2, out=cdf[:, :, :k])
+        over = cdf[:, :, k - 1 : k]
+        np.divide(cdf[:, :, :k], np.maximum(over, 1.0), out=cdf[:, :, :k])
+        cdf[:, :, k] = np.inf
+        target_u = rng.random((steps, depth, 1))
+        self._target[slot, :, :depth] = np.argmin(target_u > cdf, axis=2)
+        self._target[slot, :, depth] = -1
         self._cursor[slot] = 0
 
     # -- one step ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bastion.cli.validate_cmd",
     "bastion.cli.generate_cmd",
     "bastion.cli.sim_cmd",
+    "bastion.cli.workload_cmd",
     "bastion.cli.demo_cmd",
 )
 
