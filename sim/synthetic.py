@@ -49,21 +49,21 @@ IntArray = npt.NDArray[np.int64]
 @functools.lru_cache(maxsize=16)
 def _spread_bank(
     k: int, concentration: float, tail_alpha: float, seed: int, size: int
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+) -> npt.NDArray[np.float64]:
     """Dirichlet rows over the K − 1 runners-up plus the outside-top-K bucket (dropped), each
-    sorted descending, as ``[size, K]`` with a zero column 0 (the top-1 slot), and their
-    row-wise cumulative sums ``[size, K + 1]`` ending in +∞; read-only, shared by every source
-    with these inputs."""
+    sorted descending, as ``[2·size, K]``: rows 0 … size − 1 with a zero column 0 (the top-1
+    slot), then the same rows shifted one rank down with zero columns 0 and 1 (the two slots of
+    a fork; the last runner-up falls outside the top-K); read-only, shared by every source with
+    these inputs."""
     alpha = np.full(k, concentration)
     alpha[-1] = tail_alpha
     gammas = np.random.default_rng([seed, 0x62616E6B]).standard_gamma(alpha, size=(size, k))
     spread = (gammas / gammas.sum(axis=1, keepdims=True))[:, :-1]
-    bank = np.zeros((size, k))  # column 0 is the top-1 slot, filled per row
-    bank[:, 1:] = -np.sort(-spread, axis=1)
-    cumulative = np.full((size, k + 1), np.inf)  # column K: past the row, never exceeded
-    cumulative[:, :k] = np.cumsum(bank, axis=1)
-    bank.flags.writeable = cumulative.flags.writeable = False
-    return bank, cumulative
+    bank = np.zeros((2 * size, k))  # column 0 is the top-1 slot, filled per row
+    bank[:size, 1:] = -np.sort(-spread, axis=1)
+    bank[size:, 2:] = bank[:size, 1:-1]
+    bank.flags.writeable = False
+    return bank
 
 
 class SyntheticSource:
@@ -92,10 +92,11 @@ class SyntheticSource:
         self._law = w.rank_alignment(temperature)[None, :, :]  # [1, D, K]: c_r · a_k at T
         head = np.clip(w.head_curve(), 1e-12, 1.0 - 1e-12)
         self._base_logit = np.log(head / (1.0 - head))
+        self._upper = np.triu(np.ones((w.k, w.k)))  # x @ upper: cumulative sums of x's rows
+        self._ones = np.ones(w.k)
         self._branch_stay = min(1.0 - 1.0 / w.branch_len, 1.0 - 1e-12)  # geometric length
-        self._bank, self._bank_cdf = _spread_bank(
-            w.k, w.concentration, w.tail_alpha, seed, bank_size
-        )
+        self._bank = _spread_bank(w.k, w.concentration, w.tail_alpha, seed, bank_size)
+        self._bank_size = bank_size
         self._ids = np.broadcast_to(np.arange(w.k, dtype=np.int64), (1, w.depth, w.k))
         self._slots = 0
         self._probs = np.empty((0, block_steps, w.depth, w.k))
@@ -157,16 +158,13 @@ class SyntheticSource:
         when fitting)."""
         w, rng = self.workload, self._rngs[slot]
         assert rng is not None
-        steps, depth, k = self.block_steps, w.depth, w.k
+        steps, depth = self.block_steps, w.depth
         z = rng.standard_normal((steps, depth + 1))  # column 0: the step's shift
         logit = self._top1[slot][None, :] + w.step_sd * z[:, :1] + w.position_sd * z[:, 1:]
         # h: the head mass, kept in (0, 1) however large the log-odds
         head = np.minimum(1.0 / (1.0 + np.exp(-logit)), 1.0 - 1e-12)[:, :, None]  # [S, D, 1]
         u = rng.random((steps, 2 * depth + 5))  # branch: 5 per step; forks: 2 per position
-        pick = rng.integers(0, self._bank.shape[0], size=(steps, depth))
-        probs = np.take(self._bank, pick, axis=0)  # runners-up (descending) in columns 1 …
-        probs *= 1.0 - head
-        probs[:, :, :1] = head
+        pick = rng.integers(0, self._bank_size, size=(steps, depth))
         cols = np.arange(depth)[None, :]
         # a branch: from depth j0 for L positions, two continuations the drafter cannot tell
         # apart; the target follows one of them (the second with probability v/(1+v))
@@ -178,42 +176,52 @@ class SyntheticSource:
         )  # [S, 2D]: the branch's ratio per step, then each isolated fork's
         second = u[:, 4:5] < ratio[:, :1] / (1.0 + ratio[:, :1])  # the target's side
         fork = branch | (u[:, 5 : 5 + depth] < w.fork_rate)
-        if fork.any():
-            v = np.where(branch, ratio[:, :depth], ratio[:, depth:])[fork]
-            rows = probs[fork]  # [F, K]: head, runners-up
-            h = rows[:, 0].copy()
-            rows[:, 2:] = rows[:, 1:-1]  # the runners-up move down one rank
-            rows[:, 0] = h / (1.0 + v)
-            rows[:, 1] = h * v / (1.0 + v)
-            probs[fork] = rows
+        forks = w.k >= 2 and bool(fork.any())
+        if forks:  # a fork's runners-up come from the bank's shifted half
+            pick += self._bank_size * fork
+        probs = np.take(self._bank, pick, axis=0)  # runners-up (descending) in columns 1 (2) …
+        probs *= 1.0 - head
+        if forks:
+            v = np.where(branch, ratio[:, :depth], ratio[:, depth:])
+            h = head[:, :, 0]
+            probs[:, :, 1] = np.where(fork, h * v / (1.0 + v), probs[:, :, 1])
+            probs[:, :, 0] = np.where(fork, h / (1.0 + v), h)
+        else:
+            probs[:, :, :1] = head
+        law = self._law
         # the target's law per rank: c_r·a_k·q[r], where a fork's second candidate counts as
         # a head candidate (λ, not λ₂); on a branch the whole head mass goes to the side the
         # target follows
-        weights = probs * self._law
-        if fork.any():
-            weights[:, :, 1] = np.where(fork, probs[:, :, 1] * self._law[:, :, 0], weights[:, :, 1])
-        if branch.any():
-            on = weights[branch]  # [B, K]
-            side = np.broadcast_to(second, branch.shape)[branch]
-            total = on[:, 0] + on[:, 1]
-            on[:, 0] = np.where(side, 0.0, total)
-            on[:, 1] = np.where(side, total, 0.0)
-            weights[branch] = on
-        unsorted = (probs[:, :, 1:] > probs[:, :, :-1]).any(axis=2)
+        weights = probs * law
+        if forks:
+            weights[:, :, 1] = np.where(fork, probs[:, :, 1] * law[:, :, 0], weights[:, :, 1])
+        if forks and branch.any():
+            total = weights[:, :, 0] + weights[:, :, 1]
+            side = branch & second
+            weights[:, :, 0] = np.where(branch, np.where(side, 0.0, total), weights[:, :, 0])
+            weights[:, :, 1] = np.where(branch, np.where(side, total, 0.0), weights[:, :, 1])
+        # the bank's runners-up are sorted, so a row can be out of order only where they meet
+        # the head candidates (columns 0–2)
+        if w.k >= 3:
+            unsorted = (probs[:, :, 1] > probs[:, :, 0]) | (probs[:, :, 2] > probs[:, :, 1])
+        else:
+            unsorted = (probs[:, :, 1:] > probs[:, :, :-1]).any(axis=2)
         if unsorted.any():  # a runner-up above the head (low confidence): keep rows sorted
             order = np.argsort(-probs[unsorted], axis=1, kind="stable")
             probs[unsorted] = np.take_along_axis(probs[unsorted], order, axis=1)
             weights[unsorted] = np.take_along_axis(weights[unsorted], order, axis=1)
         self._probs[slot] = probs
         # the target's token: rank r with probability weights[r] (rows scaled down to a total
-        # of 1 where they would exceed it), else outside (rank K)
-        cdf = np.empty((steps, depth, k + 1))
-        np.cumsum(weights, axis=2, out=cdf[:, :, :k])
-        over = cdf[:, :, k - 1 : k]
-        np.divide(cdf[:, :, :k], np.maximum(over, 1.0), out=cdf[:, :, :k])
-        cdf[:, :, k] = np.inf
+        # of 1 where they would exceed it), else outside (rank K): the number of cumulative
+        # weights below a uniform
+        # (cumulative sums and the count as small matrix products: much faster than
+        # cumsum/sum along a 16-wide axis)
+        k = w.k
+        cdf = (weights.reshape(-1, k) @ self._upper).reshape(steps, depth, k)
+        cdf /= np.maximum(cdf[:, :, -1:], 1.0)
         target_u = rng.random((steps, depth, 1))
-        self._target[slot, :, :depth] = np.argmin(target_u > cdf, axis=2)
+        below = (target_u > cdf).reshape(-1, k).astype(np.float64) @ self._ones
+        self._target[slot, :, :depth] = below.reshape(steps, depth)
         self._target[slot, :, depth] = -1
         self._cursor[slot] = 0
 
