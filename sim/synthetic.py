@@ -205,7 +205,7 @@ class SyntheticSource:
         if w.k >= 3:
             unsorted = (probs[:, :, 1] > probs[:, :, 0]) | (probs[:, :, 2] > probs[:, :, 1])
         else:
-            unsorted = (probs[:, :, 1:] > probs[:, :, :-1]).any(axis=2)
+            unsorted = np.asarray((probs[:, :, 1:] > probs[:, :, :-1]).any(axis=2))
         if unsorted.any():  # a runner-up above the head (low confidence): keep rows sorted
             order = np.argsort(-probs[unsorted], axis=1, kind="stable")
             probs[unsorted] = np.take_along_axis(probs[unsorted], order, axis=1)
