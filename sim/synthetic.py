@@ -176,7 +176,7 @@ class SyntheticSource:
         )  # [S, 2D]: the branch's ratio per step, then each isolated fork's
         second = u[:, 4:5] < ratio[:, :1] / (1.0 + ratio[:, :1])  # the target's side
         fork = branch | (u[:, 5 : 5 + depth] < w.fork_rate)
-        forks = w.k >= 2 and bool(fork.any())
+        forks = bool(fork.any())
         if forks:  # a fork's runners-up come from the bank's shifted half
             pick += self._bank_size * fork
         probs = np.take(self._bank, pick, axis=0)  # runners-up (descending) in columns 1 (2) …
@@ -184,7 +184,8 @@ class SyntheticSource:
         if forks:
             v = np.where(branch, ratio[:, :depth], ratio[:, depth:])
             h = head[:, :, 0]
-            probs[:, :, 1] = np.where(fork, h * v / (1.0 + v), probs[:, :, 1])
+            if w.k >= 2:  # (with K = 1 the second candidate is not kept, but q₁ is split)
+                probs[:, :, 1] = np.where(fork, h * v / (1.0 + v), probs[:, :, 1])
             probs[:, :, 0] = np.where(fork, h / (1.0 + v), h)
         else:
             probs[:, :, :1] = head
@@ -193,9 +194,9 @@ class SyntheticSource:
         # a head candidate (λ, not λ₂); on a branch the whole head mass goes to the side the
         # target follows
         weights = probs * law
-        if forks:
+        if forks and w.k >= 2:
             weights[:, :, 1] = np.where(fork, probs[:, :, 1] * law[:, :, 0], weights[:, :, 1])
-        if forks and branch.any():
+        if forks and w.k >= 2 and branch.any():
             total = weights[:, :, 0] + weights[:, :, 1]
             side = branch & second
             weights[:, :, 0] = np.where(branch, np.where(side, 0.0, total), weights[:, :, 0])
