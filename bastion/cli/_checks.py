@@ -20,8 +20,8 @@ def int_in(flag: str, value: int | None, least: int, most: int | None = None) ->
     if value is None:
         return
     if value < least or (most is not None and value > most):
-        accepted = f"in [{least}, {most}]" if most is not None else f"≥ {least}"
-        raise BudgetError(f"{flag} must be an integer {accepted}; got {value}")
+        accepted = f"≥ {least}" + (f" and ≤ {most}" if most is not None else "")
+        raise BudgetError(f"{flag} must be {accepted}; got {value}")
 
 
 def seed(value: int | None, flag: str = "--seed") -> None:
