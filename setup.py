@@ -3,8 +3,8 @@
 - The optional compiled best-first kernel ``bastion._bestfirst``. ``optional=True``: where no C
   compiler is available the install still succeeds and Bastion falls back to the pure-Python
   heap, which gives identical trees, only slower.
-- The top-level ``hwprofiles/`` and ``workloads/`` directories ship in the wheel as
-  ``bastion/hwprofiles`` and ``bastion/workloads``.
+- The top-level ``hwprofiles/``, ``workloads/`` and ``experiments/`` directories ship in the
+  wheel as ``bastion/hwprofiles``, ``bastion/workloads`` and ``bastion/experiments``.
 """
 
 from pathlib import Path
@@ -17,8 +17,8 @@ class BuildPyWithProfiles(build_py):
     def run(self) -> None:
         super().run()
         if getattr(self, "editable_mode", False):
-            return  # an editable checkout reads hwprofiles/ and workloads/ in place
-        for data in ("hwprofiles", "workloads"):
+            return  # an editable checkout reads these directories in place
+        for data in ("hwprofiles", "workloads", "experiments"):
             target = Path(self.build_lib) / "bastion" / data
             target.mkdir(parents=True, exist_ok=True)
             for src in sorted(Path(__file__).parent.joinpath(data).glob("*.toml")):
