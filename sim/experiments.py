@@ -232,7 +232,18 @@ def fingerprint(spec: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None
             else None
         ),
         "policies": [once("policy", p, _source_of(p)) for p in spec["policies"]],
+        "cost_table": (  # a profiled cost model's measured table
+            once("cost", spec["cost_mode"], lambda: _file_digest(Path(_table_of(spec))))
+            if str(spec.get("cost_mode", "")).startswith("profiled:")
+            else None
+        ),
     }
+
+
+def _table_of(spec: Mapping[str, Any]) -> str:
+    rest = str(spec["cost_mode"]).removeprefix("profiled:")
+    fmt, sep, path = rest.partition(":")
+    return path if sep and fmt in ("vidur", "llmservingsim") else rest
 
 
 def run_key(run: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None = None) -> str:
@@ -497,7 +508,11 @@ GRID_KEYS: dict[str, _Key] = {
     "output_len": _Key("int", 2, what="an integer ≥ 2"),
     "prefill_chunk": _Key("int", 0, what="an integer ≥ 0"),
     "seed": _Key("int", 0, what="an integer ≥ 0"),
-    "cost_mode": _Key("str", choices=COST_MODES, what="one of " + ", ".join(COST_MODES)),
+    "cost_mode": _Key(
+        "str",
+        choices=COST_MODES,
+        what="one of " + ", ".join(COST_MODES) + ", profiled:[FORMAT:]FILE",
+    ),
     "n_max": _Key("int", 1, what="an integer ≥ 1"),
     "policies": _Key("policies", what="a list of policy specs, or a list of such lists"),
 }
@@ -578,7 +593,14 @@ def _values(source: str, where: str, key: str, raw: Any, base: Path) -> list[Any
                 spec.low is None or (v > spec.low if spec.low_open else v >= spec.low)
             )
         if ok and spec.choices:
-            ok = v in spec.choices
+            ok = v in spec.choices or (key == "cost_mode" and v.startswith("profiled:"))
+            if ok and key == "cost_mode" and v.startswith("profiled:"):  # a measured table
+                fmt, sep, file = v.removeprefix("profiled:").partition(":")
+                if not sep or fmt not in ("vidur", "llmservingsim"):
+                    fmt, file = "", v.removeprefix("profiled:")
+                if not Path(file).expanduser().is_absolute():
+                    file = str((base / file).resolve())
+                v = "profiled:" + (f"{fmt}:" if fmt else "") + file
         if not ok:
             raise _bad(source, where, f"expected {spec.what} or a list of them; got {v!r}")
         if spec.path and _is_path(v) and not Path(v).expanduser().is_absolute():

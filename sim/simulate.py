@@ -38,7 +38,14 @@ from sim.synthetic import SyntheticSource
 from sim.truth import DEFAULT_TRUTH, get_truth
 from sim.workloads import Workload, get_workload
 
-__all__ = ["PolicyResult", "SimSpec", "SimulationResult", "calibrated_cost_model", "simulate"]
+__all__ = [
+    "COST_MODES",
+    "PolicyResult",
+    "SimSpec",
+    "SimulationResult",
+    "calibrated_cost_model",
+    "simulate",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +68,9 @@ class SimSpec:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens prefilled per step (0: none)
     seed: int = 0
     output_len: int | None = None  # override the workload's tokens per request
-    cost_mode: CostMode = "static"
+    # the controller's belief: bare | static | ema | ema+calib, or profiled:[FORMAT:]FILE (a
+    # measured per-operator table, bastion.cost.profiled; the roofline beyond it is calibrated)
+    cost_mode: str = "static"
     n_max: int = 1024  # the adaptive controller's cap
     truth: str | GroundTruth = DEFAULT_TRUTH  # the simulated GPU: a truth name, path or object
 
@@ -88,6 +97,7 @@ class SimSpec:
         for p in self.policies:
             make_policy(p)  # raises on unknown or malformed specs and on non-policies
         get_truth(self.truth)  # raises on an unknown truth name or a bad truth file
+        _check_cost_mode(self.cost_mode)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-ready); a policy object is recorded by :func:`policy_label`."""
@@ -204,20 +214,50 @@ class SimulationResult:
         raise KeyError(policy)
 
 
+COST_MODES: tuple[CostMode, ...] = ("bare", "static", "ema", "ema+calib")
+
+
+def _check_cost_mode(mode: object) -> None:
+    if mode in COST_MODES:
+        return
+    if isinstance(mode, str) and mode.startswith("profiled:"):
+        rest = mode.removeprefix("profiled:")
+        fmt, sep, path = rest.partition(":")
+        file = path if sep and fmt in ("vidur", "llmservingsim") else rest
+        if file and Path(file).is_file():
+            return
+        raise ConfigError(f"cost model {mode!r}: no measured table at {file!r}")
+    raise ConfigError(
+        f"unknown cost model {mode!r}; accepted: {', '.join(COST_MODES)}, profiled:FILE, "
+        "profiled:FORMAT:FILE (FORMAT vidur or llmservingsim)"
+    )
+
+
 def calibrated_cost_model(
-    gpu: SimulatedGPU, mode: CostMode = "static", seed: int = 0
+    gpu: SimulatedGPU, mode: str = "static", seed: int = 0
 ) -> tuple[RooflineCostModel, CalibrationRecord]:
-    """The controller's belief: the nominal profile's roofline fitted to the simulated GPU."""
+    """The controller's belief: the nominal profile's roofline fitted to the simulated GPU, or,
+    for ``profiled:[FORMAT:]FILE``, the measured per-operator table with that calibrated
+    roofline beyond it."""
+    _check_cost_mode(mode)
     probe = SimulatedGPU(gpu.hardware, gpu.model, gpu.drafter, gpu.truth, seed=seed + 7919)
     points = profile_sweep(lambda s, c: probe.verify_s([s], [c]), repeats=3, warmup=0)
     record = calibrate(gpu.model, gpu.hardware, points, backend="sim", tile_candidates=(0, 64, 128))
+    prep_s = float(np.median([probe.prep_truth([64])]))
+    if mode.startswith("profiled:"):
+        from bastion.cost.profiled import cost_model_from_spec
+
+        profiled = cost_model_from_spec(
+            mode, gpu.hardware, gpu.model, drafter=gpu.drafter, calibration=record, prep_s=prep_s
+        )
+        return profiled, record
     model = RooflineCostModel(
         gpu.hardware,
         gpu.model,
         gpu.drafter,
         calibration=record if mode != "bare" and mode != "ema" else None,
-        mode=mode,
-        prep_s=float(np.median([probe.prep_truth([64])])),
+        mode=mode,  # type: ignore[arg-type]
+        prep_s=prep_s,
     )
     return model, record
 

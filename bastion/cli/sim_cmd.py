@@ -225,10 +225,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--output-len", type=int, help="tokens per request (default: workload's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--cost-mode",
+        "--cost-model",
+        "--cost-mode",  # the earlier name
+        dest="cost_mode",
         default="static",
-        choices=("bare", "static", "ema", "ema+calib"),
-        help="the controller's latency model",
+        help="the controller's latency model: bare, static, ema, ema+calib, or "
+        "profiled:[FORMAT:]FILE (a measured per-operator table, docs/cost-model.md)",
     )
     p.add_argument("--n-max", type=int, default=1024, help="the controller's N_max")
     p.add_argument(
