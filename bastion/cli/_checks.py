@@ -42,6 +42,8 @@ def float_in(
         return
     low_ok = value > least if open_low else value >= least
     if not (math.isfinite(value) and low_ok and value <= most):
-        lo = "(" if open_low else "["
-        hi = f"{most:g}]" if math.isfinite(most) else "∞)"
-        raise BudgetError(f"{flag} must be a finite number in {lo}{least:g}, {hi}; got {value}")
+        if open_low:
+            accepted = f"in ({least:g}, {most:g}]" if math.isfinite(most) else f"> {least:g}"
+        else:
+            accepted = f"≥ {least:g}" + (f" and ≤ {most:g}" if math.isfinite(most) else "")
+        raise BudgetError(f"{flag} must be {accepted} (a finite number); got {value}")
