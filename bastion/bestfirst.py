@@ -280,8 +280,8 @@ def accepted_paths(
 
     Returns (accepted tokens per request, on-path flag per node, every request's accepted
     tokens then its bonus token ``target[i, min(accepted, width − 1)]``, the accepted nodes'
-    indices within their trees). :func:`sim.backend.accepted_counts` defines the walk and has
-    its numpy form."""
+    indices within their trees). :func:`bastion.sim.backend.accepted_counts` defines the walk
+    and has its numpy form."""
     accept = getattr(_compiled, "accept", None)
     if accept is None:
         return None

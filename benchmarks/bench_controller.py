@@ -3,9 +3,9 @@
 Times ``AdaptivePolicy().choose(m, PolicyContext(StepLoad(ctx), cm, prev))`` — the cost-curve
 lookups, the tree growth, the Ŝ scan and the returned ``DraftTree`` — on realistic inputs:
 
-- marginals: ``sim.synthetic.SyntheticSource(get_workload(w), 0)``, ``--steps`` consecutive
+- marginals: ``bastion.sim.synthetic.SyntheticSource(get_workload(w), 0)``, ``--steps`` consecutive
   drafts of each of ``--requests`` requests, for w in math and chat;
-- the cost model: ``sim.simulate.calibrated_cost_model`` of qwen3-8b (DFlash drafter) on a
+- the cost model: ``bastion.sim.simulate.calibrated_cost_model`` of qwen3-8b (DFlash drafter) on a
   simulated h100-sxm (static calibration), a fresh copy per repeat, so its cache warms as in a
   real decode (a miss on the first step of each 64-token context bucket);
 - contexts advancing like a real decode (prompt + 6 tokens per step) and the previous tree size
@@ -43,11 +43,11 @@ from bastion.cost.models import DrafterSpec, get_model
 from bastion.errors import BudgetError, CostModelError
 from bastion.interfaces import CostCurve, PolicyContext, StepLoad
 from bastion.policies import AdaptivePolicy
+from bastion.sim.gpu import SimulatedGPU
+from bastion.sim.simulate import calibrated_cost_model
+from bastion.sim.synthetic import SyntheticSource
+from bastion.sim.workloads import get_workload
 from bastion.tree import DraftMarginals, tree_from_arrays
-from sim.gpu import SimulatedGPU
-from sim.simulate import calibrated_cost_model
-from sim.synthetic import SyntheticSource
-from sim.workloads import get_workload
 
 N_MAX = 1024
 MODES = ("first-decrease", "auto")

@@ -45,11 +45,11 @@ from bastion.cost.models import DrafterSpec, get_model
 from bastion.files import write_text_atomic
 from bastion.joint import choose_joint_batch, joint_curve_from_cost_model
 from bastion.policies import best_first_batch
+from bastion.sim.gpu import SimulatedGPU
+from bastion.sim.simulate import calibrated_cost_model
+from bastion.sim.synthetic import SyntheticSource
+from bastion.sim.workloads import get_workload
 from bastion.tree import ancestor_matrix
-from sim.gpu import SimulatedGPU
-from sim.simulate import calibrated_cost_model
-from sim.synthetic import SyntheticSource
-from sim.workloads import get_workload
 
 BATCHES = (1, 8, 32)
 SIZES = (16, 64, 256)

@@ -1,9 +1,9 @@
 """Joint-budget controller benchmark: the cost of one ``choose_joint`` call per serving step.
 
 For B ∈ {1, 8, 32, 64} requests with the ``math`` workload's marginals (depth 15, K = 16; the
-first step of ``sim.synthetic.SyntheticSource(get_workload("math"), seed)``), contexts ≈ 512
+first step of ``bastion.sim.synthetic.SyntheticSource(get_workload("math"), seed)``), contexts ≈ 512
 tokens, and a ``RooflineCostModel`` calibrated to a simulated H100 with Qwen3-8B and its DFlash
-drafter (``sim.simulate.calibrated_cost_model``), it times ``choose_joint_batch`` end to end
+drafter (``bastion.sim.simulate.calibrated_cost_model``), it times ``choose_joint_batch`` end to end
 (growing the merged chain with the forest heap, pricing it with ``joint_cost_curve``, the stop
 rule, the ``TreeBatch``) and reports the chosen total M, how much of the chain was priced, and the
 call's time as a share of the predicted cycle Ĉ at the chosen M (target: ≤ 1 % at B = 32).
@@ -32,10 +32,10 @@ from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.interfaces import CostCurve
 from bastion.joint import choose_joint_batch, joint_curve_from_cost_model
-from sim.gpu import SimulatedGPU
-from sim.simulate import calibrated_cost_model
-from sim.synthetic import SyntheticSource
-from sim.workloads import get_workload
+from bastion.sim.gpu import SimulatedGPU
+from bastion.sim.simulate import calibrated_cost_model
+from bastion.sim.synthetic import SyntheticSource
+from bastion.sim.workloads import get_workload
 
 BATCHES = (1, 8, 32, 64)
 

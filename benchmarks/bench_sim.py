@@ -21,9 +21,9 @@ import time
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.policies import make_policy
-from sim.gpu import SimulatedGPU
-from sim.serving import serve
-from sim.simulate import SimSpec, calibrated_cost_model, request_source
+from bastion.sim.gpu import SimulatedGPU
+from bastion.sim.serving import serve
+from bastion.sim.simulate import SimSpec, calibrated_cost_model, request_source
 
 POLICIES = "ar,chain,fixed:16,fixed:64,bastion:per-request,bastion"
 

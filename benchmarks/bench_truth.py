@@ -26,7 +26,7 @@ import numpy.typing as npt
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.cost.roofline import LinearPricer, PassShape, drafter_pass
-from sim.gpu import SimulatedGPU, causal_chunk_pairs
+from bastion.sim.gpu import SimulatedGPU, causal_chunk_pairs
 
 Array = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -16,10 +16,10 @@ from bastion.cost.costmodel import RooflineCostModel
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.policies import make_policy
-from sim.gpu import SimulatedGPU
-from sim.serving import serve
-from sim.synthetic import SyntheticSource
-from sim.workloads import get_workload
+from bastion.sim.gpu import SimulatedGPU
+from bastion.sim.serving import serve
+from bastion.sim.synthetic import SyntheticSource
+from bastion.sim.workloads import get_workload
 
 
 def main() -> None:

@@ -2,9 +2,10 @@
 
 Shape assumptions, shared by every preset (a DFlash block-16 drafter; not fitted to anything —
 see docs/workloads.md for why each is what it is): ``SHAPE`` below. The parameters per family
-are fitted by least squares with common random numbers (sim.workload_fit.fit_to_targets): the
-head log-odds level (``top1``) and the isolated-fork rate (``fork_rate``); for the MoE coder
-also the alignment λ (``alignment``), which the qwen3-8b presets share.
+are fitted by least squares with common random numbers
+(bastion.sim.workload_fit.fit_to_targets): the head log-odds level (``top1``) and the
+isolated-fork rate (``fork_rate``); for the MoE coder also the alignment λ (``alignment``),
+which the qwen3-8b presets share.
 
 - qwen3-coder-30b-a3b-code: fitted on chain τ 7.43, N = 16 τ 8.22 (Tables 7–8) and N = 1025
   τ 10.60 (Table 7); held out: the adaptive policy's τ 8.56 (Table 8), simulated.
@@ -27,8 +28,8 @@ import argparse
 import math
 from pathlib import Path
 
-from sim.workload_fit import Target, fit_to_targets, synthetic_tau
-from sim.workloads import Workload, write_workload
+from bastion.sim.workload_fit import Target, fit_to_targets, synthetic_tau
+from bastion.sim.workloads import Workload, write_workload
 
 SHAPE = {
     "decay": 1.0,
@@ -57,7 +58,7 @@ def _adaptive_tau(w: Workload) -> float:
     """τ of the adaptive policy on the simulated A100 80GB serving the MoE target at batch 1."""
     import tempfile
 
-    from sim.simulate import SimSpec, simulate
+    from bastion.sim.simulate import SimSpec, simulate
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{w.name}.toml"

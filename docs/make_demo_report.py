@@ -21,9 +21,9 @@ from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.demo import TARGET_DIR
 from bastion.demo.run import load_prompts, run_demo
 from bastion.policies import make_policy
-from sim.gpu import SimulatedGPU
-from sim.replay import trace_source
-from sim.serving import serve
+from bastion.sim.gpu import SimulatedGPU
+from bastion.sim.replay import trace_source
+from bastion.sim.serving import serve
 
 POLICIES = ("ar", "chain", "fixed:16", "fixed:32", "fixed:64", "beam:4x15", "bastion")
 

@@ -23,9 +23,9 @@ import numpy as np
 
 from bastion.bestfirst import accepted_paths, best_first_flat
 from bastion.files import write_text_atomic
-from sim.simulate import SimSpec, calibrated_cost_model, simulate
-from sim.synthetic import SyntheticSource
-from sim.workloads import get_workload
+from bastion.sim.simulate import SimSpec, calibrated_cost_model, simulate
+from bastion.sim.synthetic import SyntheticSource
+from bastion.sim.workloads import get_workload
 
 OUT = Path(__file__).resolve().parent / "data" / "paper-claims.json"
 FIXED = (16, 32, 64, 128, 256, 512, 1024)
@@ -127,8 +127,8 @@ def calibration() -> dict[str, Any]:
     """§5.2: the bare and calibrated roofline's RMSE against the simulated GPU (A100)."""
     from bastion.cost.hardware import get_profile
     from bastion.cost.models import DrafterSpec, get_model
-    from sim.gpu import SimulatedGPU
-    from sim.truth import get_truth
+    from bastion.sim.gpu import SimulatedGPU
+    from bastion.sim.truth import get_truth
 
     out = {}
     for name in ("qwen3-8b", "llama-3.1-8b"):

@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 
 from bastion.demo.corpus import heldout_prompts, load_corpus
+from bastion.sim.workload_fit import replay_tau, synthetic_tau
+from bastion.sim.workloads import load_workload
 from bastion.trace import read_trace
-from sim.workload_fit import replay_tau, synthetic_tau
-from sim.workloads import load_workload
 
 MODELS = Path(__file__).resolve().parents[1] / "bastion" / "demo" / "models"
 SIZES = ("chain", 1, 16, 32, 64, 128, 256)

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from bastion.errors import ConfigError
-from sim.workloads import Workload
+from bastion.sim.workloads import Workload
 
 __all__ = [
     "HEADER",

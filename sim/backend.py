@@ -3,7 +3,7 @@
 :class:`SimBatch` holds the requests in flight as arrays over *slots* (KV length, tokens
 generated, tokens wanted) and a :class:`DraftSource` that knows, for each slot, the drafter's
 marginals at its current root and the target's tokens at the drafted positions — synthetic
-(:class:`sim.synthetic.SyntheticSource`) or replayed from recorded traces
+(:class:`bastion.sim.synthetic.SyntheticSource`) or replayed from recorded traces
 (:class:`sim.replay.TraceSource`). ``draft_batch`` hands the marginals of every request of a step
 to the engine; ``verify_batch`` walks every chosen tree against its target tokens at once and
 commits the accepted path plus the bonus token: greedy match against a known continuation, which

@@ -3,7 +3,7 @@
 ``bastion experiment --config FILE.toml`` (or ``bastion experiment NAME`` for a shipped config)
 expands the config's grid — models, GPUs, workloads, truths, policies (plug-ins included),
 concurrency or arrival rates, requests, output length, seeds, cost models — into independent
-*runs* (each a :class:`sim.simulate.SimSpec`), executes them with a pluggable executor —
+*runs* (each a :class:`bastion.sim.simulate.SimSpec`), executes them with a pluggable executor —
 ``process`` (a local process pool, the default), ``serial``, or ``ray`` (a local Ray instance,
 or a cluster with ``--address``) — and writes ``OUT/NAME/results.csv`` and ``results.json``
 (one record per run and policy), ``requests.csv`` (one row per run, policy and request),
@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from bastion.errors import BastionError, ConfigError
-from sim.results import (
+from bastion.sim.results import (
     SPEC_COLUMNS,
     RunStore,
     package_version,
@@ -58,7 +58,7 @@ from sim.results import (
     write_records_json,
     write_text_atomic,
 )
-from sim.simulate import SimSpec, SimulationResult, simulate
+from bastion.sim.simulate import SimSpec, SimulationResult, simulate
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -204,8 +204,8 @@ def fingerprint(spec: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None
     """What a run reads besides its spec: the contents behind every name it gives."""
     from bastion.cost.hardware import get_profile, profile_to_dict
     from bastion.cost.models import get_model
-    from sim.truth import get_truth
-    from sim.workloads import get_workload
+    from bastion.sim.truth import get_truth
+    from bastion.sim.workloads import get_workload
 
     memo = {} if memo is None else memo
 
@@ -633,8 +633,8 @@ def _check_names(source: str, grids: Mapping[str, Mapping[str, list[Any]]]) -> N
     """Every model, GPU, workload and truth the grid names exists (before any run starts)."""
     from bastion.cost.hardware import get_profile
     from bastion.cost.models import get_model
-    from sim.truth import get_truth
-    from sim.workloads import get_workload
+    from bastion.sim.truth import get_truth
+    from bastion.sim.workloads import get_workload
 
     def workload(name: str) -> Any:
         path = Path(name)
@@ -1137,8 +1137,8 @@ def _latency_figure(models: Sequence[str], out: Path) -> None:
     from bastion.cost.hardware import get_profile
     from bastion.cost.models import DrafterSpec, get_model
     from bastion.interfaces import StepLoad
-    from sim.gpu import SimulatedGPU
-    from sim.simulate import calibrated_cost_model
+    from bastion.sim.gpu import SimulatedGPU
+    from bastion.sim.simulate import calibrated_cost_model
 
     hw = get_profile("a100-sxm-80gb")
     fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.4), squeeze=False)

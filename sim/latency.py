@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bastion.errors import ConfigError
-from sim.results import write_text_atomic
+from bastion.sim.results import write_text_atomic
 
 __all__ = ["REQUEST_COLUMNS", "RequestLatency", "latency_summary", "write_requests_csv"]
 

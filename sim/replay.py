@@ -29,7 +29,7 @@ __all__ = ["TraceSource", "load_traces", "trace_source"]
 
 
 class TraceSource:
-    """A :class:`sim.backend.DraftSource` that replays recorded requests: request i replays
+    """A :class:`bastion.sim.backend.DraftSource` that replays recorded requests: request i replays
     trace i mod (number of traces); its prompt and output lengths are the trace's."""
 
     def __init__(self, traces: list[tuple[Trace, str]]) -> None:

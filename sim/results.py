@@ -20,7 +20,7 @@ the run is recomputed; an unchanged run is reused, and the reuse is said on stde
 that cannot be read back (truncated by a crash, empty, or not a run record) is renamed
 ``*.corrupt``, reported, and the run computed again.
 
-What this module does not do: run anything or decide what a run is (see sim.experiments).
+What this module does not do: run anything or decide what a run is (see bastion.sim.experiments).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ METRIC_COLUMNS = (
     "acceptance_by_position",  # [d-1]: share of drafting steps accepting ≥ d draft tokens
     "tokens",  # output tokens generated
 )
-"""A policy's metrics, the fields of :class:`sim.simulate.PolicyResult` in order."""
+"""A policy's metrics, the fields of :class:`bastion.sim.simulate.PolicyResult` in order."""
 
 RECORD_COLUMNS = (
     "experiment",  # the experiment's name (empty for `bastion simulate`)
@@ -105,7 +105,7 @@ RECORD_COLUMNS = (
     *METRIC_COLUMNS,
     "calib_rmse_bare_ms",  # the bare roofline's RMSE on the calibration sweep
     "calib_rmse_ms",  # the calibrated cost model's RMSE on it
-    "run_key",  # the run's cache key (sim.experiments.run_key)
+    "run_key",  # the run's cache key (bastion.sim.experiments.run_key)
     "bastion_version",  # the package version that computed the record
 )
 """Every record's columns, in the order CSV files write them."""

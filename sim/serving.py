@@ -26,7 +26,7 @@ sizes; TTFT = first token − arrival, TPOT = (finish − first token) / (tokens
 finish − arrival. Per step: draft, preparation and verification seconds, and the batch size.
 
 What this module does not do: decide trees (the engine and its policy do), price passes (the
-simulated GPU does), or compare policies (see :mod:`sim.simulate`).
+simulated GPU does), or compare policies (see :mod:`bastion.sim.simulate`).
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ from bastion.batch import StepRequests
 from bastion.engine import SpecEngine, batch_policy, observed_load
 from bastion.errors import ConfigError
 from bastion.interfaces import BatchTreePolicy, CostModel, TreePolicy
-from sim.arrivals import Arrival
-from sim.backend import DraftSource, SimBatch
-from sim.gpu import DEFAULT_PREFILL_CHUNK, SimulatedGPU
-from sim.latency import RequestLatency
+from bastion.sim.arrivals import Arrival
+from bastion.sim.backend import DraftSource, SimBatch
+from bastion.sim.gpu import DEFAULT_PREFILL_CHUNK, SimulatedGPU
+from bastion.sim.latency import RequestLatency
 
 __all__ = ["RequestStats", "ServingResult", "serve"]
 

@@ -9,7 +9,7 @@ chunks of ``prefill_chunk`` tokens. Speedup is AR's mean TPOT over the policy's 
 benchmarks' definition); τ is macro-averaged over requests. Each row also carries the latency
 percentiles (TTFT, TPOT, end-to-end) and the simulated and wall seconds its serving loop took.
 
-What this module does not do: sweep many settings (see :mod:`sim.experiments`) or print.
+What this module does not do: sweep many settings (see :mod:`bastion.sim.experiments`) or print.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from bastion.cost.models import DrafterSpec, get_model
 from bastion.errors import ConfigError
 from bastion.interfaces import CostModel
 from bastion.policies import make_policy, policy_label
-from sim.arrivals import Arrival, poisson_arrivals, read_arrivals
-from sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
-from sim.latency import latency_summary
-from sim.serving import LengthSource, ServingResult, serve
-from sim.synthetic import SyntheticSource
-from sim.truth import DEFAULT_TRUTH, get_truth
-from sim.workloads import Workload, get_workload
+from bastion.sim.arrivals import Arrival, poisson_arrivals, read_arrivals
+from bastion.sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
+from bastion.sim.latency import latency_summary
+from bastion.sim.serving import LengthSource, ServingResult, serve
+from bastion.sim.synthetic import SyntheticSource
+from bastion.sim.truth import DEFAULT_TRUTH, get_truth
+from bastion.sim.workloads import Workload, get_workload
 
 __all__ = [
     "COST_MODES",
@@ -58,13 +58,13 @@ class SimSpec:
 
     model: str = "qwen3-8b"
     gpu: str = "h100-sxm"
-    workload: str = "math"  # a preset name, or a trace file / directory (sim.replay)
+    workload: str = "math"  # a preset name, or a trace file / directory (bastion.sim.replay)
     policies: tuple[Any, ...] = DEFAULT_POLICIES  # spec strings or policy objects
     temperature: float = 0.0
     concurrency: int = 1  # closed loop: clients; open loop: the most requests in service
     requests: int = 8
     arrival_rate: float | None = None  # open loop: Poisson arrivals per second
-    arrivals: str | None = None  # open loop: an arrivals file (sim.arrivals)
+    arrivals: str | None = None  # open loop: an arrivals file (bastion.sim.arrivals)
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens prefilled per step (0: none)
     seed: int = 0
     output_len: int | None = None  # override the workload's tokens per request
@@ -195,7 +195,7 @@ class SimulationResult:
 
     def request_rows(self) -> list[dict[str, Any]]:
         """One row per policy and request: the policy, the latency columns
-        (:data:`sim.latency.REQUEST_COLUMNS`), then the request's τ and mean tree size."""
+        (:data:`bastion.sim.latency.REQUEST_COLUMNS`), then the request's τ and mean tree size."""
         return [
             {
                 "policy": r.policy,
@@ -272,7 +272,7 @@ def request_source(spec: SimSpec) -> LengthSource:
     """The drafter–target streams of ``spec``: a synthetic preset or recorded traces."""
     path = Path(spec.workload)
     if path.suffix == ".json" or path.is_dir():
-        from sim.replay import trace_source
+        from bastion.sim.replay import trace_source
 
         return trace_source(path)
     workload = get_workload(spec.workload)

@@ -1,6 +1,6 @@
 """Synthetic drafter–target streams, drawn for a whole batch of requests at once.
 
-The statistical model is that of :mod:`sim.workloads` (read its docstring): at each step a
+The statistical model is that of :mod:`bastion.sim.workloads` (read its docstring): at each step a
 request's drafter proposes a row of top-K marginals per future position — a head mass from the
 request's confidence curve shifted by the step's and the position's noise, split in two at forks
 and branches, the remaining mass spread over the runners-up — and the target's token at each
@@ -25,8 +25,8 @@ Token ids are the candidates' ranks (0 … K−1); a target token outside the dr
 it never matches a tree node, and the token after the last drafted position is −1 (unknown). Only
 acceptance matters in simulation, not token identity.
 
-What this module does not do: time anything (sim.gpu), choose trees, or replay recorded runs
-(sim.replay).
+What this module does not do: time anything (bastion.sim.gpu), choose trees, or replay recorded runs
+(bastion.sim.replay).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from bastion.batch import BatchMarginals
 from bastion.errors import ConfigError
-from sim.workloads import Workload
+from bastion.sim.workloads import Workload
 
 __all__ = ["SyntheticSource"]
 

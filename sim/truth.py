@@ -1,7 +1,7 @@
 """Truth files: the simulated GPU's ground truth per serving backend, as TOML data files.
 
 A truth file says how the simulated device and its serving framework depart from the bare
-roofline (:class:`sim.gpu.GroundTruth`). Shipped: ``hf-eager`` (Hugging Face Transformers in
+roofline (:class:`bastion.sim.gpu.GroundTruth`). Shipped: ``hf-eager`` (Hugging Face Transformers in
 eager mode, as the paper's batch-1 runs) and ``cudagraph`` (a serving engine that replays CUDA
 graphs, as SGLang or vLLM), in ``sim/truths/``; ``builtin`` is the dataclass's defaults (the
 bare roofline × constant efficiencies with tile steps; no file). Looked up, first match wins:
@@ -19,7 +19,7 @@ are :class:`~sim.gpu.GroundTruth` fields (in ``[gemm_shape]``: ``tokens`` and ``
 unknown section or key, a wrong type or an out-of-range value is an error naming the file and
 the key. ``docs/simulator.md`` ("The ground truth") documents every field.
 
-``python -m sim.truth gemm-shape CSV`` derives the ``[gemm_shape]`` table from a Vidur-style
+``python -m bastion.sim.truth gemm-shape CSV`` derives the ``[gemm_shape]`` table from a Vidur-style
 per-operator CSV (``docs/data/``): the measured GEMM time of a layer divided by its smooth
 roofline at the measured efficiencies (memory at 1 token, compute at ≥ 2048 tokens).
 """
@@ -31,14 +31,13 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import fields
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bastion.errors import ConfigError, UnknownNameError
-from sim.gpu import GroundTruth
+from bastion.sim.gpu import GroundTruth
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -176,7 +175,7 @@ def load_truth(path: str | os.PathLike[str]) -> GroundTruth:
 def truth_dirs() -> list[Path]:
     """Where truth files are looked up, first match wins (see the module docstring)."""
     dirs = [Path(d) for d in os.environ.get(TRUTH_DIR_ENV, "").split(os.pathsep) if d]
-    shipped = Path(str(resources.files("sim"))) / "truths"
+    shipped = Path(__file__).resolve().parent / "truths"  # shipped beside this module
     if shipped.is_dir() and shipped not in dirs:
         dirs.append(shipped)
     return dirs
@@ -258,10 +257,10 @@ def gemm_shape_from_csv(
 
 def _main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "gemm-shape":
-        print("usage: python -m sim.truth gemm-shape CSV", file=sys.stderr)
+        print("usage: python -m bastion.sim.truth gemm-shape CSV", file=sys.stderr)
         return 2
     tokens, factor, eta_m, eta_c = gemm_shape_from_csv(argv[1])
-    print(f"# derived by `python -m sim.truth gemm-shape {argv[1]}`")
+    print(f"# derived by `python -m bastion.sim.truth gemm-shape {argv[1]}`")
     print(f"# measured efficiencies: memory {eta_m:.3f} at 1 token, compute {eta_c:.3f} (≥ 2048)")
     print("[gemm_shape]")
     print("tokens = [" + ", ".join(str(int(t)) for t in tokens) + "]")

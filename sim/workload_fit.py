@@ -33,9 +33,9 @@ from scipy import optimize
 
 from bastion.bestfirst import accepted_paths, best_first_flat
 from bastion.errors import ConfigError
+from bastion.sim.synthetic import SyntheticSource
+from bastion.sim.workloads import Workload
 from bastion.trace import Trace
-from sim.synthetic import SyntheticSource
-from sim.workloads import Workload
 
 __all__ = [
     "FIT_SIZES",
@@ -81,7 +81,7 @@ def _accepted(
     if walked is not None:
         return walked[0]
     from bastion.batch import TreeBatch
-    from sim.backend import accepted_counts_numpy
+    from bastion.sim.backend import accepted_counts_numpy
 
     scores = np.ones(parents.shape[0])
     batch = TreeBatch(offsets, parents, tokens, depths, scores, ranks)

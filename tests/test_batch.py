@@ -21,8 +21,8 @@ from bastion.interfaces import (
     VerifyResult,
 )
 from bastion.policies import make_policy
+from bastion.sim.backend import accepted_counts, accepted_counts_numpy
 from bastion.tree import DraftMarginals, DraftTree, best_first_tree
-from sim.backend import accepted_counts, accepted_counts_numpy
 from tests.strategies import marginals
 
 BATCHED = ["ar", "chain", "chain:3", "fixed:1", "fixed:7", "fixed:40"]
@@ -191,7 +191,7 @@ def test_compiled_commit_equals_the_numpy_form(
     """Invariant: the compiled walk's committed tokens (accepted, then the bonus) and accepted
     nodes equal the numpy form's, request by request."""
     from bastion.bestfirst import COMPILED, accepted_paths
-    from sim.backend import _committed_numpy
+    from bastion.sim.backend import _committed_numpy
 
     if not COMPILED:
         pytest.skip("the compiled kernel is not built")

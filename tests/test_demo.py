@@ -19,9 +19,9 @@ from bastion.cost.models import DrafterSpec, ModelSpec  # noqa: E402
 from bastion.demo import DRAFTER_DIR, TARGET_DIR  # noqa: E402
 from bastion.demo.run import load_prompts, run_demo  # noqa: E402
 from bastion.policies import make_policy  # noqa: E402
-from sim.gpu import SimulatedGPU  # noqa: E402
-from sim.replay import trace_source  # noqa: E402
-from sim.serving import serve  # noqa: E402
+from bastion.sim.gpu import SimulatedGPU  # noqa: E402
+from bastion.sim.replay import trace_source  # noqa: E402
+from bastion.sim.serving import serve  # noqa: E402
 
 if not (TARGET_DIR / "config.json").exists():  # pragma: no cover - a packaging error
     pytest.skip("the demo models are not installed", allow_module_level=True)

@@ -17,9 +17,9 @@ import pytest
 
 from bastion.cli import main
 from bastion.errors import ConfigError
-from sim import experiments
-from sim.results import METRIC_COLUMNS, RECORD_COLUMNS, SPEC_COLUMNS, RunStore
-from sim.simulate import PolicyResult
+from bastion.sim import experiments
+from bastion.sim.results import METRIC_COLUMNS, RECORD_COLUMNS, SPEC_COLUMNS, RunStore
+from bastion.sim.simulate import PolicyResult
 
 PLUGIN = '''
 import numpy as np

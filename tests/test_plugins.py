@@ -13,7 +13,7 @@ import pytest
 from bastion.errors import BastionError, BudgetError, ConfigError, UnknownNameError
 from bastion.plugins import parse_args, parse_spec
 from bastion.policies import make_policy, policy_label, split_policy_specs
-from sim.simulate import SimSpec, simulate
+from bastion.sim.simulate import SimSpec, simulate
 
 PLUGIN = textwrap.dedent(
     '''

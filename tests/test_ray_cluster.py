@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from bastion.errors import ConfigError
-from sim import experiments
-from sim.results import RunStore
+from bastion.sim import experiments
+from bastion.sim.results import RunStore
 
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bastion.errors import ConfigError
-from sim.arrivals import MAX_TOKENS, Arrival, closed_loop, poisson_arrivals, read_arrivals
-from sim.latency import REQUEST_COLUMNS, RequestLatency, latency_summary, write_requests_csv
-from sim.workloads import PRESETS, Workload, get_workload
+from bastion.sim.arrivals import MAX_TOKENS, Arrival, closed_loop, poisson_arrivals, read_arrivals
+from bastion.sim.latency import REQUEST_COLUMNS, RequestLatency, latency_summary, write_requests_csv
+from bastion.sim.workloads import PRESETS, Workload, get_workload
 
 FIXED = get_workload("math").with_(prompt_len_sigma=0.0, output_len_sigma=0.0)
 

@@ -13,12 +13,12 @@ from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.errors import BastionError, ConfigError
 from bastion.policies import ChainPolicy, FixedPolicy, make_policy
+from bastion.sim.backend import accepted_counts, accepted_path
+from bastion.sim.gpu import GroundTruth, SimulatedGPU
+from bastion.sim.serving import serve
+from bastion.sim.synthetic import SyntheticSource
+from bastion.sim.workloads import PRESETS, Workload, get_workload
 from bastion.tree import DraftMarginals, best_first_tree
-from sim.backend import accepted_counts, accepted_path
-from sim.gpu import GroundTruth, SimulatedGPU
-from sim.serving import serve
-from sim.synthetic import SyntheticSource
-from sim.workloads import PRESETS, Workload, get_workload
 from tests.strategies import marginals
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from bastion.cli import main
 from bastion.errors import ConfigError
-from sim.experiments import load_config
-from sim.simulate import SimSpec, simulate
+from bastion.sim.experiments import load_config
+from bastion.sim.simulate import SimSpec, simulate
 
 TABLE = (
     Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.cost.roofline import PassShape, drafter_pass, price_pass
 from bastion.errors import ConfigError
-from sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU, causal_chunk_pairs
+from bastion.sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU, causal_chunk_pairs
 
 MODELS = ["qwen3-8b", "qwen3-coder-30b-a3b"]  # dense and MoE
 

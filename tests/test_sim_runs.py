@@ -12,12 +12,12 @@ import pytest
 
 from bastion.cli import main
 from bastion.errors import BastionError, ConfigError
+from bastion.sim import experiments
+from bastion.sim.backend import accepted_path
+from bastion.sim.results import RunStore
+from bastion.sim.simulate import SimSpec, simulate
 from bastion.trace import Trace, TraceStep, write_trace
 from bastion.tree import DraftMarginals, best_first_tree
-from sim import experiments
-from sim.backend import accepted_path
-from sim.results import RunStore
-from sim.simulate import SimSpec, simulate
 
 QUICK = {"requests": 3, "output_len": 96}
 

@@ -14,11 +14,11 @@ from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.errors import ConfigError
 from bastion.policies import make_policy
-from sim.arrivals import Arrival
-from sim.gpu import GroundTruth, SimulatedGPU
-from sim.serving import serve
-from sim.synthetic import SyntheticSource
-from sim.workloads import get_workload
+from bastion.sim.arrivals import Arrival
+from bastion.sim.gpu import GroundTruth, SimulatedGPU
+from bastion.sim.serving import serve
+from bastion.sim.synthetic import SyntheticSource
+from bastion.sim.workloads import get_workload
 
 
 def gpu() -> SimulatedGPU:
@@ -143,7 +143,7 @@ def test_results_get_the_users_umask(tmp_path: Path) -> None:
     """Atomic writes keep the user's umask (mkstemp alone leaves files owner-only)."""
     import os
 
-    from sim.results import write_text_atomic
+    from bastion.sim.results import write_text_atomic
 
     old = os.umask(0o022)
     try:

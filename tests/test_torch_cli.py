@@ -202,7 +202,7 @@ def test_greedy_lossless_on_cuda() -> None:
         assert rep.output_ids == ref
 
 
-PLUGIN = '''
+PLUGIN = """
 from bastion.interfaces import TreeChoice
 from bastion.tree import best_first_tree
 
@@ -213,7 +213,7 @@ class Greedy:
 
     def choose(self, marginals, context):
         return TreeChoice(best_first_tree(marginals, self.size))
-'''
+"""
 
 
 def test_generate_runs_a_plugin_policy_losslessly(dirs, capsys, tmp_path) -> None:

@@ -10,9 +10,9 @@ import pytest
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.errors import ConfigError, UnknownNameError
-from sim.gpu import GroundTruth, SimulatedGPU, expected_experts, routing_draws
-from sim.simulate import SimSpec
-from sim.truth import (
+from bastion.sim.gpu import GroundTruth, SimulatedGPU, expected_experts, routing_draws
+from bastion.sim.simulate import SimSpec
+from bastion.sim.truth import (
     TRUTH_DIR_ENV,
     gemm_shape_from_csv,
     get_truth,

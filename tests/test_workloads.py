@@ -10,11 +10,9 @@ import pytest
 
 from bastion.cli import main as cli_main
 from bastion.errors import BastionError, ConfigError
-from bastion.trace import Trace, read_trace, write_trace
-from bastion.tree import DraftMarginals
-from sim.synthetic import SyntheticSource
-from sim.workload_fit import fit_traces, replay_tau, synthetic_tau
-from sim.workloads import (
+from bastion.sim.synthetic import SyntheticSource
+from bastion.sim.workload_fit import fit_traces, replay_tau, synthetic_tau
+from bastion.sim.workloads import (
     PRESETS,
     WORKLOAD_DIR_ENV,
     Workload,
@@ -23,6 +21,8 @@ from sim.workloads import (
     read_workload_file,
     write_workload,
 )
+from bastion.trace import Trace, read_trace, write_trace
+from bastion.tree import DraftMarginals
 
 SHIPPED = sorted(
     {wf.path for wf in known_workloads().values() if wf.path.parent.name == "workloads"}
@@ -262,7 +262,7 @@ def test_fit_refuses_sparse_traces(tmp_path: Path) -> None:
 def test_replay_tau_is_what_simulate_replays(tmp_path: Path) -> None:
     """The fitter's fast replay gives exactly the τ of `bastion simulate --trace` (the serving
     loop) for the same traces and policies."""
-    from sim.simulate import SimSpec, simulate
+    from bastion.sim.simulate import SimSpec, simulate
 
     traces = synthetic_traces(SMALL, 4, 60, seed=9)
     for i, t in enumerate(traces):

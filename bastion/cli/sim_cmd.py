@@ -16,7 +16,9 @@ from typing import Any
 
 from bastion.errors import ConfigError
 
-DEFAULT_PREFILL_CHUNK = 512  # sim.gpu.DEFAULT_PREFILL_CHUNK (the CLI does not import sim eagerly)
+DEFAULT_PREFILL_CHUNK = (
+    512  # bastion.sim.gpu.DEFAULT_PREFILL_CHUNK (the CLI does not import bastion.sim eagerly)
+)
 
 
 def _progress(enabled: bool):  # type: ignore[no-untyped-def]
@@ -56,7 +58,7 @@ def check_output_dir(path: Path) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from sim.simulate import DEFAULT_POLICIES, SimSpec, simulate
+    from bastion.sim.simulate import DEFAULT_POLICIES, SimSpec, simulate
 
     if args.concurrency is None:
         open_loop = args.arrival_rate is not None or args.arrivals is not None
@@ -91,8 +93,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         result = simulate(spec, progress=report)
     finally:
         close()
-    from sim.experiments import records_of
-    from sim.results import _json_safe, write_csv_atomic, write_records_json
+    from bastion.sim.experiments import records_of
+    from bastion.sim.results import _json_safe, write_csv_atomic, write_records_json
 
     rows, requests = records_of(result, {"spec": spec.to_dict()})
     if out is not None:
@@ -134,7 +136,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def run_experiment(args: argparse.Namespace) -> int:
-    from sim import experiments
+    from bastion.sim import experiments
 
     if args.list:
         for name, path in experiments.known_experiments().items():

@@ -41,7 +41,7 @@ def register(subparsers: Any) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from sim.workloads import known_workloads, workload_dirs
+    from bastion.sim.workloads import known_workloads, workload_dirs
 
     index = known_workloads()
     for name, wf in sorted(index.items()):
@@ -53,7 +53,12 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from sim.workloads import get_workload, known_workloads, read_workload_file, workload_to_toml
+    from bastion.sim.workloads import (
+        get_workload,
+        known_workloads,
+        read_workload_file,
+        workload_to_toml,
+    )
 
     text = str(args.name)
     if text.endswith(".toml") or "/" in text:
@@ -68,9 +73,9 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from sim.replay import load_traces
-    from sim.workload_fit import fit_traces
-    from sim.workloads import write_workload
+    from bastion.sim.replay import load_traces
+    from bastion.sim.workload_fit import fit_traces
+    from bastion.sim.workloads import write_workload
 
     if args.out.suffix != ".toml":
         raise ConfigError(f"--out must name a .toml file; got {args.out}")

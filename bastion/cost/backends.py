@@ -40,7 +40,7 @@ def register_backend(name: str, factory: BackendFactory, *, replace: bool = Fals
 
 # Backends that live in optional parts of the project register themselves when their module is
 # imported; a lookup by name imports the module first, so importing this module stays cheap.
-_PLUGINS: dict[str, str] = {"sim": "sim.gpu"}
+_PLUGINS: dict[str, str] = {"sim": "bastion.sim.gpu"}
 
 
 def known_backends() -> list[str]:
