@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from bastion.errors import BastionError, ConfigError
+from bastion.files import read_toml_file
 from bastion.sim.results import (
     SPEC_COLUMNS,
     RunStore,
@@ -59,11 +60,6 @@ from bastion.sim.results import (
     write_text_atomic,
 )
 from bastion.sim.simulate import SimSpec, SimulationResult, simulate
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 __all__ = [
     "REPORTS",
@@ -664,14 +660,7 @@ def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
     file and the key for anything wrong."""
     file = Path(path)
     source = str(file)
-    try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"experiment config not found: {source}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{source}: cannot read ({exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML ({exc})") from None
+    data = read_toml_file(file, "experiment config")  # missing, directory, binary: ConfigError
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
         raise _bad(source, unknown[0], f"unknown key; accepted: {', '.join(TOP_KEYS)}")

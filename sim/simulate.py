@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from bastion.bestfirst import MAX_TREE_SIZE
 from bastion.cost.calibration import CalibrationRecord, calibrate, profile_sweep
 from bastion.cost.costmodel import CostMode, RooflineCostModel
 from bastion.cost.hardware import get_profile
@@ -77,8 +78,22 @@ class SimSpec:
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or self.concurrency < 1:
             raise ConfigError(f"concurrency must be an integer ≥ 1; got {self.concurrency!r}")
-        if self.requests < 1:
-            raise ConfigError(f"requests must be ≥ 1; got {self.requests}")
+        if (
+            isinstance(self.requests, bool)
+            or not isinstance(self.requests, int)
+            or self.requests < 1
+        ):
+            raise ConfigError(f"requests must be an integer ≥ 1; got {self.requests!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be an integer ≥ 0; got {self.seed!r}")
+        if (
+            isinstance(self.n_max, bool)
+            or not isinstance(self.n_max, int)
+            or not 1 <= self.n_max <= MAX_TREE_SIZE
+        ):
+            raise ConfigError(
+                f"n_max must be an integer in 1 … {MAX_TREE_SIZE}; got {self.n_max!r}"
+            )
         if self.arrival_rate is not None and self.arrivals is not None:
             raise ConfigError("give an arrival rate or an arrivals file, not both")
         if self.arrival_rate is not None and not 0 < self.arrival_rate < float("inf"):

@@ -39,11 +39,6 @@ import numpy as np
 from bastion.errors import ConfigError, UnknownNameError
 from bastion.sim.gpu import GroundTruth
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 __all__ = [
     "DEFAULT_TRUTH",
     "TRUTH_DIR_ENV",
@@ -161,14 +156,10 @@ def truth_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> GroundTr
 
 def load_truth(path: str | os.PathLike[str]) -> GroundTruth:
     """Read and validate one truth file."""
+    from bastion.files import read_toml_file
+
     p = Path(path)
-    try:
-        with p.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"truth file not found: {p}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    data = read_toml_file(p, "truth file")  # missing, directory, binary, invalid: ConfigError
     return truth_from_dict(data, origin=str(p))
 
 

@@ -348,16 +348,10 @@ def _workload_from_dict(data: Mapping[str, Any], origin: str) -> WorkloadFile:
 
 def read_workload_file(path: str | os.PathLike[str]) -> WorkloadFile:
     """Read and validate one workload file (errors name the file and the key)."""
+    from bastion.files import read_toml_file
+
     p = Path(path)
-    try:
-        with p.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"workload file not found: {p}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{p} is a directory, not a workload file (.toml)") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    data = read_toml_file(p, "workload file")  # missing, directory, binary, invalid: ConfigError
     return _workload_from_dict(data, str(p))
 
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bastion.errors import ConfigError
+from bastion.errors import BudgetError, ConfigError
 
 DEFAULT_PREFILL_CHUNK = (
     512  # bastion.sim.gpu.DEFAULT_PREFILL_CHUNK (the CLI does not import bastion.sim eagerly)
@@ -67,6 +67,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     from bastion.policies import split_policy_specs
 
     policies = tuple(p for group in args.policy for p in split_policy_specs(group))
+    if args.policy and not policies:
+        raise BudgetError(
+            f"--policy {','.join(args.policy)!r} names no policy; "
+            "give specs such as chain,fixed:64,bastion"
+        )
     spec = SimSpec(
         model=args.model,
         gpu=args.gpu,
@@ -198,7 +203,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="policy spec(s), repeatable or comma-separated: chain, fixed:N, beam:WxD, "
         "eagle:K,D,N, bastion (default: chain,fixed:64,bastion; AR always runs)",
     )
-    p.add_argument("--workload", default="math", help="synthetic preset: math, code, chat")
+    p.add_argument(
+        "--workload",
+        default="math",
+        help="a workload name or alias (`bastion workload list`), a workload .toml file, or "
+        "recorded traces (docs/workloads.md)",
+    )
     p.add_argument("--trace", help="replay a recorded trace file or directory instead")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument(
