@@ -143,7 +143,7 @@ def test_config_grid_with_plugins_writes_shareable_records(
         ("python_path = ['nowhere']\n[grid]\n", "python_path: "),
         ("[quick]\nseed = 1\n", "exp.toml: grid: missing"),
         ("[grid]\n[quick]\nfoo = 1\n", "exp.toml: quick.foo: unknown key"),
-        ("[grid\n", "exp.toml: not valid TOML"),
+        ("[grid\n", "exp.toml is not valid TOML"),
     ],
 )
 def test_bad_configs_name_file_and_key(tmp_path: Path, body: str, message: str) -> None:

@@ -136,7 +136,7 @@ def test_round_trip_and_lookup_by_path_and_environment(
             "top1_by_depth = [0.5]\n[target]\nalignment = 1\n",
             r"bad\.toml: .*top1_by_depth.*15 numbers",
         ),
-        ("name = [", r"bad\.toml: not valid TOML"),
+        ("name = [", r"bad\.toml is not valid TOML"),
     ],
 )
 def test_bad_files_name_the_file_and_key(tmp_path: Path, text: str, match: str) -> None:
