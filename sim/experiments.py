@@ -1042,8 +1042,11 @@ def multi_batch_report(rows: list[Row], out: Path) -> str:
         f"{min(g for c, g in zip(levels, joint_gain, strict=True) if c >= 4):.3f}); "
         f"fastest policy per C: "
         f"{dict(zip(levels, fastest, strict=True))}; at C = {c_hi} the N=16 tree costs "
-        f"{100 * (tr[2] / ch[2] - 1):+.0f} % preparation and {100 * (tr[3] / ch[3] - 1):+.0f} % "
-        f"verification per step for {100 * (tr[4] / ch[4] - 1):+.1f} % τ."
+        f"{100 * ((tr[1] + tr[2]) / (ch[1] + ch[2]) - 1):+.0f} % preparation (drafting and "
+        f"host preparation, as the paper counts it; host preparation alone "
+        f"{100 * (tr[2] / ch[2] - 1):+.0f} %) and {100 * (tr[3] / ch[3] - 1):+.0f} % "
+        f"verification per step for {100 * (tr[4] / ch[4] - 1):+.1f} % τ "
+        "(paper: +49.3 %, +15.1 %, +8.9 %)."
     )
 
 
