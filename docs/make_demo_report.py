@@ -1,4 +1,4 @@
-"""Regenerate the numbers of docs/demo.md: `python docs/make_demo_report.py [--prompts 8]`.
+"""Regenerate the numbers of docs/demo.md: `python docs/make_demo_report.py [--num-prompts 8]`.
 
 Runs the demo at batch 1 (one warm-up run, then ``--repeats`` timed runs per policy) with dense
 traces recorded, then replays every recorded policy's traces in the
@@ -30,7 +30,7 @@ POLICIES = ("ar", "chain", "fixed:16", "fixed:32", "fixed:64", "beam:4x15", "bas
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--num-prompts", "--prompts", dest="prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

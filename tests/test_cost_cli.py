@@ -27,7 +27,7 @@ def test_calibrate_then_static_cost(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["calibrate", *common, "--tokens", "1,8,64,256,512", "--repeats", "1"]) == 0
     assert "RMSE bare" in capsys.readouterr().out
     assert len(list(tmp_path.glob("*.json"))) == 1
-    assert main(["cost", *common, "--mode", "static", "--json"]) == 0
+    assert main(["cost", *common, "--cost-model", "static", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["mode"] == "static"
 
 

@@ -156,7 +156,7 @@ def test_demo_pair_batched_equals_generate_alone() -> None:
         (["--batch-size", "1,x"], "--batch-size takes integers"),
         (["--repeats", "0"], "--repeats must be ≥ 1"),
         (["--warmup", "-2"], "--warmup must be ≥ 0"),
-        (["--prompts", "99"], "--prompts must be ≤"),
+        (["--num-prompts", "99"], "--num-prompts must be ≤"),
         (["--policy", "fixed:zero"], "bad policy spec"),
     ],
 )
@@ -179,7 +179,7 @@ def test_demo_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
             "chain,fixed:16",
             "--batch-size",
             "1,2",
-            "--prompts",
+            "--num-prompts",
             "2",
             "--repeats",
             "2",

@@ -194,8 +194,8 @@ CASES: list[tuple[list[str], str]] = [
     (["generate", "--target", "{target}", "--prompt-ids", "a,b"], "integers"),
     (["generate", "--target", "{adir}", "--prompt-ids", "1", "--policy", "ar"], "config.json"),
     # demo
-    (["demo", "--prompts", "-1"], "--prompts"),
-    (["demo", "--prompts", "0"], "--prompts"),
+    (["demo", "--num-prompts", "-1"], "--num-prompts"),
+    (["demo", "--prompts", "0"], "--num-prompts"),
     (["demo", "--max-new-tokens", "-1"], "--max-new-tokens"),
     (["demo", "--repeats", "0"], "--repeats"),
     (["demo", "--warmup", "-1"], "--warmup"),
@@ -204,7 +204,7 @@ CASES: list[tuple[list[str], str]] = [
     (["demo", "--batch-size", "100000000"], "--batch-size"),
     (["demo", "--policy", ",,,"], "--policy"),
     (["demo", "--policy", "chain:-1"], "chain:-1"),
-    (["demo", "--record-traces", "{bin}"], "not a directory"),
+    (["demo", "--record-trace", "{bin}"], "not a directory"),
     (["demo", "--record-traces", "{under_file_dir}"], "not a directory"),
     (["demo", "--record-traces", "{unwritable_dir}"], "cannot write"),
     # simulate, experiment, workload (the simulator's own checks)
@@ -285,7 +285,7 @@ def test_bad_input_is_one_line_exit_2(
 def test_output_paths_are_checked_before_the_work(
     paths: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """hw probe refuses a bad --output before measuring anything."""
+    """hw probe refuses a bad --out before measuring anything."""
     import bastion.cost.probe as probe
 
     def never(*args: object, **kwargs: object) -> None:

@@ -50,7 +50,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--context", type=int, default=1024, help="tokens already cached")
     p.add_argument("--batch", type=int, default=1, help="requests in the pass (same s, c)")
     p.add_argument(
-        "--mode", default="bare", choices=["bare", "static"], help="static: use a calibration"
+        "--cost-model",
+        "--mode",  # the earlier name
+        dest="mode",
+        default="bare",
+        choices=["bare", "static"],
+        help="static: use a calibration record",
     )
     p.add_argument("--backend", default="synthetic", help="calibration record's backend")
     p.add_argument("--no-drafter", action="store_true", help="leave out the DFlash drafter")

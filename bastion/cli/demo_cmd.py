@@ -61,14 +61,14 @@ def _batch_sizes(groups: list[str]) -> tuple[int, ...]:
 def run_demo_cmd(args: argparse.Namespace) -> int:
     sizes = _batch_sizes(args.batch_size)
     for flag, value, least, most in (
-        ("--prompts", args.prompts, 1, None),
+        ("--num-prompts", args.prompts, 1, None),
         ("--max-new-tokens", args.max_new_tokens, 1, 1 << 20),
         ("--repeats", args.repeats, 1, 1000),
         ("--warmup", args.warmup, 0, 1000),
     ):
         checks.int_in(flag, value, least, most)
     if args.record_traces:
-        check_output_dir(args.record_traces, "--record-traces")
+        check_output_dir(args.record_traces, "--record-trace")
     from bastion.demo.run import DEMO_POLICIES  # torch-free at import
     from bastion.policies import make_policy, split_policy_specs
 
@@ -85,7 +85,7 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
 
     shipped = load_prompts()
     if args.prompts > len(shipped):
-        raise BudgetError(f"--prompts must be ≤ {len(shipped)} (the shipped held-out prompts)")
+        raise BudgetError(f"--num-prompts must be ≤ {len(shipped)} (the shipped held-out prompts)")
     prompts = shipped[: args.prompts]
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
     result = run_demo(
@@ -147,14 +147,14 @@ def run_train(args: argparse.Namespace) -> int:
     if args.what == "target":
         cfg = TargetTraining(seed=args.seed)
         cfg = replace(cfg, steps=args.steps) if args.steps is not None else cfg
-        report = train_target(out, cfg, progress=not args.quiet)
+        report = train_target(out, cfg, progress=args.progress)
     else:
         target = Path(args.target) if args.target else TARGET_DIR
         if not (target / "config.json").is_file():
             raise ConfigError(f"--target {target} lacks config.json (a trained demo target)")
         dcfg = DrafterTraining(seed=args.seed)
         dcfg = replace(dcfg, steps=args.steps) if args.steps is not None else dcfg
-        report = train_drafter(target, out, dcfg, progress=not args.quiet)
+        report = train_drafter(target, out, dcfg, progress=args.progress)
     print(json.dumps(report, indent=2))
     return 0
 
@@ -166,7 +166,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--prompts", type=int, default=4, help="held-out prompts to decode")
+    p.add_argument(
+        "--num-prompts",
+        "--prompts",  # the earlier name
+        dest="prompts",
+        type=int,
+        default=4,
+        help="how many held-out prompts to decode",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument(
         "--policy", action="append", default=[], help="default: ar,chain,fixed:32,bastion"
@@ -180,7 +187,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--repeats", type=int, default=1, help="timed runs per policy and batch size")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs before timing")
     p.add_argument("--no-calibration", action="store_true", help="skip the CPU calibration")
-    p.add_argument("--record-traces", metavar="DIR", help="write dense traces of every run here")
+    p.add_argument(
+        "--record-trace",
+        "--record-traces",  # the earlier name
+        dest="record_traces",
+        metavar="DIR",
+        help="write dense traces of every run into this directory",
+    )
     p.add_argument("--json", action="store_true", help="one record per policy and `identical`")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     p.set_defaults(func=run_demo_cmd)
@@ -192,5 +205,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t.add_argument("--steps", type=int, help="optimizer steps (default: 3000)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=True, help="a progress bar"
+    )
+    t.add_argument("--quiet", dest="progress", action="store_false", help=argparse.SUPPRESS)
     t.set_defaults(func=run_train)

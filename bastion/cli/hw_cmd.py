@@ -26,7 +26,8 @@ def register(subparsers: Any) -> None:
 
     p = sub.add_parser("probe", help="measure this machine (numpy) and write a profile")
     p.add_argument("--name", default="this-machine", help="profile name (default: this-machine)")
-    p.add_argument("--output", type=Path, help="file to write (default: ./NAME.toml)")
+    p.add_argument("--out", dest="output", type=Path, help="file to write (default: ./NAME.toml)")
+    p.add_argument("--output", dest="output", type=Path, help=argparse.SUPPRESS)  # earlier name
     p.add_argument("--quick", action="store_true", help="small sizes: fast, less accurate")
     p.set_defaults(func=_probe)
 
@@ -73,7 +74,7 @@ def _probe(args: argparse.Namespace) -> int:
     if not args.name or not args.name.strip() or "/" in args.name or args.name in (".", ".."):
         raise ConfigError(f"--name must be a profile name without '/'; got {args.name!r}")
     out: Path = args.output or Path(f"{args.name}.toml")
-    check_output_file(out, "--output")  # before the measurement, not after it
+    check_output_file(out, "--out")  # before the measurement, not after it
     prof = probe_profile(args.name, quick=args.quick)
     write_text_atomic(out, profile_to_toml(prof))
     print(
