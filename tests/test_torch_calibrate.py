@@ -43,7 +43,9 @@ def test_calibrate_target_on_cpu_writes_and_reuses_a_record(
     stamp = path.stat().st_mtime_ns
     assert main([*argv, *GRID]) == 0  # cached: no new sweep, the file is untouched
     assert path.stat().st_mtime_ns == stamp
-    assert (tmp_path / "this-machine.toml").exists()  # the probed CPU profile is kept
+    # the probed CPU profile is kept, under a name keyed by this machine; reuse is announced
+    assert len(list(tmp_path.glob("this-machine-*.toml"))) == 1
+    assert "reusing the calibration record" in capsys.readouterr().err
     model = cached_cost_model(load_target(tdir, "cpu"), cache=CalibrationCache(tmp_path))
     assert model is not None and model.mode == "static"
 

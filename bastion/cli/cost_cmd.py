@@ -91,7 +91,7 @@ def _options(args: argparse.Namespace) -> Any:
 
 def _cost(args: argparse.Namespace) -> int:
     from bastion.bestfirst import MAX_TREE_SIZE
-    from bastion.cost.calibration import CalibrationCache
+    from bastion.cost.calibration import CalibrationCache, calibration_key
     from bastion.cost.costmodel import RooflineCostModel
     from bastion.cost.hardware import get_profile
     from bastion.cost.models import DrafterSpec, get_model
@@ -106,7 +106,7 @@ def _cost(args: argparse.Namespace) -> int:
     record = None
     if args.mode == "static":
         cache = CalibrationCache(args.cache_dir)
-        key = (hw.name, model.name, args.dtype, args.backend)
+        key = calibration_key(hw, model, args.dtype, args.backend)
         record = cache.load(key)
         if record is None:
             raise ConfigError(

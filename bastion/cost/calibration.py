@@ -20,16 +20,19 @@ know any backend (see :mod:`bastion.cost.backends`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +44,7 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, verify_pass
 from bastion.errors import ConfigError
-from bastion.files import read_json_file, write_text_atomic
+from bastion.files import read_json_file, write_json_atomic, write_text_atomic
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -242,10 +245,11 @@ class CalibrationRecord:
     cv_max_error: float = float("nan")  # … and its worst point
     points: tuple[Measurement, ...] = ()
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    inputs: str = ""  # inputs_digest(profile, model): what the fit depends on besides points
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
-        return (self.device, self.model, self.dtype, self.backend)
+    def key(self) -> tuple[str, str, str, str, str]:
+        return (self.device, self.model, self.dtype, self.backend, self.inputs)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -263,6 +267,7 @@ class CalibrationRecord:
             "cv_max_error": self.cv_max_error,
             "points": [asdict(p) for p in self.points],
             "created": self.created,
+            "inputs": self.inputs,
         }
 
     @classmethod
@@ -290,6 +295,7 @@ class CalibrationRecord:
                 cv_max_error=float(data.get("cv_max_error", float("nan"))),
                 points=points,
                 created=str(data.get("created", "")),
+                inputs=str(data.get("inputs", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{origin}: not a calibration record ({exc!r})") from None
@@ -314,10 +320,10 @@ class CalibrationCache:
             )
         self.directory = Path(directory)
 
-    def path_for(self, key: tuple[str, str, str, str]) -> Path:
+    def path_for(self, key: tuple[str, ...]) -> Path:
         return self.directory / ("__".join(_slug(k) for k in key) + ".json")
 
-    def load(self, key: tuple[str, str, str, str]) -> CalibrationRecord | None:
+    def load(self, key: tuple[str, ...]) -> CalibrationRecord | None:
         path = self.path_for(key)
         if not path.is_file():
             return None
@@ -411,6 +417,7 @@ def calibrate(
         cv_mape=best[1],
         cv_max_error=best[2],
         points=pts,
+        inputs=inputs_digest(hw, model),
     )
     log.info(
         "calibrated %s on %s: RMSE %.3f ms bare -> %.3f ms calibrated (%d points, "
@@ -448,15 +455,50 @@ def calibrate_or_load(
     sweep_kwargs: Mapping[str, Any] | None = None,
     **calibrate_kwargs: Any,
 ) -> CalibrationRecord:
-    """The cached record for (device, model, dtype, backend), or sweep, fit and store one."""
+    """The cached record for (device, model, dtype, backend), or sweep, fit and store one.
+
+    Records are keyed by :func:`inputs_digest` too, so a changed profile or model file, or a new
+    package version, never reuses a stale record; a reused record is announced on stderr."""
     store = cache or CalibrationCache()
-    key = (hw.name, model.name, dtype, backend)
+    key = calibration_key(hw, model, dtype, backend)
     if not refit:
         found = store.load(key)
         if found is not None:
-            log.info("reusing calibration %s", store.path_for(key))
+            announce_reuse(store.path_for(key))
             return found
     points = profile_sweep(verify, **(sweep_kwargs or {}))
     record = calibrate(model, hw, points, backend=backend, dtype=dtype, **calibrate_kwargs)
-    store.save(record)
+    write_json_atomic(store.path_for(record.key), record.to_dict())
     return record
+
+
+def calibration_key(
+    hw: HardwareProfile, model: ModelSpec, dtype: str, backend: str
+) -> tuple[str, str, str, str, str]:
+    """Where a calibration record is stored: (device, model, dtype, backend, inputs digest)."""
+    return (hw.name, model.name, dtype, backend, inputs_digest(hw, model))
+
+
+def inputs_digest(hw: HardwareProfile, model: ModelSpec) -> str:
+    """A short hash of what a calibration depends on besides its measurements: the profile's
+    and the model's contents and the package version."""
+    from bastion.cost.hardware import profile_to_dict
+
+    try:
+        version = metadata.version("bastion")
+    except metadata.PackageNotFoundError:  # a source tree without an install
+        version = "source"
+    blob = json.dumps(
+        {"hw": profile_to_dict(hw), "model": repr(model), "version": version},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def announce_reuse(path: Path) -> None:
+    """One stderr line whenever a cached record stands in for a measurement."""
+    print(
+        f"bastion: reusing the calibration record {path} (--refit to measure again)",
+        file=sys.stderr,
+    )

@@ -37,7 +37,9 @@ from bastion.cost.calibration import (
     DEFAULT_TOKENS,
     CalibrationCache,
     CalibrationRecord,
+    announce_reuse,
     calibrate,
+    calibration_key,
     profile_sweep,
 )
 from bastion.cost.costmodel import RooflineCostModel
@@ -88,6 +90,24 @@ def target_spec(model: Any) -> ModelSpec:
     return replace(spec, name=f"{base}-{hashlib.sha256(shape.encode()).hexdigest()[:8]}")
 
 
+def cpu_profile_path(cache: CalibrationCache) -> Path:
+    """Where this machine's probed CPU profile is kept: keyed by the machine (host name,
+    processor, core count), so a shared cache directory never serves another machine's probe."""
+    import os
+    import platform
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            names = (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name"))
+            model = next(names, "")
+    except OSError:  # not Linux: the platform's own description is enough
+        pass
+    machine = [platform.node(), platform.machine(), platform.processor(), model, os.cpu_count()]
+    digest = hashlib.sha256(json.dumps(machine).encode()).hexdigest()[:10]
+    return cache.directory / f"{CPU_PROFILE}-{digest}.toml"
+
+
 def device_profile(
     device: torch.device, gpu: str | None, cache: CalibrationCache
 ) -> HardwareProfile:
@@ -98,8 +118,9 @@ def device_profile(
         raise BackendError(
             f"calibrating on {device} needs --gpu NAME (its profile; see `bastion hw list`)"
         )
-    path = cache.directory / f"{CPU_PROFILE}.toml"
+    path = cpu_profile_path(cache)
     if path.exists():
+        announce_reuse(path)
         return load_profile(path)
     from bastion.cost.probe import probe_profile
 
@@ -130,10 +151,10 @@ def calibrate_target(
             f"target's context of {limit}; pass smaller --tokens/--contexts"
         )
     backend, dtype = f"torch-{device.type}", _dtype_name(model)
-    key = (hw.name, spec.name, dtype, backend)
+    key = calibration_key(hw, spec, dtype, backend)
     found = None if refit else store.load(key)
     if found is not None:
-        log.info("reusing calibration %s", store.path_for(key))
+        announce_reuse(store.path_for(key))
         return found, hw, spec
     # calibrate_or_load's sweep and fit, with the record written atomically
     points = profile_sweep(
@@ -152,12 +173,12 @@ def cached_cost_model(
     device = next(model.parameters()).device
     if gpu is not None:
         hw = get_profile(gpu)
-    elif device.type == "cpu" and (store.directory / f"{CPU_PROFILE}.toml").exists():
-        hw = load_profile(store.directory / f"{CPU_PROFILE}.toml")
+    elif device.type == "cpu" and cpu_profile_path(store).exists():
+        hw = load_profile(cpu_profile_path(store))
     else:
         return None  # never probe or sweep implicitly: that is `bastion calibrate --target`
     spec = target_spec(model)
-    record = store.load((hw.name, spec.name, _dtype_name(model), f"torch-{device.type}"))
+    record = store.load(calibration_key(hw, spec, _dtype_name(model), f"torch-{device.type}"))
     if record is None:
         return None
     return RooflineCostModel(hw, spec, calibration=record)
