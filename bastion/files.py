@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -218,3 +218,19 @@ def atomic_directory(path: str | os.PathLike[str], *, replace: bool = False) -> 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def checked_table(
+    origin: str, name: str, table: object, accepted: Collection[str]
+) -> Mapping[str, Any]:
+    """A ``[name]`` table of a config file that may hold only ``accepted`` keys; anything else is
+    a :class:`ConfigError` naming the file, the table and the accepted keys."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{origin}: [{name}] must be a table")
+    unknown = sorted(set(table) - set(accepted))
+    if unknown:
+        raise ConfigError(
+            f"{origin}: unknown key(s) in [{name}]: {', '.join(unknown)}; accepted: "
+            f"{', '.join(accepted)}"
+        )
+    return table

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from bastion.errors import ConfigError, UnknownNameError
+from bastion.files import checked_table
 from bastion.sim.gpu import GroundTruth
 
 __all__ = [
@@ -133,15 +134,7 @@ def truth_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> GroundTr
         raise ConfigError(f"{origin}: [sources] must be a table of strings")
     values: dict[str, Any] = {"name": name}
     for section, keys in SECTIONS.items():
-        table = data.get(section, {})
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"{origin}: [{section}] must be a table")
-        bad = sorted(set(table) - set(keys))
-        if bad:
-            raise ConfigError(
-                f"{origin}: [{section}] has unknown key(s) {', '.join(bad)}; accepted: "
-                f"{', '.join(keys)}"
-            )
+        table = checked_table(origin, section, data.get(section, {}), keys)
         for key, raw in table.items():
             renamed = {"tokens": "gemm_shape_tokens", "factor": "gemm_shape_factor"}
             field = renamed.get(str(key), str(key))

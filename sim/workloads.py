@@ -60,7 +60,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.errors import ConfigError, UnknownNameError
-from bastion.files import write_text_atomic
+from bastion.files import checked_table, write_text_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -319,15 +319,7 @@ def _workload_from_dict(data: Mapping[str, Any], origin: str) -> WorkloadFile:
         raise ConfigError(f"{origin}: [fit] must be a table")
     params: dict[str, Any] = {}
     for table, keys in _TABLES.items():
-        section = data.get(table, {})
-        if not isinstance(section, dict):
-            raise ConfigError(f"{origin}: [{table}] must be a table")
-        extra = sorted(set(section) - set(keys))
-        if extra:
-            raise ConfigError(
-                f"{origin}: unknown key(s) in [{table}]: {', '.join(extra)}; accepted: "
-                f"{', '.join(keys)}"
-            )
+        section = checked_table(origin, table, data.get(table, {}), keys)
         for key, value in section.items():
             if key.endswith("_by_depth"):
                 if not isinstance(value, list):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +20,8 @@ import pytest
 
 from bastion.cli import main
 from bastion.demo import DRAFTER_DIR, TARGET_DIR
-
-HANG_GUARD_S = 60  # generous for a loaded CI machine: a refusal takes well under a second
+from tests.guards import HANG_GUARD_S
+from tests.guards import hang_guard as guarded
 
 _BASE = {
     "hidden_size": 64,
@@ -82,16 +81,8 @@ def paths(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def hang_guard() -> Iterator[None]:
-    def hung(signum: int, frame: object) -> None:
-        raise TimeoutError(f"a bad input ran for more than {HANG_GUARD_S} s")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(HANG_GUARD_S)
-    try:
+    with guarded(HANG_GUARD_S, "a bad input"):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 _M = ["--model", "qwen3-8b", "--gpu", "h100-sxm"]

@@ -20,8 +20,6 @@ import argparse
 import contextlib
 import io
 import os
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,8 +28,8 @@ from hypothesis import strategies as st
 
 from bastion.cli import build_parser, main
 from bastion.errors import BastionError
+from tests.guards import HANG_GUARD_S, hang_guard
 
-HANG_GUARD_S = 60
 EXAMPLES = 300 if os.environ.get("CI") else 100
 
 
@@ -102,18 +100,8 @@ def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
-@contextlib.contextmanager
-def _guarded() -> Iterator[None]:
-    def hung(signum: int, frame: object) -> None:
-        raise TimeoutError(f"a command line ran for more than {HANG_GUARD_S} s")
-
-    old = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(HANG_GUARD_S)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+def _guarded() -> contextlib.AbstractContextManager[None]:
+    return hang_guard(HANG_GUARD_S, "a command line")
 
 
 @st.composite
