@@ -9,7 +9,8 @@ allowed out are ``SystemExit`` from argparse (status 2, or 0 for ``--help``); a
 :class:`BastionError` must come back as status 2 with one ``bastion: error:`` line.
 
 The expensive work behind a command line that passes every check (probing the machine,
-calibrating, training, loading a model, the demo) is replaced by a stub that stops the run:
+calibrating, training, loading a model, the demo, a simulation, an experiment, a workload
+fit) is replaced by a stub that stops the run:
 reaching it counts as "accepted", which is what the fuzzer asks about. Examples per sub-command:
 100 by default, 300 with ``CI`` set.
 """
@@ -49,6 +50,9 @@ _STUBS = (
     ("bastion.demo.train", "train_drafter"),
     ("bastion.demo.run", "run_demo"),
     ("bastion.backends.torch", "load_target"),
+    ("bastion.sim.simulate", "simulate"),
+    ("bastion.sim.experiments", "run_experiment"),
+    ("bastion.sim.workload_fit", "fit_traces"),
 )
 
 SUBCOMMANDS = (
@@ -62,6 +66,11 @@ SUBCOMMANDS = (
     ("generate",),
     ("demo",),
     ("train",),
+    ("simulate",),
+    ("experiment",),
+    ("workload", "list"),
+    ("workload", "show"),
+    ("workload", "fit"),
 )
 
 
@@ -76,7 +85,7 @@ def _parser_for(path: tuple[str, ...]) -> argparse.ArgumentParser:
 INTEGERS = ["-1", "0", "1", "2", "3", "64", str(10**12), str(-(2**70))]
 NUMBERS = ["-1", "0", "1", "2", "3", "64", str(10**12), "nan", "inf", "-inf", "1e30", "0.5", "-0.5"]
 WORDS = ["", "abc", ",,,", "1,2", "1,,x", "chain:-1", "chain:0", "fixed:3", "ar", "chain", "target"]
-NAMES = ["qwen3-8b", "h100-sxm", "vidur", "synthetic", "cpu", "drafter", "budget-sweep"]
+NAMES = ["qwen3-8b", "h100-sxm", "vidur", "synthetic", "cpu", "drafter", "budget-sweep", "math"]
 PATHS = ["{dir}", "{bin}", "{under_file}", "{missing}", "{csv}", "{target}", "{fresh}"]
 VALUES = st.sampled_from(NUMBERS + WORDS + NAMES + PATHS)
 
