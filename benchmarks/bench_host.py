@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
 import numpy as np
+from bench_joint import median_time  # the same timing rule (benchmarks/ is on sys.path)
 
 from bastion.batch import BatchMarginals
 from bastion.cost.hardware import get_profile
@@ -48,6 +47,7 @@ from bastion.policies import best_first_batch
 from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.simulate import calibrated_cost_model
 from bastion.sim.synthetic import SyntheticSource
+from bastion.sim.truth import SECTIONS
 from bastion.sim.workloads import get_workload
 from bastion.tree import ancestor_matrix
 
@@ -55,32 +55,9 @@ BATCHES = (1, 8, 32)
 SIZES = (16, 64, 256)
 # block name → its keys: "host" in every truth file, "eager" only where the framework is eager
 BLOCKS = {
-    "host": (
-        "tree_step_s",
-        "tree_request_s",
-        "tree_node_s",
-        "mask_host_request_s",
-        "mask_host_element_s",
-        "controller_step_s",
-        "controller_request_s",
-        "host_kernel_s",
-    ),
+    "host": SECTIONS["host"],  # every key of the truth files' [host] table
     "eager": ("host_layer_s", "pass_overhead_s"),
 }
-
-
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    """Median over ``repeats`` of the mean time of back-to-back calls filling ~20 ms (s)."""
-    t0 = time.perf_counter()
-    fn()
-    inner = max(1, int(20e-3 / max(1e-6, time.perf_counter() - t0)))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        times.append((time.perf_counter() - t0) / inner)
-    return statistics.median(times)
 
 
 def marginals(b: int, seed: int = 0) -> BatchMarginals:

@@ -237,9 +237,11 @@ def fingerprint(spec: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None
 
 
 def _table_of(spec: Mapping[str, Any]) -> str:
-    rest = str(spec["cost_mode"]).removeprefix("profiled:")
-    fmt, sep, path = rest.partition(":")
-    return path if sep and fmt in ("vidur", "llmservingsim") else rest
+    from bastion.cost.profiled import split_profiled
+
+    profiled = split_profiled(str(spec["cost_mode"]))
+    assert profiled is not None
+    return profiled[1]
 
 
 def run_key(run: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None = None) -> str:
@@ -591,9 +593,9 @@ def _values(source: str, where: str, key: str, raw: Any, base: Path) -> list[Any
         if ok and spec.choices:
             ok = v in spec.choices or (key == "cost_mode" and v.startswith("profiled:"))
             if ok and key == "cost_mode" and v.startswith("profiled:"):  # a measured table
-                fmt, sep, file = v.removeprefix("profiled:").partition(":")
-                if not sep or fmt not in ("vidur", "llmservingsim"):
-                    fmt, file = "", v.removeprefix("profiled:")
+                from bastion.cost.profiled import split_profiled
+
+                fmt, file = split_profiled(v) or (None, "")
                 if not Path(file).expanduser().is_absolute():
                     file = str((base / file).resolve())
                 v = "profiled:" + (f"{fmt}:" if fmt else "") + file

@@ -28,6 +28,7 @@ from bastion.cost.calibration import CalibrationRecord, calibrate, profile_sweep
 from bastion.cost.costmodel import CostMode, RooflineCostModel
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
+from bastion.cost.profiled import cost_model_from_spec, split_profiled
 from bastion.errors import ConfigError
 from bastion.interfaces import CostModel
 from bastion.policies import make_policy, policy_label
@@ -235,10 +236,9 @@ COST_MODES: tuple[CostMode, ...] = ("bare", "static", "ema", "ema+calib")
 def _check_cost_mode(mode: object) -> None:
     if mode in COST_MODES:
         return
-    if isinstance(mode, str) and mode.startswith("profiled:"):
-        rest = mode.removeprefix("profiled:")
-        fmt, sep, path = rest.partition(":")
-        file = path if sep and fmt in ("vidur", "llmservingsim") else rest
+    profiled = split_profiled(mode) if isinstance(mode, str) else None
+    if profiled is not None:
+        file = profiled[1]
         if file and Path(file).is_file():
             return
         raise ConfigError(f"cost model {mode!r}: no measured table at {file!r}")
@@ -260,8 +260,6 @@ def calibrated_cost_model(
     record = calibrate(gpu.model, gpu.hardware, points, backend="sim", tile_candidates=(0, 64, 128))
     prep_s = float(np.median([probe.prep_truth([64])]))
     if mode.startswith("profiled:"):
-        from bastion.cost.profiled import cost_model_from_spec
-
         profiled = cost_model_from_spec(
             mode, gpu.hardware, gpu.model, drafter=gpu.drafter, calibration=record, prep_s=prep_s
         )

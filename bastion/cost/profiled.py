@@ -160,6 +160,15 @@ class ProfiledCostModel(RooflineCostModel):
         )
 
 
+def split_profiled(spec: str) -> tuple[str | None, str] | None:
+    """``profiled:[FORMAT:]FILE`` → (FORMAT or None, FILE); anything else → None."""
+    if not spec.startswith("profiled:"):
+        return None
+    rest = spec.removeprefix("profiled:")
+    fmt, _, path = rest.partition(":")
+    return (fmt, path) if fmt in FORMATS and path else (None, rest)
+
+
 def cost_model_from_spec(
     spec: str,
     hardware: HardwareProfile,
@@ -177,11 +186,9 @@ def cost_model_from_spec(
     ``llmservingsim``): :class:`ProfiledCostModel` from that table (static when a calibration
     is given, else bare, for the operators the table does not measure).
     """
-    if spec.startswith("profiled:"):
-        rest = spec.removeprefix("profiled:")
-        fmt, _, path = rest.partition(":")
-        if fmt not in FORMATS or not path:
-            fmt, path = "vidur", rest
+    profiled = split_profiled(spec)
+    if profiled is not None:
+        fmt, path = profiled[0] or "vidur", profiled[1]
         if not path or not os.path.exists(path):
             raise ConfigError(
                 f"--cost-model {spec!r}: no file {path!r}; accepted: profiled:FILE or "
