@@ -107,10 +107,16 @@ class BatchStepRecord:
     build_s: float  # tree policy and controller, for the whole batch
     verify_s: float
     diagnostics: object | None = None
+    kind: str = "tree"  # "tree", "chain" (one causal path) or "ar" (nothing drafted)
 
     @property
     def size(self) -> int:
         return self.requests.size
+
+    @property
+    def cycle_s(self) -> float:
+        """The step's measured cycle: drafting, choosing and verifying (commit included)."""
+        return self.draft_s + self.build_s + self.verify_s
 
     def record(self, i: int) -> StepRecord:
         """Request i's share of the step as a single-request :class:`StepRecord`."""
@@ -285,10 +291,27 @@ class SpecEngine:
 
     # With observe_costs=False the caller reports times itself (the simulator prices a whole
     # batched pass on its simulated GPU after the step).
+    #
+    # A policy that declares ``learns = True`` (``bastion``) gets a LearnedCostModel around the
+    # cost model given (the same object if it already is one) and every step's kind, trees,
+    # committed lengths and measured cycle (``observe_step``); a policy with a
+    # ``wants_draft(requests, cost_model)`` method decides per step whether to draft at all.
 
     def __post_init__(self) -> None:
         self._policy = batch_policy(self.policy)
         self._uses_drafter = bool(getattr(self._policy, "uses_drafter", True))
+        self._wants_draft = getattr(self._policy, "wants_draft", None)
+        self._static_kind = (
+            "ar"
+            if not self._uses_drafter
+            else "tree" if getattr(self.policy, "uses_topk", True) else "chain"
+        )
+        if getattr(self._policy, "learns", False) and self.cost_model is not None:
+            from bastion.learned import LearnedCostModel
+
+            if not isinstance(self.cost_model, LearnedCostModel):
+                self.cost_model = LearnedCostModel(self.cost_model)
+        self._observe_step = getattr(self.cost_model, "observe_step", None)
         d, v = self.drafter, self.verifier
         self._draft = d.draft_batch if isinstance(d, BatchDrafter) else _draft_each(d)
         self._verify = v.verify_batch if isinstance(v, BatchVerifier) else _verify_each(v)
@@ -297,21 +320,41 @@ class SpecEngine:
         """One cycle for every request of ``requests``: draft, choose trees, verify, commit."""
         clock = self.clock
         t0 = clock()
-        if self._uses_drafter:
+        drafts = self._uses_drafter
+        if drafts and self._wants_draft is not None:
+            drafts = bool(self._wants_draft(requests, self.cost_model))
+        if drafts:
             marginals = self._draft(requests)
         else:  # target-only decoding: no draft pass at all
             marginals = BatchMarginals.empty(requests.size)
         t1 = clock()
         choice = self._policy.choose_batch(marginals, BatchPolicyContext(requests, self.cost_model))
         trees = choice.trees.with_root_tokens(requests.bonus_tokens)
+        kind = "ar" if not drafts else (choice.kind or self._static_kind)
         t2 = clock()
         result = self._verify(requests, trees)
         t3 = clock()
+        record = BatchStepRecord(
+            requests, trees, result, t1 - t0, t2 - t1, t3 - t2, choice.diagnostics, kind
+        )
         if self.cost_model is not None and self.observe_costs:
             self.cost_model.observe(*observed_load(requests, trees), t3 - t2)
-        return BatchStepRecord(
-            requests, trees, result, t1 - t0, t2 - t1, t3 - t2, choice.diagnostics
-        )
+            if self._observe_step is not None:
+                self.report(record, t3 - t0)
+        return record
+
+    def report(self, record: BatchStepRecord, cycle_s: float) -> None:
+        """Tell a learning cost model what a step cost (``cycle_s``) and what it committed;
+        the simulator calls this with the simulated cycle (it runs with observe_costs=False)."""
+        if self._observe_step is not None:
+            self._observe_step(
+                record.kind,
+                record.requests.context_lens,
+                record.trees,
+                record.result.committed_lens,
+                record.result.accepted_nodes,
+                cycle_s,
+            )
 
     def generate(
         self,

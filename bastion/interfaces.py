@@ -218,6 +218,9 @@ class BatchChoice:
 
     trees: TreeBatch
     diagnostics: object | None = None  # e.g. joint-budget or per-request diagnostics
+    # how the step is verified: "tree" (a tree mask over top-K drafts), "chain" (one path,
+    # causal pass) or "ar" (nothing drafted); None: as the policy declares (``uses_topk``)
+    kind: str | None = None
 
 
 @runtime_checkable

@@ -9,9 +9,13 @@ an order where parents precede children.
 - ``fixed(N)``         best-first at a fixed size N (Bastion-Fixed, DDTree).
 - ``eagle(k, d, N)``   EAGLE-2/3 style: d rounds expanding the k best frontier nodes by their
                        top-k children, then a global rerank of all candidates by ρ, keeping N.
-- ``bastion``          best-first with N chosen per step by the controller (:mod:`bastion.budget`);
-                       at batch > 1 one joint budget for the whole step (:mod:`bastion.joint`).
-- ``bastion:per-request``  the same controller run for each request alone (the paper's rule).
+- ``bastion``          the learning controller (:mod:`bastion.controller`): AR, the chain or a
+                       best-first tree, whichever the measured cycles and the observed
+                       acceptance favour; at batch > 1 one joint budget for the whole step.
+- ``bastion:paper``    the paper's controller: best-first with N chosen per step from a static
+                       calibrated roofline (:mod:`bastion.budget`); at batch > 1 one joint
+                       budget for the whole step (:mod:`bastion.joint`).
+- ``bastion:per-request``  the paper's controller run for each request alone (the paper's rule).
 
 Every policy has the single-request ``choose``; ``ar``, ``chain``, ``fixed`` and ``bastion`` also
 choose a whole step's trees at once (``choose_batch``, vectorised over the batch); the engine
@@ -332,7 +336,8 @@ class EaglePolicy:
 
 @dataclass(frozen=True)
 class AdaptivePolicy:
-    """Bastion: best-first with the tree size chosen each step by the budget controller.
+    """The paper's controller (``bastion:paper``): best-first with the tree size chosen each
+    step by the budget controller from the cost model as it is (no learning, no AR or chain).
 
     At batch 1 the controller of :mod:`bastion.budget` picks N. At batch > 1, with ``joint``
     (the default) and a cost model that prices a batch as it grows (``joint_cost_curve``), one
@@ -353,7 +358,7 @@ class AdaptivePolicy:
 
     @property
     def name(self) -> str:
-        return "bastion" if self.joint else "bastion:per-request"
+        return "bastion:paper" if self.joint else "bastion:per-request"
 
     def choose(self, marginals: DraftMarginals, context: PolicyContext) -> TreeChoice:
         if context.cost_model is None:
@@ -402,7 +407,8 @@ def best_first_batch(marginals: BatchMarginals, budget: int) -> TreeBatch:
 
 
 _SPECS = (
-    "ar, chain[:D], fixed:N, beam:WxD, eagle:K,D,N, bastion[:N_MAX], bastion:per-request[,N_MAX]"
+    "ar, chain[:D], fixed:N, beam:WxD, eagle:K,D,N, bastion[:N_MAX], bastion:paper[,N_MAX], "
+    "bastion:per-request[,N_MAX]"
 )
 
 
@@ -431,7 +437,7 @@ def split_policy_specs(text: str) -> list[str]:
         if not piece:
             continue
         head, colon, _ = piece.partition(":")
-        if "=" in head or piece == "per-request":
+        if "=" in head or piece in ("per-request", "paper"):
             starts = False  # key=value, or the per-request flag of bastion:…
         elif head in _BUILTINS or colon:
             starts = True
@@ -490,15 +496,30 @@ def make_policy(spec: str | TreePolicy | BatchTreePolicy, *, n_max: int | None =
             return EaglePolicy(k, d, n)
         if name in ("bastion", "adaptive"):
             parts = [a.strip() for a in arg.split(",")] if arg else []
-            joint = "per-request" not in parts
-            sizes = [int(a) for a in parts if a != "per-request"]
-            if len(sizes) > 1:
-                raise ValueError("at most one N_MAX")
+            flags = [a for a in parts if a in ("per-request", "paper")]
+            sizes = [_size(a) for a in parts if a not in flags]
+            if len(sizes) > 1 or len(flags) > 1:
+                raise ValueError("at most one of paper / per-request and one N_MAX")
             cap = sizes[0] if sizes else n_max
+            if not flags:
+                from bastion.controller import LearningPolicy
+
+                return LearningPolicy() if cap is None else LearningPolicy(cap)
+            joint = flags[0] == "paper"
             return AdaptivePolicy(joint=joint) if cap is None else AdaptivePolicy(cap, joint=joint)
     except ValueError as exc:
         raise BudgetError(f"bad policy spec {spec!r} ({exc}); accepted: {_SPECS}") from exc
     raise BudgetError(f"bad policy spec {spec!r}; accepted: {_SPECS}")
+
+
+def _size(text: str) -> int:
+    """An N_MAX argument: a whole number within the library's tree-size limit."""
+    from bastion.bestfirst import MAX_TREE_SIZE
+
+    value = int(text)
+    if not 1 <= value <= MAX_TREE_SIZE:
+        raise ValueError(f"N_MAX must be in 1 … {MAX_TREE_SIZE}")
+    return value
 
 
 def _plugin_policy(spec: str) -> Any:

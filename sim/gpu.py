@@ -236,8 +236,9 @@ class GroundTruth:
     tree_node_s: float = 0.25e-6  # … per node
     mask_host_request_s: float = 0.0  # host ancestor matrix: per tree
     mask_host_element_s: float = 0.0  # … per element of the N × N matrix
-    controller_step_s: float = 0.0  # adaptive controller's host time per step
-    controller_request_s: float = 0.0  # … per request
+    controller_single_s: float = 0.0  # adaptive controller's host time at batch 1
+    controller_step_s: float = 0.0  # … per batched step (the joint chooser)
+    controller_request_s: float = 0.0  # … per request of a batched step
     noise: float = 0.02  # σ of the log-normal noise per pass
     context_quantum: int = 16  # contexts are priced at multiples of this (cache granularity)
 
@@ -760,7 +761,9 @@ class SimulatedGPU:
             seconds += kernels * (t.host_kernel_s + self.device.launch_overhead_s)
             seconds += t.d2h_latency_s + t.h2d_latency_s + square / t.h2d_bandwidth
             seconds += b * t.mask_host_request_s + square * t.mask_host_element_s
-            if controller:  # the controller's measured time includes growing the trees
+            if controller and b == 1:  # the path actually taken: the single-request controller
+                seconds += t.controller_single_s
+            elif controller:  # the joint chooser; its measured time includes growing the trees
                 seconds += t.controller_step_s + b * t.controller_request_s
             else:
                 seconds += t.tree_step_s + b * t.tree_request_s + nodes * t.tree_node_s

@@ -206,6 +206,7 @@ def serve(
     # a cost model learns from measured passes unless it says it does not (static, bare)
     learns = getattr(cost_model, "mode", "ema") in ("ema", "ema+calib")
     observe = cost_model is not None and not is_ar and learns
+    learning = bool(getattr(batched, "learns", False)) and cost_model is not None
     history = bool(getattr(batched, "uses_cost_model", False))  # last step's N and Â per request
     result = ServingResult(policy.name, concurrency, [], 0.0)
     stats: dict[int, RequestStats] = {}
@@ -321,15 +322,18 @@ def serve(
                 requests = StepRequests(ids, contexts, zeros, zeros, nothing)
             rec = engine.step(requests)
             sizes = rec.trees.sizes
-            if is_ar:
+            if rec.kind == "ar":
                 t_draft = t_prep = 0.0
                 t_verify = gpu.ar_s(contexts, chunk_tokens, chunk_contexts)
-            else:
+            else:  # a chain chosen after top-K drafting keeps its top-K preparation
                 t_draft = gpu.draft_s(contexts)
                 t_prep = gpu.prep_s(sizes, topk, contexts, controller)
-                t_verify = gpu.verify_s(sizes, contexts, chunk_tokens, chunk_contexts, topk)
+                tree = rec.kind == "tree"
+                t_verify = gpu.verify_s(sizes, contexts, chunk_tokens, chunk_contexts, tree)
             # the passes run back to back on the one GPU and nothing can happen between them
             yield env.timeout(t_draft + t_prep + t_verify)
+            if learning:
+                engine.report(rec, t_draft + t_prep + t_verify)
             result.steps += 1
             result.draft_s += t_draft
             result.prep_s += t_prep

@@ -31,11 +31,13 @@ from bastion.cost.models import DrafterSpec, get_model
 from bastion.cost.profiled import cost_model_from_spec, split_profiled
 from bastion.errors import ConfigError
 from bastion.interfaces import CostModel
+from bastion.learned import LearnedCostModel
 from bastion.policies import make_policy, policy_label
 from bastion.sim.arrivals import Arrival, poisson_arrivals, read_arrivals
 from bastion.sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
 from bastion.sim.latency import latency_summary
 from bastion.sim.serving import LengthSource, ServingResult, serve
+from bastion.sim.startup import learned_cost_model
 from bastion.sim.synthetic import SyntheticSource
 from bastion.sim.truth import DEFAULT_TRUTH, get_truth
 from bastion.sim.workloads import Workload, get_workload
@@ -334,6 +336,7 @@ def simulate(
         return SimulatedGPU(hw, model, drafter, truth, seed=spec.seed, max_tree_size=spec.n_max)
 
     calibrated, record = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed)
+    learned: LearnedCostModel | None = None  # the learning controller's, calibrated once
     arrivals = arrivals_of(spec)
     n_requests = None if arrivals is not None else spec.requests
     results: list[tuple[ServingResult, float]] = []
@@ -347,6 +350,12 @@ def simulate(
                 cm = calibrated
                 if spec.cost_mode in ("ema", "ema+calib"):  # fresh γ for every policy
                     cm = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed)[0]
+            if getattr(policy, "learns", False):  # start-up timing once; each run learns anew
+                if learned is None or not isinstance(cm, LearnedCostModel):
+                    learned = learned_cost_model(
+                        gpu(), cm, n_max=spec.n_max, concurrency=spec.concurrency, seed=spec.seed
+                    )
+                cm = learned.copy()
         tick = (lambda d, n, name=name: progress(name, d, n)) if progress else None
         source = request_source(spec)
         t0 = time.perf_counter()

@@ -86,6 +86,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "tree_node_s",
         "mask_host_request_s",
         "mask_host_element_s",
+        "controller_single_s",
         "controller_step_s",
         "controller_request_s",
         "host_kernel_s",

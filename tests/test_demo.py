@@ -134,7 +134,7 @@ def test_demo_pair_batched_equals_generate_alone() -> None:
     eos = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))
     refs = [greedy_reference(target, p, 32, eos=eos) for p in prompts]
     cost = AffineCostModel(2e-3, 2e-5, draft_s=2e-3)
-    for policy in ("fixed:16", "bastion"):
+    for policy in ("fixed:16", "bastion:paper", "bastion"):
         rep = generate_batch(
             target,
             drafter,
@@ -146,7 +146,8 @@ def test_demo_pair_batched_equals_generate_alone() -> None:
             cost_model=cost,
         )
         assert [r.output_ids for r in rep.records] == refs, policy
-        assert rep.tau > 1.3
+        if policy != "bastion":  # the learning one may decode by AR where AR is faster
+            assert rep.tau > 1.3
 
 
 @pytest.mark.parametrize(

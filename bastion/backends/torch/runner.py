@@ -394,6 +394,7 @@ def _run(
     step_sizes: list[int] = []
     stages = {"draft": 0.0, "build": 0.0, "verify": 0.0}
     cycles: list[_Cycle] = []
+    learns = bool(getattr(engine.policy, "learns", False))  # it may skip drafting some steps
 
     def finish(live: _Live, at: float) -> None:
         live.end_at = at
@@ -457,7 +458,10 @@ def _run(
             new = new[: max_new_tokens - len(live.out)]
             live.out.extend(new)
             live.committed.extend(new)
-            live.feedback = rec.result.feedback
+            if step.kind == "ar" and learns and hasattr(live.feedback, "then"):
+                live.feedback = live.feedback.then(rec.result.feedback)  # not drafted: keep
+            else:
+                live.feedback = rec.result.feedback
             if _done(live, max_new_tokens, eos):
                 finish(live, now)
             else:

@@ -69,6 +69,15 @@ class TargetFeedback:
     features: torch.Tensor  # [m, len(taps) · hidden]: hidden_states[j + 1] for each tapped j
     start: int  # sequence position of the first of the m tokens
 
+    def then(self, later: object) -> object:
+        """This feedback followed by ``later`` (the next step's), for a drafter that skipped
+        a step (an AR step of the ``bastion`` policy): one block of features from ``start``."""
+        if not isinstance(later, TargetFeedback):
+            return later if later is not None else self
+        if later.start != self.start + int(self.features.shape[0]):
+            return later  # not contiguous: keep the newest, the drafter will say so
+        return TargetFeedback(torch.cat([self.features, later.features]), self.start)
+
 
 @dataclass(frozen=True)
 class VerifyTiming:

@@ -1,0 +1,222 @@
+"""Bastion's learning controller: the ``bastion`` policy (design decision 9).
+
+Each step it chooses among every way of decoding it can price from measured cycles:
+
+- **AR** (no draft at all): decided *before* drafting, since skipping the drafter is the
+  saving. The policy drafts while speculation's realised speedup over AR (an exponential
+  average of committed tokens per second, over the learned AR rate) stays above 1, and, while
+  AR is faster, drafts every ``probe_every``-th step to see whether that changed.
+- **The chain** (the drafter's top-1 path, verified with a causal pass): priced by its own
+  measured cycle, with its acceptance from the calibrated marginals.
+- **Best-first trees** of every size up to ``n_max``, priced by the *stepped* learned cycle
+  (:meth:`bastion.learned.LearnedCostModel.decision_curve`): each size costs what the cheapest
+  measured lattice size at or above it costs, so the chosen size is a measured one. At batch
+  > 1 the trees of the step share one joint budget (:mod:`bastion.joint`) along the same
+  stepped batch curve.
+
+The acceptance the controller maximises is the drafter's surrogate corrected by the observed
+per-depth factor (:class:`bastion.learned.AcceptanceCalibration`): best-first on the calibrated
+marginals, which is optimal for that objective because the factor never grows with depth.
+
+Its promise: never slower than the best built-in policy (AR, the chain or a fixed best-first
+size), within noise and after the start-up calibration. ``bastion:paper`` keeps the paper's
+controller (a static calibrated roofline, no learning, no AR or chain) for comparison.
+
+What this module does not do: measure (the engine and the simulator report each step's cycle to
+the cost model's ``observe_step``) or store what was learned (:mod:`bastion.learned`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from bastion.batch import BatchMarginals, TreeBatch
+import numpy.typing as npt
+
+from bastion.bestfirst import best_first, buildable_nodes
+from bastion.errors import BudgetError
+from bastion.interfaces import BatchChoice, BatchPolicyContext, CostModel
+from bastion.learned import LearnedCostModel, lattice_index, token_lattice
+from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
+
+if TYPE_CHECKING:
+    from bastion.batch import StepRequests
+
+__all__ = ["ControllerChoice", "LearningPolicy", "SizeDiagnostics", "choose_size", "learner_of"]
+
+
+def learner_of(cost_model: CostModel | None, policy: str = "bastion") -> LearnedCostModel:
+    """``cost_model`` as a :class:`LearnedCostModel` (the engine wraps a plain one)."""
+    if isinstance(cost_model, LearnedCostModel):
+        return cost_model
+    if cost_model is None:
+        raise BudgetError(f"the {policy} policy needs a cost model in its context")
+    raise BudgetError(
+        f"the {policy} policy learns from measured cycles and needs a LearnedCostModel; got "
+        f"{type(cost_model).__name__} (SpecEngine wraps a plain cost model for it)"
+    )
+
+
+@dataclass(frozen=True)
+class ControllerChoice:
+    """Why the controller chose what it did this step."""
+
+    kind: str  # "tree", "chain" or "ar"
+    predicted_speedup: float  # Ŝ of the choice over the learned AR cycle
+    tree_speedup: float  # Ŝ of the best measured tree size
+    chain_speedup: float  # Ŝ of the chain
+    predicted_cycle_s: float  # the learned cycle of the choice
+    tree_diagnostics: object | None = None  # the budget's or joint budget's diagnostics
+
+
+@dataclass(frozen=True, eq=False)
+class SizeDiagnostics:
+    """Batch 1: the lattice sizes the controller compared and what it expected of each."""
+
+    tree_size: int  # the chosen N
+    sizes: npt.NDArray[np.int64]  # the candidate sizes evaluated
+    a_hat: npt.NDArray[np.float64]  # expected committed tokens (calibrated) at each
+    c_hat: npt.NDArray[np.float64]  # learned cycle (pessimistic by one standard error)
+    s_hat: npt.NDArray[np.float64]  # Ŝ = Â · L_AR / Ĉ
+    ar_step_s: float  # the learned AR cycle
+    best: int  # index of the best candidate (an exploring step verifies a larger tree)
+
+    @property
+    def predicted_speedup(self) -> float:
+        return float(self.s_hat[self.best])
+
+    @property
+    def cycle_s(self) -> float:
+        return float(self.c_hat[self.best])
+
+
+def choose_size(
+    marginals: DraftMarginals,
+    learner: LearnedCostModel,
+    context_len: int,
+    n_max: int,
+    start: int = 128,
+    explore: bool = False,
+) -> tuple[DraftTree, SizeDiagnostics]:
+    """Batch 1: the best-first tree of the lattice size with the largest expected speedup.
+
+    Candidates are the lattice sizes up to what the marginals can build (and ``n_max``), each
+    priced by its learned cycle and credited with the committed tokens the size calibration
+    expects of this step's Â there (each lattice increment of Â discounted by what such
+    increments realised). The tree is grown in doubling chunks until no larger candidate can
+    win: its Â is at most min(Â(n) + (N − n)·ρ_n, depth + 1), and its expected τ at most what
+    n gives plus the largest gain ratio beyond n times the rest.
+    """
+    probs = marginals.probs
+    cap = min(n_max, int(buildable_nodes(probs, n_max + 1)))
+    all_sizes = token_lattice(cap)
+    cells = lattice_index(all_sizes)
+    cycles, ar_s = learner.candidate_cycles(cells, all_sizes, cap, context_len)
+    ceiling = probs.shape[0] + 1.0
+    gains = learner.sizes.gain_ratios(1)
+    budget = min(max(start, 1), cap)
+    while True:
+        arrays = best_first(probs, budget)
+        scores = arrays[3]
+        n = scores.shape[0]
+        a_hat = np.cumsum(scores)
+        k = int(np.searchsorted(all_sizes, n, side="right"))  # candidates built
+        sizes = all_sizes[:k]
+        expected = learner.sizes.expected(1, cells[:k], a_hat[sizes - 1])
+        s_hat = expected * ar_s / cycles[:k]
+        best = int(np.argmax(s_hat))
+        if n < budget or budget >= cap:
+            break
+        # a larger candidate gains at most h_max·(its Â bound − Â(n)) over what n gives
+        h_max = float(np.max(gains[cells[k:]], initial=0.0))
+        rest = np.minimum(a_hat[-1] + (all_sizes[k:] - n) * scores[-1], ceiling)
+        tau_n = expected[-1] + float(gains[cells[k - 1]]) * (a_hat[-1] - a_hat[sizes[-1] - 1])
+        bound = (tau_n + h_max * (rest - a_hat[-1])) * ar_s / cycles[k:]
+        if bound.size == 0 or float(bound.max()) <= float(s_hat[best]):
+            break
+        budget = min(2 * budget, cap)
+    chosen = int(sizes[best])
+    if explore and chosen < cap:  # bounded exploration: twice the size, to learn what it gives
+        target = int(all_sizes[min(int(np.searchsorted(all_sizes, 2 * chosen)), len(all_sizes) - 1)])
+        if target > n:
+            arrays = best_first(probs, target)
+        chosen = min(target, int(arrays[3].shape[0]))
+    tree = tree_from_arrays(tuple(a[:chosen] for a in arrays), marginals)  # type: ignore[arg-type]
+    return tree, SizeDiagnostics(chosen, sizes, expected, cycles[:k], s_hat, ar_s, best)
+
+
+@dataclass(frozen=True)
+class LearningPolicy:
+    """``bastion``: AR, the chain or a best-first tree, whichever the measured cycles favour."""
+
+    n_max: int = 1024
+    uses_cost_model = True
+    learns = True  # the engine gives it a LearnedCostModel and reports every step to it
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_max, bool) or not isinstance(self.n_max, (int, np.integer)):
+            raise BudgetError(f"n_max must be an integer ≥ 1; got {self.n_max!r}")
+        if self.n_max < 1:
+            raise BudgetError(f"n_max must be an integer ≥ 1; got {self.n_max!r}")
+
+    @property
+    def name(self) -> str:
+        return "bastion"
+
+    def wants_draft(self, requests: StepRequests, cost_model: CostModel | None) -> bool:
+        """Whether this step drafts (False: a target-only AR step)."""
+        if not isinstance(cost_model, LearnedCostModel):
+            return True
+        return cost_model.wants_draft(requests.size)
+
+    def choose_batch(self, marginals: BatchMarginals, context: BatchPolicyContext) -> BatchChoice:
+        learner = learner_of(context.cost_model, self.name)
+        req = context.requests
+        b = req.size
+        if marginals.probs.shape[1] == 0 or not marginals.probs.any():  # AR: nothing drafted
+            cycle = learner.mode_cycle("ar", req.context_lens, 0)
+            why = ControllerChoice("ar", 1.0, float("nan"), float("nan"), cycle)
+            return BatchChoice(TreeBatch.roots(b), why, kind="ar")
+        cal = learner.acceptance.calibrate(marginals)
+        contexts = req.context_lens
+        if b == 1:
+            ctx = int(contexts[0])
+            start = 128
+            if req.previous_tree_sizes[0] > 0:
+                start = max(64, 2 * int(req.previous_tree_sizes[0]))
+            explore = learner.explore_now()
+            tree, sdiag = choose_size(cal.row(0), learner, ctx, self.n_max, start, explore)
+            diag = sdiag  # type: ignore[assignment]
+            trees = TreeBatch.from_trees([tree])
+            s_tree, ar_s, c_tree = sdiag.predicted_speedup, sdiag.ar_step_s, sdiag.cycle_s
+        else:
+            from bastion.joint import choose_joint_batch
+
+            known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
+            start = max(8, 4 * int(known.mean())) if known.size else 64
+            trees, jdiag = choose_joint_batch(
+                cal,
+                lambda grow: learner.joint_decision_curve(contexts, grow),
+                self.n_max,
+                "auto",
+                min(start, self.n_max),
+            )
+            diag = jdiag  # type: ignore[assignment]
+            s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
+            c_tree = float(jdiag.c_hat[jdiag.total_size - b])
+        depth = int(cal.probs.shape[1])
+        top1 = cal.probs[:, :, 0]
+        a_chain = b + float(np.cumprod(top1, axis=1).sum())
+        c_chain = learner.mode_cycle("chain", contexts, depth)
+        s_chain = a_chain * ar_s / c_chain
+        if s_chain > s_tree:
+            from bastion.policies import ChainPolicy
+
+            chain = ChainPolicy().choose_batch(cal, context).trees
+            why = ControllerChoice("chain", s_chain, s_tree, s_chain, c_chain, diag)
+            return BatchChoice(chain, why, kind="chain")
+        why = ControllerChoice("tree", s_tree, s_tree, s_chain, c_tree, diag)
+        return BatchChoice(trees, why, kind="tree")

@@ -1,0 +1,236 @@
+"""The learning controller's state (bastion.learned) and its choices (bastion.controller)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bastion.batch import BatchMarginals, StepRequests, TreeBatch
+from bastion.controller import LearningPolicy, choose_size
+from bastion.errors import BudgetError
+from bastion.interfaces import BatchPolicyContext, CostCurve, StepLoad
+from bastion.learned import (
+    LATTICE,
+    AcceptanceCalibration,
+    CycleTable,
+    LearnedCostModel,
+    SizeCalibration,
+    lattice_index,
+    token_lattice,
+)
+from bastion.policies import AdaptivePolicy, make_policy
+from bastion.testing import lattice, marginals, optimal_acceptance
+from bastion.tree import DraftMarginals, best_first_tree
+
+
+class FlatPrior:
+    """A cost model whose cycle is ``base + slope·N`` (no batch effects)."""
+
+    def __init__(self, base: float = 10e-3, slope: float = 10e-6, ar: float = 8e-3) -> None:
+        self.base, self.slope, self.ar = base, slope, ar
+
+    def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
+        n = np.arange(1, max_tree_size + 1, dtype=np.float64)
+        return CostCurve(0.0, 0.0, self.base + self.slope * n, self.ar)
+
+    def step_cost(self, tree_size: int, load: StepLoad):  # type: ignore[no-untyped-def]
+        from bastion.interfaces import StepCost
+
+        return StepCost(0.0, 0.0, self.base + self.slope * tree_size)
+
+    def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
+        pass
+
+
+def test_token_lattice_is_dense_where_tiles_change() -> None:
+    lat = token_lattice(1024)
+    assert lat[0] == 1 and lat[-1] == 1024
+    assert np.all(np.diff(lat) > 0)
+    assert set(range(1, 9)) <= set(lat.tolist())
+    assert set(range(8, 257, 8)) <= set(lat.tolist())
+    assert token_lattice(100)[-1] == 100  # the cap itself is a candidate
+    assert np.all(LATTICE[lattice_index([1, 9, 64, 65])] == [1, 16, 64, 72])
+
+
+def test_cycle_table_median_ignores_one_outlier_and_fills_gaps() -> None:
+    table = CycleTable(window=5)
+    for r in (1.0, 1.02, 0.98, 5.0):  # one outlier among four
+        table.observe("tree", 1, 64, r)
+    table.observe("tree", 1, 256, 2.0)
+    ratios = table.ratios("tree", 1)
+    assert ratios[lattice_index(64)] == pytest.approx(1.01)
+    assert 1.01 < ratios[lattice_index(128)] < 2.0  # interpolated between measured cells
+    assert table.ratios("tree", 3)[lattice_index(64)] == pytest.approx(1.01)  # nearest bucket
+    assert table.ratios("ar", 1)[0] == pytest.approx(1.5, rel=0.4)  # tree cells' typical
+    table.observe("tree", 1, 64, float("nan"))  # a failed measurement teaches nothing
+    assert table.count("tree", 1)[lattice_index(64)] == 4
+    with pytest.raises(BudgetError):
+        CycleTable(window=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0.5, 2.0), min_size=len(token_lattice(256)), max_size=80),
+    st.lists(st.floats(0.0, 1.0), min_size=256, max_size=256),
+)
+def test_stepped_curve_argmax_is_the_best_lattice_point(
+    ratios: list[float], gains: list[float]
+) -> None:
+    """On the stepped curve the argmax of Â/Ĉ over every N is the best lattice size."""
+    sizes = token_lattice(256)
+    cost = np.ones(256)
+    for i, n in enumerate(sizes):  # each cell priced at its end, then at the lattice point
+        lo = 0 if i == 0 else sizes[i - 1]
+        cost[lo:n] = ratios[i]
+    totals = np.arange(1, 257)
+    stepped = LearnedCostModel.stepped(totals, cost)
+    assert np.all(np.diff(stepped) >= 0)
+    rho = np.r_[1.0, np.sort(np.asarray(gains))[::-1][:255]]
+    a = np.cumsum(rho)  # Â(N): concave, non-decreasing
+    best_any = float(np.max(a / stepped))
+    best_lattice = float(np.max(a[sizes - 1] / cost[sizes - 1]))
+    assert best_any == pytest.approx(best_lattice)
+
+
+@settings(max_examples=80, deadline=None)
+@given(marginals(max_depth=3, max_k=3), st.data())
+def test_best_first_on_calibrated_marginals_is_optimal(m: DraftMarginals, data) -> None:  # type: ignore[no-untyped-def]
+    """The calibrated objective Σ Π min(1, p·g) is maximised by best-first on the calibrated
+    marginals, for any per-(depth, rank) factor g."""
+    depth, k = m.probs.shape
+    g = np.asarray(
+        data.draw(st.lists(st.floats(0.05, 3.0), min_size=depth * k, max_size=depth * k))
+    ).reshape(depth, k)
+    cal = AcceptanceCalibration(depth=depth, ranks=k)
+    cal._g[:, :] = g
+    cal.steps = 1
+    batch = BatchMarginals(m.token_ids[None], m.probs[None])
+    q = cal.calibrate(batch).row(0)
+    best = optimal_acceptance(q)
+    for n in range(1, best.size):
+        tree = best_first_tree(q, n)
+        assert tree.size <= n  # nodes of ρ = 0 are never built: they add nothing
+        assert float(tree.scores.sum()) == pytest.approx(best[n], rel=1e-9, abs=1e-12)
+
+
+def _best_weighted(m: DraftMarginals, weight: np.ndarray, n: int) -> float:
+    """max over prefix-closed trees of n nodes of Σ ρ·weight[depth] (brute force)."""
+    nodes, score = lattice(m)
+    others = [v for v in nodes if v]
+    best = -1.0
+    for combo in itertools.combinations(others, n - 1):
+        chosen = set(combo) | {()}
+        if all(v[:-1] in chosen for v in combo):
+            best = max(best, sum(score[v] * weight[len(v)] for v in chosen))
+    return best
+
+
+def test_negative_control_a_growing_depth_factor_breaks_best_first() -> None:
+    """With a factor that grows with depth (not what AcceptanceCalibration can produce: its
+    values are clipped at 1), best-first on the raw marginals is no longer optimal."""
+    m = DraftMarginals([[1, 2], [3, 4]], [[0.6, 0.4], [0.5, 0.45]])
+    weight = np.array([1.0, 1.0, 3.0])  # deep nodes worth three times their ρ
+    tree = best_first_tree(m, 3)
+    got = float(sum(s * weight[d] for s, d in zip(tree.scores, tree.depths, strict=True)))
+    assert got < _best_weighted(m, weight, 3) - 1e-9
+    flat = np.ones(3)  # the positive side: with a constant factor best-first is optimal
+    got_flat = float(tree.scores.sum())
+    assert got_flat == pytest.approx(_best_weighted(m, flat, 3))
+
+
+def _chain_tree(depth: int) -> TreeBatch:
+    n = depth + 1
+    return TreeBatch(
+        np.array([0, n]),
+        np.arange(-1, n - 1),
+        np.zeros(n, np.int64),
+        np.arange(n),
+        np.cumprod(np.r_[1.0, np.full(depth, 0.5)]),
+        np.r_[-1, np.zeros(depth, np.int64)],
+    )
+
+
+def test_acceptance_calibration_learns_an_overconfident_drafter() -> None:
+    """The drafter says 0.9 at every position; the target accepts half of them."""
+    cal = AcceptanceCalibration(depth=4, ranks=2)
+    probs = np.tile([[0.9, 0.05]], (4, 1))[None]
+    ids = np.tile([[1, 2]], (4, 1))[None]
+    batch = BatchMarginals(ids, probs)
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        q = cal.calibrate(batch)
+        tree = TreeBatch(
+            np.array([0, 5]),
+            np.arange(-1, 4),
+            np.zeros(5, np.int64),
+            np.arange(5),
+            np.cumprod(np.r_[1.0, q.probs[0, :, 0]]),
+            np.r_[-1, np.zeros(4, np.int64)],
+        )
+        accepted = 0
+        while accepted < 4 and rng.random() < 0.45:
+            accepted += 1
+        cal.observe(tree, np.arange(1, accepted + 1), np.array([accepted + 1]))
+    g = cal.factors(4, 2)[:, 0]
+    assert np.all(np.abs(g * 0.9 - 0.45) < 0.1), g  # corrected to the realised rate
+    # negative control: a calibration that saw nothing stays at the drafter's word
+    assert np.all(AcceptanceCalibration(depth=4, ranks=2).factors(4, 2) == 1.0)
+
+
+def test_size_calibration_counts_prefix_counterfactuals() -> None:
+    sc = SizeCalibration()
+    tree = _chain_tree(15)  # a path: its prefix of n nodes holds the first n − 1 drafts
+    sc.observe(tree, np.arange(1, 6), np.array([6]))  # five drafts accepted
+    mean, seen, _ = sc._summary(0)
+    for n, want in ((1, 1), (4, 4), (8, 6), (16, 6)):
+        cell = lattice_index(n)
+        assert seen[cell]
+        assert mean[cell] == pytest.approx(want)
+
+
+def test_choose_size_prefers_the_cheap_measured_step() -> None:
+    """A cost table with a step at 72 tokens: the controller stays at 64, not just past it."""
+    learner = LearnedCostModel(FlatPrior(slope=0.0))
+    for n in token_lattice(1024):
+        learner.observe_cycle(
+            "tree", np.array([100]), np.array([n]), 10e-3 * (3.0 if n > 64 else 1.0)
+        )
+    probs = np.tile([[0.8, 0.1, 0.05]], (15, 1))
+    m = DraftMarginals(np.tile([[1, 2, 3]], (15, 1)), probs)
+    tree, diag = choose_size(m, learner, 100, 1024)
+    assert tree.size == 64
+    assert diag.tree_size == 64 and 64 in diag.sizes.tolist()
+
+
+def test_learning_policy_and_paper_policy_names() -> None:
+    assert isinstance(make_policy("bastion"), LearningPolicy)
+    assert make_policy("bastion:256").n_max == 256
+    paper = make_policy("bastion:paper")
+    assert isinstance(paper, AdaptivePolicy) and paper.name == "bastion:paper"
+    assert make_policy("bastion:per-request").name == "bastion:per-request"
+    for bad in ("bastion:paper,per-request", "bastion:0", "bastion:99999999999999999999"):
+        with pytest.raises(BudgetError):
+            make_policy(bad)
+
+
+def test_learning_policy_needs_a_learned_cost_model() -> None:
+    req = StepRequests.of([0], [10], [1])
+    m = BatchMarginals(np.ones((1, 2, 1), np.int64), np.full((1, 2, 1), 0.5))
+    with pytest.raises(BudgetError, match="cost model"):
+        LearningPolicy().choose_batch(m, BatchPolicyContext(req, None))
+    with pytest.raises(BudgetError, match="LearnedCostModel"):
+        LearningPolicy().choose_batch(m, BatchPolicyContext(req, FlatPrior()))  # type: ignore[arg-type]
+
+
+def test_wants_draft_probes_while_ar_is_faster() -> None:
+    learner = LearnedCostModel(FlatPrior(), probe_every=4)
+    assert learner.wants_draft(1)  # untried: speculate
+    learner.speedup = 0.5  # speculation measured slower than AR
+    asked = [learner.wants_draft(1) for _ in range(3)]
+    assert asked == [False, False, False]
+    learner._since_draft = 3
+    assert learner.wants_draft(1)  # the fourth step probes
