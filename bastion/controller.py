@@ -32,10 +32,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from bastion.batch import BatchMarginals, TreeBatch
 import numpy.typing as npt
 
+from bastion.batch import BatchMarginals, TreeBatch
 from bastion.bestfirst import best_first, buildable_nodes
 from bastion.errors import BudgetError
 from bastion.interfaces import BatchChoice, BatchPolicyContext, CostModel
@@ -140,7 +139,9 @@ def choose_size(
         budget = min(2 * budget, cap)
     chosen = int(sizes[best])
     if explore and chosen < cap:  # bounded exploration: twice the size, to learn what it gives
-        target = int(all_sizes[min(int(np.searchsorted(all_sizes, 2 * chosen)), len(all_sizes) - 1)])
+        target = int(
+            all_sizes[min(int(np.searchsorted(all_sizes, 2 * chosen)), len(all_sizes) - 1)]
+        )
         if target > n:
             arrays = best_first(probs, target)
         chosen = min(target, int(arrays[3].shape[0]))

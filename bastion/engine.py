@@ -304,7 +304,9 @@ class SpecEngine:
         self._static_kind = (
             "ar"
             if not self._uses_drafter
-            else "tree" if getattr(self.policy, "uses_topk", True) else "chain"
+            else "tree"
+            if getattr(self.policy, "uses_topk", True)
+            else "chain"
         )
         if getattr(self._policy, "learns", False) and self.cost_model is not None:
             from bastion.learned import LearnedCostModel
@@ -323,10 +325,8 @@ class SpecEngine:
         drafts = self._uses_drafter
         if drafts and self._wants_draft is not None:
             drafts = bool(self._wants_draft(requests, self.cost_model))
-        if drafts:
-            marginals = self._draft(requests)
-        else:  # target-only decoding: no draft pass at all
-            marginals = BatchMarginals.empty(requests.size)
+        # target-only decoding: no draft pass at all
+        marginals = self._draft(requests) if drafts else BatchMarginals.empty(requests.size)
         t1 = clock()
         choice = self._policy.choose_batch(marginals, BatchPolicyContext(requests, self.cost_model))
         trees = choice.trees.with_root_tokens(requests.bonus_tokens)

@@ -465,6 +465,8 @@ class LearnedCostModel:
         self.startup_s = 0.0  # device seconds spent by calibrate_cycles
         self.speedup = math.inf  # realised speculative speedup over AR (EWMA), ∞: untried
         self._since_draft = 0
+        self._probe_interval = probe_every
+        self.always_draft = False  # e.g. while recording traces: never skip the drafter
         self._drafted = 0
         self.explore_every = explore_every
         self._joint = getattr(prior, "joint_cost_curve", None)
@@ -661,11 +663,12 @@ class LearnedCostModel:
         return self.explore_every > 0 and self._drafted % self.explore_every == 0
 
     def wants_draft(self, batch_size: int) -> bool:
-        """Whether the next step should draft: yes while speculation has paid (or is untried),
-        and every ``probe_every``-th step while AR has been faster."""
-        if self.speedup > 1.0 + self.margin:
+        """Whether the next step should draft: yes while speculation has paid (or is untried);
+        while AR has been faster, every ``probe_every``-th step, the interval doubling after
+        each probe that confirms it (up to 16 × ``probe_every``)."""
+        if self.always_draft or self.speedup > 1.0 + self.margin:
             return True
-        return self._since_draft + 1 >= self.probe_every
+        return self._since_draft + 1 >= self._probe_interval
 
     def observe_cycle(
         self, kind: CycleKind, contexts: IntArray, sizes: IntArray, cycle_s: float
@@ -709,9 +712,15 @@ class LearnedCostModel:
         ar = self.mode_cycle("ar", contexts, 0)
         realised = float(np.sum(committed)) * ar / (b * cycle_s)
         a = self.smoothing
-        self.speedup = realised if math.isinf(self.speedup) else (1 - a) * self.speedup + a * (
-            realised
+        threshold = 1.0 + self.margin
+        probing = self.speedup <= threshold
+        self.speedup = (
+            realised if math.isinf(self.speedup) else (1 - a) * self.speedup + a * (realised)
         )
+        if self.speedup > threshold:
+            self._probe_interval = self.probe_every
+        elif probing:  # a probe that found AR still faster: look again less often
+            self._probe_interval = min(2 * self._probe_interval, 16 * self.probe_every)
 
 
 MeasureFn = Callable[[CycleKind, IntArray, IntArray], float]

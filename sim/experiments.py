@@ -1157,6 +1157,12 @@ def _latency_figure(models: Sequence[str], out: Path) -> None:
     plt.close(fig)
 
 
+def _regret_report(rows: list[Row], out: Path) -> str:
+    from bastion.sim.regret import regret_report
+
+    return regret_report(rows, out)
+
+
 REPORTS: dict[str, Callable[[list[Row], Path], str]] = {
     "generic": generic_report,
     "budget-sweep": budget_sweep_report,
@@ -1164,6 +1170,7 @@ REPORTS: dict[str, Callable[[list[Row], Path], str]] = {
     "multi-batch": multi_batch_report,
     "moe": moe_report,
     "latency-model": latency_report,
+    "controller-regret": _regret_report,
 }
 """Reports a config may name (``report = "…"``); without one an experiment gets ``generic``."""
 

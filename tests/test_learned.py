@@ -182,14 +182,35 @@ def test_acceptance_calibration_learns_an_overconfident_drafter() -> None:
 
 
 def test_size_calibration_counts_prefix_counterfactuals() -> None:
-    sc = SizeCalibration()
+    sc = SizeCalibration(prior_weight=1e-9)
     tree = _chain_tree(15)  # a path: its prefix of n nodes holds the first n − 1 drafts
     sc.observe(tree, np.arange(1, 6), np.array([6]))  # five drafts accepted
-    mean, seen, _ = sc._summary(0)
-    for n, want in ((1, 1), (4, 4), (8, 6), (16, 6)):
-        cell = lattice_index(n)
-        assert seen[cell]
-        assert mean[cell] == pytest.approx(want)
+    cells = lattice_index(token_lattice(16))
+    a_hat = np.cumsum(tree.scores)[token_lattice(16) - 1]
+    realised = sc.expected(1, cells, a_hat)  # this step's own Â: the realised τ back
+    want = np.minimum(token_lattice(16), 6)
+    assert np.allclose(realised, want)
+    h = sc.gain_ratios(1)
+    assert h[lattice_index(16)] == pytest.approx(0.0, abs=1e-6)  # 8 → 16 gained nothing
+    assert h[lattice_index(2)] == pytest.approx(1.0 / 0.5)  # one token for ρ = 0.5
+
+
+def test_size_calibration_pairs_increments_within_steps() -> None:
+    """Large cells seen only on easy steps must not look better than small ones: increments
+    are paired within the steps that observed them (a negative control: the unpaired means
+    would say the large size commits more than it does)."""
+    sc = SizeCalibration(prior_weight=1e-9)
+    hard = _chain_tree(7)  # 8 nodes: observes cells 1 … 8
+    for _ in range(10):
+        sc.observe(hard, np.arange(1, 2), np.array([2]))  # hard steps: one draft accepted
+    easy = _chain_tree(15)  # 16 nodes: observes cells 1 … 16
+    sc.observe(easy, np.arange(1, 16), np.array([16]))  # one easy step: everything accepted
+    h = sc.gain_ratios(1)
+    scores = np.cumsum(easy.scores)
+    cells = lattice_index(token_lattice(16))
+    exp = sc.expected(1, cells, scores[token_lattice(16) - 1])
+    assert h[lattice_index(16)] > 1.0  # only the easy step saw 8 → 16, and it gained all
+    assert exp[-2] < 3.0  # but the level at 8 is set by all eleven steps (mostly hard)
 
 
 def test_choose_size_prefers_the_cheap_measured_step() -> None:

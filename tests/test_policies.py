@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bastion.controller import LearningPolicy
 from bastion.errors import BastionError, BudgetError, UnknownNameError
 from bastion.interfaces import CostCurve, PolicyContext, StepCost, StepLoad, TreePolicy
 from bastion.policies import (
@@ -144,8 +145,10 @@ def test_adaptive_without_cost_model_is_an_error() -> None:
         ("beam:4x15", BeamPolicy(4, 15)),
         ("eagle", EaglePolicy()),
         ("eagle:10,5,60", EaglePolicy(10, 5, 60)),
-        ("bastion", AdaptivePolicy()),
-        ("bastion:512", AdaptivePolicy(512)),
+        ("bastion", LearningPolicy()),
+        ("bastion:512", LearningPolicy(512)),
+        ("bastion:paper", AdaptivePolicy()),
+        ("bastion:paper,512", AdaptivePolicy(512)),
     ],
 )
 def test_make_policy(spec: str, expected: TreePolicy) -> None:

@@ -585,6 +585,13 @@ def generate_batch(
     cost_model = resolve_cost_model(
         target, drafter, pol, cost_model, max(len(p) for p in prompts), batch_size
     )
+    if getattr(pol, "learns", False) and cost_model is not None:
+        from bastion.learned import LearnedCostModel
+
+        if not isinstance(cost_model, LearnedCostModel):  # one learner for warm-up and repeats
+            cost_model = LearnedCostModel(cost_model)
+        if record_traces is not None:  # a trace holds the drafter's view of every step
+            cost_model.always_draft = True
     clock = device_clock(device)
     rng_state = verifier.generator.get_state()
     for _ in range(warmup):
