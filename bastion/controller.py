@@ -105,17 +105,15 @@ def choose_size(
     Candidates are the lattice sizes up to what the marginals can build (and ``n_max``), each
     priced by its learned cycle and credited with the committed tokens the size calibration
     expects of this step's Â there (each lattice increment of Â discounted by what such
-    increments realised). The tree is grown in doubling chunks until no larger candidate can
-    win: its Â is at most min(Â(n) + (N − n)·ρ_n, depth + 1), and its expected τ at most what
-    n gives plus the largest gain ratio beyond n times the rest.
+    increments realised). The tree is grown in doubling chunks (from twice the last chosen
+    size) while the best candidate lies in the upper half of what was built — a heuristic, not
+    a bound: a much larger size that would win is found by the periodic exploration instead.
     """
     probs = marginals.probs
     cap = min(n_max, int(buildable_nodes(probs, n_max + 1)))
     all_sizes = token_lattice(cap)
     cells = lattice_index(all_sizes)
     cycles, ar_s = learner.candidate_cycles(cells, all_sizes, cap, context_len)
-    ceiling = probs.shape[0] + 1.0
-    gains = learner.sizes.gain_ratios(1)
     budget = min(max(start, 1), cap)
     while True:
         arrays = best_first(probs, budget)
@@ -127,15 +125,8 @@ def choose_size(
         expected = learner.sizes.expected(1, cells[:k], a_hat[sizes - 1])
         s_hat = expected * ar_s / cycles[:k]
         best = int(np.argmax(s_hat))
-        if n < budget or budget >= cap:
-            break
-        # a larger candidate gains at most h_max·(its Â bound − Â(n)) over what n gives
-        h_max = float(np.max(gains[cells[k:]], initial=0.0))
-        rest = np.minimum(a_hat[-1] + (all_sizes[k:] - n) * scores[-1], ceiling)
-        tau_n = expected[-1] + float(gains[cells[k - 1]]) * (a_hat[-1] - a_hat[sizes[-1] - 1])
-        bound = (tau_n + h_max * (rest - a_hat[-1])) * ar_s / cycles[k:]
-        if bound.size == 0 or float(bound.max()) <= float(s_hat[best]):
-            break
+        if n < budget or budget >= cap or 2 * int(sizes[best]) <= n:
+            break  # the best size sits in the lower half of what was built: stop growing
         budget = min(2 * budget, cap)
     chosen = int(sizes[best])
     if explore and chosen < cap:  # bounded exploration: twice the size, to learn what it gives
@@ -185,9 +176,9 @@ class LearningPolicy:
         contexts = req.context_lens
         if b == 1:
             ctx = int(contexts[0])
-            start = 128
+            start = 64
             if req.previous_tree_sizes[0] > 0:
-                start = max(64, 2 * int(req.previous_tree_sizes[0]))
+                start = max(32, 2 * int(req.previous_tree_sizes[0]))
             explore = learner.explore_now()
             tree, sdiag = choose_size(cal.row(0), learner, ctx, self.n_max, start, explore)
             diag = sdiag  # type: ignore[assignment]
@@ -200,7 +191,7 @@ class LearningPolicy:
             start = max(8, 4 * int(known.mean())) if known.size else 64
             trees, jdiag = choose_joint_batch(
                 cal,
-                lambda grow: learner.joint_decision_curve(contexts, grow),
+                lambda grow: learner.joint_decision_curve(contexts, grow, self.n_max),
                 self.n_max,
                 "auto",
                 min(start, self.n_max),

@@ -70,6 +70,7 @@ _KINDS: tuple[CycleKind, ...] = ("tree", "chain", "ar")
 # choices change most (multiples of 8/16/64/128 tokens), coarse where a step is a small share
 _SPACING = ((8, 1), (256, 8), (512, 16), (1024, 32), (2048, 64), (4096, 128), (8192, 256))
 _TOP = 1 << 20  # the largest total the lattice covers (MAX_TREE_SIZE)
+JOINT_HORIZON = 4096  # batch totals the joint decision looks ahead to, beyond its chain
 
 
 def token_lattice(hi: int = _TOP) -> IntArray:
@@ -123,8 +124,9 @@ class CycleTable:
         self._ring = {k: np.full((11, n if k == "tree" else 1, window), np.nan) for k in _KINDS}
         self._count = {k: np.zeros((11, n if k == "tree" else 1), np.int64) for k in _KINDS}
         self._median = {k: np.full((11, n if k == "tree" else 1), np.nan) for k in _KINDS}
-        self._filled: dict[tuple[str, int], tuple[int, FloatArray]] = {}
+        self._filled: dict[tuple[str, int], tuple[tuple[int, int], FloatArray]] = {}
         self._noise: dict[tuple[str, int], tuple[int, float]] = {}
+        self._stamp: dict[tuple[str, int], int] = {}  # updates per (kind, bucket)
         self.version = 0
 
     def observe(self, kind: CycleKind, batch_size: int, tokens: int, ratio: float) -> None:
@@ -132,13 +134,17 @@ class CycleTable:
         if not (math.isfinite(ratio) and ratio > 0):
             return  # a failed or degenerate measurement teaches nothing
         b = batch_bucket(batch_size)
-        cell = int(lattice_index(tokens)) if kind == "tree" else 0
+        cell = int(np.searchsorted(LATTICE, tokens)) if kind == "tree" else 0
         count = self._count[kind]
         ring = self._ring[kind][b, cell]
-        ring[count[b, cell] % self.window] = ratio
-        count[b, cell] += 1
-        filled = ring[: min(int(count[b, cell]), self.window)]
-        self._median[kind][b, cell] = float(np.median(filled))
+        seen = int(count[b, cell])
+        ring[seen % self.window] = ratio
+        count[b, cell] = seen + 1
+        vals = sorted(ring[: min(seen + 1, self.window)].tolist())
+        half = len(vals) // 2
+        median = vals[half] if len(vals) % 2 else 0.5 * (vals[half - 1] + vals[half])
+        self._median[kind][b, cell] = median
+        self._stamp[(kind, b)] = self._stamp.get((kind, b), 0) + 1
         self.version += 1
 
     def noise(self, kind: CycleKind, batch_size: int) -> float:
@@ -170,13 +176,19 @@ class CycleTable:
         bucket, else from the tree cells of the bucket, else 1 (the prior as it is)."""
         b = batch_bucket(batch_size)
         key = (kind, b)
+        # what the fill reads: every bucket of this kind (nearest-bucket fallback), and the
+        # tree cells for an AR or chain cell never measured
+        stamp = (self._kind_stamp(kind), self._kind_stamp("tree"))
         hit = self._filled.get(key)
-        if hit is not None and hit[0] == self.version:
+        if hit is not None and hit[0] == stamp:
             return hit[1]
         out = self._fill(kind, b)
         out.flags.writeable = False
-        self._filled[key] = (self.version, out)
+        self._filled[key] = (stamp, out)
         return out
+
+    def _kind_stamp(self, kind: str) -> int:
+        return sum(v for (k, _), v in self._stamp.items() if k == kind)
 
     def _fill(self, kind: CycleKind, b: int) -> FloatArray:
         med = self._median[kind]
@@ -391,13 +403,16 @@ class SizeCalibration:
             owner = np.repeat(np.arange(b), np.maximum(np.asarray(committed) - 1, 0))
             on_path[offsets[owner] + acc] = True
         path_ranks = np.sort(rank[on_path & nonroot])
-        gains = np.sort(trees.scores[nonroot])[::-1]
+        gains = trees.scores[nonroot]
+        if b > 1:  # a single best-first tree is in that order already
+            gains = np.sort(gains)[::-1]
         predicted = b + np.concatenate(([0.0], np.cumsum(gains)))  # Â at M = B + m
-        cells = token_lattice(total)
-        cells = cells[cells >= b]
+        lo, hi = np.searchsorted(LATTICE, [b, total], side="left")
+        hi += LATTICE[min(hi, LATTICE.shape[0] - 1)] == total
+        idx = np.arange(lo, hi)
+        cells = LATTICE[lo:hi]
         m = cells - b
         realised = b + np.searchsorted(path_ranks, m, side="right")
-        idx = lattice_index(cells)
         bb = batch_bucket(b)
         for arr in (self._da, self._dt, self._weight):
             arr[bb] *= self.decay
@@ -471,6 +486,7 @@ class LearnedCostModel:
         self.explore_every = explore_every
         self._joint = getattr(prior, "joint_cost_curve", None)
         self._curves: dict[tuple[int, int], tuple[int, CostCurve, FloatArray]] = {}
+        self._even: dict[tuple[int, int, int], FloatArray] = {}
         self.mode = getattr(prior, "mode", "learned")
 
     def copy(self) -> LearnedCostModel:
@@ -614,27 +630,58 @@ class LearnedCostModel:
         key = (-1 - int(context_len), int(n_max))  # beside decision_curve's entries
         hit = self._curves.get(key)
         if hit is None or hit[0] != self.table.version or hit[2].shape[0] != sizes.shape[0]:
-            prior = self._prior(np.asarray([context_len], np.int64), None, n_max)
-            cycle = prior.cycle[sizes - 1]
+            cc = self.prior.cost_curve(n_max, StepLoad(int(context_len)))
+            cycle = cc.draft_s + cc.prep_s + cc.verify_s[sizes - 1]
             ratio = self.table.ratios("tree", 1)[cells]
             seen = np.minimum(np.maximum(self.table.count("tree", 1)[cells], 1), self.table.window)
             pessimism = 1.0 + self.table.noise("tree", 1) / np.sqrt(seen)
-            ar = prior.curve.ar_step_s * float(self.table.ratios("ar", 1)[0])
+            ar = cc.ar_step_s * float(self.table.ratios("ar", 1)[0])
             if len(self._curves) > 64:
                 self._curves.clear()
             hit = (self.table.version, CostCurve(0.0, 0.0, cycle, ar), cycle * ratio * pessimism)
             self._curves[key] = hit
         return hit[2], hit[1].ar_step_s
 
-    def joint_decision_curve(self, context_lens: IntArray, grow: IntArray) -> CostCurve:
-        """Batch > 1: the stepped learned cycle of the batch along the merged order ``grow``."""
+    def joint_decision_curve(
+        self, context_lens: IntArray, grow: IntArray, n_max: int = 1024
+    ) -> CostCurve:
+        """Batch > 1: the stepped decision cost of the batch along the merged order ``grow``.
+
+        The chain is priced only as far as it was grown, so a cheaper measured total beyond
+        its end (a kernel step's far side, 256 tokens after 136–255) would be invisible and the
+        controller would settle in front of it. The lattice totals beyond the end, up to
+        B·n_max (at most :data:`JOINT_HORIZON` tokens), are therefore priced too — the prior
+        along an even spread of the added nodes, scaled to meet the chain's prior at its end —
+        and every entry is capped by the cheapest of them: the controller keeps growing the
+        chain towards a cheaper total instead of stopping short of it."""
         ctx = np.asarray(context_lens, dtype=np.int64)
         cc = self._prior_joint(ctx, np.asarray(grow, dtype=np.int64))
         b = ctx.shape[0]
         totals = b + np.arange(cc.verify_s.shape[0], dtype=np.int64)
-        deciding = self._deciding(totals, cc.draft_s + cc.prep_s + cc.verify_s, b)
+        cycle = cc.draft_s + cc.prep_s + cc.verify_s
+        deciding = self.stepped(totals, self._deciding(totals, cycle, b))
+        end = int(totals[-1])
+        top = min(b * int(n_max), JOINT_HORIZON)
+        beyond = LATTICE[(LATTICE > end) & (LATTICE <= top)]
+        if beyond.size:
+            even = self._even_prior(ctx, top)
+            scale = float(cycle[-1]) / float(even[end - b])
+            tail = self._deciding(beyond, even[beyond - b] * scale, b)
+            deciding = np.minimum(deciding, float(tail.min()))
         ar = cc.ar_step_s * float(self.table.ratios("ar", b)[0])
-        return CostCurve(0.0, 0.0, self.stepped(totals, deciding), ar)
+        return CostCurve(0.0, 0.0, deciding, ar)
+
+    def _even_prior(self, ctx: IntArray, top: int) -> FloatArray:
+        """The prior's batch cycle for totals B … ``top`` along an even spread, cached per
+        batch size and mean context (in steps of 256 tokens)."""
+        b = ctx.shape[0]
+        key = (b, int(ctx.mean()) // 256, top)
+        hit = self._even.get(key)
+        if hit is None:
+            if len(self._even) > 64:
+                self._even.clear()
+            hit = self._even[key] = self._prior(ctx, None, top).cycle
+        return hit
 
     def mode_cycle(self, kind: CycleKind, contexts: IntArray, depth: int) -> float:
         """The learned cycle of a whole step of ``kind`` ("ar" or "chain" with ``depth``
@@ -679,9 +726,12 @@ class LearnedCostModel:
         s = np.asarray(sizes, dtype=np.int64)
         if kind == "ar":
             prior = self._ar_prior(ctx)
+        elif b == 1:
+            n = int(s[0])
+            cc = self.prior.cost_curve(n, StepLoad(int(ctx[0])))
+            prior = float(cc.draft_s + cc.prep_s + cc.verify_s[n - 1])
         else:
-            p = self._prior(ctx, s if b > 1 else None, int(s.sum()))
-            prior = float(p.cycle[-1])
+            prior = float(self._prior(ctx, s, int(s.sum())).cycle[-1])
         ratio = cycle_s / prior if prior > 0 else math.nan
         self.table.observe(kind, b, int(s.sum()), ratio)
         return ratio

@@ -332,7 +332,7 @@ def serve(
                 t_verify = gpu.verify_s(sizes, contexts, chunk_tokens, chunk_contexts, tree)
             # the passes run back to back on the one GPU and nothing can happen between them
             yield env.timeout(t_draft + t_prep + t_verify)
-            if learning:
+            if learning and not chunk_tokens:  # a prefill chunk in the pass is not the tree's
                 engine.report(rec, t_draft + t_prep + t_verify)
             result.steps += 1
             result.draft_s += t_draft
