@@ -181,7 +181,7 @@ class LearningPolicy:
                 start = max(32, 2 * int(req.previous_tree_sizes[0]))
             explore = learner.explore_now()
             tree, sdiag = choose_size(cal.row(0), learner, ctx, self.n_max, start, explore)
-            diag = sdiag  # type: ignore[assignment]
+            diag: object = sdiag
             trees = TreeBatch.from_trees([tree])
             s_tree, ar_s, c_tree = sdiag.predicted_speedup, sdiag.ar_step_s, sdiag.cycle_s
         else:
@@ -196,7 +196,7 @@ class LearningPolicy:
                 "auto",
                 min(start, self.n_max),
             )
-            diag = jdiag  # type: ignore[assignment]
+            diag = jdiag
             s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
             c_tree = float(jdiag.c_hat[jdiag.total_size - b])
         depth = int(cal.probs.shape[1])

@@ -71,6 +71,7 @@ _KINDS: tuple[CycleKind, ...] = ("tree", "chain", "ar")
 _SPACING = ((8, 1), (256, 8), (512, 16), (1024, 32), (2048, 64), (4096, 128), (8192, 256))
 _TOP = 1 << 20  # the largest total the lattice covers (MAX_TREE_SIZE)
 JOINT_HORIZON = 4096  # batch totals the joint decision looks ahead to, beyond its chain
+MODE_CONTEXT_STEP = 128  # batched AR / chain priors are priced per this step of mean context
 
 
 def token_lattice(hi: int = _TOP) -> IntArray:
@@ -98,7 +99,7 @@ LATTICE.flags.writeable = False
 
 def lattice_index(tokens: npt.ArrayLike) -> IntArray:
     """Index in :data:`LATTICE` of the smallest lattice point ≥ each token count."""
-    return np.searchsorted(LATTICE, np.asarray(tokens, dtype=np.int64), side="left")
+    return np.asarray(np.searchsorted(LATTICE, np.asarray(tokens, dtype=np.int64)), np.int64)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -126,7 +127,7 @@ class CycleTable:
         self._median = {k: np.full((11, n if k == "tree" else 1), np.nan) for k in _KINDS}
         self._filled: dict[tuple[str, int], tuple[tuple[int, int], FloatArray]] = {}
         self._noise: dict[tuple[str, int], tuple[int, float]] = {}
-        self._stamp: dict[tuple[str, int], int] = {}  # updates per (kind, bucket)
+        self._kind_version = dict.fromkeys(_KINDS, 0)  # updates per kind
         self.version = 0
 
     def observe(self, kind: CycleKind, batch_size: int, tokens: int, ratio: float) -> None:
@@ -144,7 +145,7 @@ class CycleTable:
         half = len(vals) // 2
         median = vals[half] if len(vals) % 2 else 0.5 * (vals[half - 1] + vals[half])
         self._median[kind][b, cell] = median
-        self._stamp[(kind, b)] = self._stamp.get((kind, b), 0) + 1
+        self._kind_version[kind] += 1
         self.version += 1
 
     def noise(self, kind: CycleKind, batch_size: int) -> float:
@@ -168,7 +169,7 @@ class CycleTable:
 
     def count(self, kind: CycleKind, batch_size: int) -> IntArray:
         """Observations per cell of ``kind`` in the bucket of ``batch_size`` (read-only)."""
-        return self._count[kind][batch_bucket(batch_size)]
+        return np.asarray(self._count[kind][batch_bucket(batch_size)], dtype=np.int64)
 
     def ratios(self, kind: CycleKind, batch_size: int) -> FloatArray:
         """The ratio of every cell of the bucket (read-only): measured medians, gaps filled by
@@ -178,7 +179,7 @@ class CycleTable:
         key = (kind, b)
         # what the fill reads: every bucket of this kind (nearest-bucket fallback), and the
         # tree cells for an AR or chain cell never measured
-        stamp = (self._kind_stamp(kind), self._kind_stamp("tree"))
+        stamp = (self._kind_version[kind], self._kind_version["tree"])
         hit = self._filled.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
@@ -186,9 +187,6 @@ class CycleTable:
         out.flags.writeable = False
         self._filled[key] = (stamp, out)
         return out
-
-    def _kind_stamp(self, kind: str) -> int:
-        return sum(v for (k, _), v in self._stamp.items() if k == kind)
 
     def _fill(self, kind: CycleKind, b: int) -> FloatArray:
         med = self._median[kind]
@@ -198,9 +196,9 @@ class CycleTable:
             ok = np.isfinite(row)
             if ok.any():
                 if ok.all():
-                    return row.copy()
+                    return np.array(row, dtype=np.float64)
                 x = np.flatnonzero(ok)
-                return np.interp(np.arange(row.shape[0]), x, row[x])
+                return np.asarray(np.interp(np.arange(row.shape[0]), x, row[x]), np.float64)
         if kind != "tree":  # no AR or chain cycle measured yet: the tree cells' typical ratio
             tree = self._median["tree"]
             for bb in order:
@@ -340,7 +338,7 @@ class SizeCalibration:
         self._da = np.zeros((11, n))  # Σ ΔÂ per cell (forgotten with decay)
         self._dt = np.zeros((11, n))  # Σ Δτ
         self._weight = np.zeros((11, n))  # Σ steps
-        self._cache: dict[int, tuple[int, FloatArray]] = {}
+        self._cache: dict[object, tuple[int, FloatArray]] = {}
         self.version = 0
 
     def gain_ratios(self, batch_size: int) -> FloatArray:
@@ -360,7 +358,7 @@ class SizeCalibration:
             h = np.where(seen, h, np.where(pos >= 0, h[observed[np.maximum(pos, 0)]], 1.0))
         h.flags.writeable = False
         self._cache[b] = (self.version, h)
-        return h
+        return np.asarray(h, dtype=np.float64)
 
     def expected(self, batch_size: int, cells: IntArray, predicted: FloatArray) -> FloatArray:
         """A step's expected committed tokens at consecutive lattice ``cells`` (from the first
@@ -373,11 +371,17 @@ class SizeCalibration:
         """The cumulative ratio E[τ]/E[Â] per lattice cell, from the paired increments' means
         (what the joint budget divides its cost by)."""
         b = batch_bucket(batch_size)
+        key = (-1 - b, batch_size)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == self.version:
+            return hit[1]
         seen = self._weight[b] > 1e-9
         safe = np.where(seen, self._weight[b], 1.0)
         tau = batch_size + np.cumsum(np.where(seen, self._dt[b] / safe, 0.0))
         a_hat = batch_size + np.cumsum(np.where(seen, self._da[b] / safe, 0.0))
-        return np.asarray(np.where(seen, tau / a_hat, 1.0), dtype=np.float64)
+        out = np.asarray(np.where(seen, tau / a_hat, 1.0), dtype=np.float64)
+        self._cache[key] = (self.version, out)
+        return out
 
     def observe(self, trees: TreeBatch, accepted_nodes: IntArray, committed: IntArray) -> None:
         """Fold in a verified step (trees in best-first order, accepted paths as indices within
@@ -458,7 +462,7 @@ class LearnedCostModel:
         acceptance: AcceptanceCalibration | None = None,
     ) -> None:
         if isinstance(prior, LearnedCostModel):
-            prior = prior.prior
+            prior = prior.prior  # type: ignore[has-type]
         for name in ("cost_curve", "step_cost"):
             if not callable(getattr(prior, name, None)):
                 raise CostModelError(f"the prior must be a CostModel (no {name}); got {prior!r}")
@@ -487,6 +491,8 @@ class LearnedCostModel:
         self._joint = getattr(prior, "joint_cost_curve", None)
         self._curves: dict[tuple[int, int], tuple[int, CostCurve, FloatArray]] = {}
         self._even: dict[tuple[int, int, int], FloatArray] = {}
+        # batched AR and chain priors per (kind, B, depth, mean context step): they move slowly
+        self._modes: dict[tuple[str, int, int, int], float] = {}
         self.mode = getattr(prior, "mode", "learned")
 
     def copy(self) -> LearnedCostModel:
@@ -645,37 +651,38 @@ class LearnedCostModel:
     def joint_decision_curve(
         self, context_lens: IntArray, grow: IntArray, n_max: int = 1024
     ) -> CostCurve:
-        """Batch > 1: the stepped decision cost of the batch along the merged order ``grow``.
+        """Batch > 1: the stepped decision cost of the batch for the totals along ``grow``.
 
-        The chain is priced only as far as it was grown, so a cheaper measured total beyond
-        its end (a kernel step's far side, 256 tokens after 136–255) would be invisible and the
-        controller would settle in front of it. The lattice totals beyond the end, up to
-        B·n_max (at most :data:`JOINT_HORIZON` tokens), are therefore priced too — the prior
-        along an even spread of the added nodes, scaled to meet the chain's prior at its end —
-        and every entry is capped by the cheapest of them: the controller keeps growing the
-        chain towards a cheaper total instead of stopping short of it."""
+        The prior is the batch's cycle with the added nodes spread evenly (cached per batch
+        size and mean context), not along ``grow`` itself: how the nodes are spread changes
+        only the attention pairs, the learned ratios (measured on the allocations actually
+        chosen) absorb that, and pricing one cached curve instead of the chain every step is
+        what keeps the joint controller's host time down.
+
+        The chain is grown only as far as the stop rule needs, so a cheaper measured total
+        beyond its end (a kernel step's far side: 256 tokens after 136–255) would be invisible
+        and the controller would settle in front of it. Every entry is therefore also capped by
+        the cheapest lattice total beyond the end, up to B·n_max (at most
+        :data:`JOINT_HORIZON` tokens): the controller keeps growing towards it."""
         ctx = np.asarray(context_lens, dtype=np.int64)
-        cc = self._prior_joint(ctx, np.asarray(grow, dtype=np.int64))
         b = ctx.shape[0]
-        totals = b + np.arange(cc.verify_s.shape[0], dtype=np.int64)
-        cycle = cc.draft_s + cc.prep_s + cc.verify_s
-        deciding = self.stepped(totals, self._deciding(totals, cycle, b))
-        end = int(totals[-1])
-        top = min(b * int(n_max), JOINT_HORIZON)
-        beyond = LATTICE[(LATTICE > end) & (LATTICE <= top)]
+        m = int(np.asarray(grow).shape[0])
+        top = max(min(b * int(n_max), JOINT_HORIZON), b + m)
+        even = self._even_prior(ctx, top)
+        totals = b + np.arange(m + 1, dtype=np.int64)
+        deciding = self.stepped(totals, self._deciding(totals, even[: m + 1], b))
+        beyond = LATTICE[(b + m < LATTICE) & (top >= LATTICE)]
         if beyond.size:
-            even = self._even_prior(ctx, top)
-            scale = float(cycle[-1]) / float(even[end - b])
-            tail = self._deciding(beyond, even[beyond - b] * scale, b)
+            tail = self._deciding(beyond, even[beyond - b], b)
             deciding = np.minimum(deciding, float(tail.min()))
-        ar = cc.ar_step_s * float(self.table.ratios("ar", b)[0])
+        ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
         return CostCurve(0.0, 0.0, deciding, ar)
 
     def _even_prior(self, ctx: IntArray, top: int) -> FloatArray:
         """The prior's batch cycle for totals B … ``top`` along an even spread, cached per
         batch size and mean context (in steps of 256 tokens)."""
         b = ctx.shape[0]
-        key = (b, int(ctx.mean()) // 256, top)
+        key = (b, int(ctx.mean()) // MODE_CONTEXT_STEP, top)
         hit = self._even.get(key)
         if hit is None:
             if len(self._even) > 64:
@@ -691,15 +698,29 @@ class LearnedCostModel:
         if kind == "ar":
             prior = self._ar_prior(ctx)
         else:
-            sizes = np.full(b, depth + 1, np.int64)
-            p = self._prior(ctx, sizes if b > 1 else None, b * (depth + 1))
-            prior = float(p.cycle[-1])
+            key = ("chain", b, depth, int(ctx.mean()) // MODE_CONTEXT_STEP)
+            prior = self._modes.get(key, -1.0)
+            if prior < 0:
+                sizes = np.full(b, depth + 1, np.int64)
+                p = self._prior(ctx, sizes if b > 1 else None, b * (depth + 1))
+                prior = self._remember(key, float(p.cycle[-1]))
         return prior * float(self.table.ratios(kind, b)[0])
 
     def _ar_prior(self, ctx: IntArray) -> float:
         if ctx.shape[0] == 1:
             return float(self.prior.cost_curve(1, StepLoad(int(ctx[0]))).ar_step_s)
-        return float(self._prior_joint(ctx, np.zeros(0, np.int64)).ar_step_s)
+        key = ("ar", ctx.shape[0], 0, int(ctx.mean()) // MODE_CONTEXT_STEP)
+        prior = self._modes.get(key, -1.0)
+        if prior < 0:
+            cc = self._prior_joint(ctx, np.zeros(0, np.int64))
+            prior = self._remember(key, float(cc.ar_step_s))
+        return prior
+
+    def _remember(self, key: tuple[str, int, int, int], value: float) -> float:
+        if len(self._modes) > 256:
+            self._modes.clear()
+        self._modes[key] = value
+        return value
 
     # -- learning ----------------------------------------------------------------------------
 
@@ -730,8 +751,11 @@ class LearnedCostModel:
             n = int(s[0])
             cc = self.prior.cost_curve(n, StepLoad(int(ctx[0])))
             prior = float(cc.draft_s + cc.prep_s + cc.verify_s[n - 1])
-        else:
-            prior = float(self._prior(ctx, s, int(s.sum())).cycle[-1])
+        else:  # the even-spread prior the joint decision prices with
+            total = int(s.sum())
+            prior = float(
+                self._even_prior(ctx, max(total, min(b * 1024, JOINT_HORIZON)))[total - b]
+            )
         ratio = cycle_s / prior if prior > 0 else math.nan
         self.table.observe(kind, b, int(s.sum()), ratio)
         return ratio

@@ -63,7 +63,9 @@ def run(batch: int, steps: int, repeats: int) -> dict[str, float]:
             t0 = time.perf_counter()
             choice = policy.choose_batch(marginals, context)
             trees = choice.trees
-            walked = accepted_paths(trees.parents, trees.tokens, trees.depths, trees.offsets, target)
+            walked = accepted_paths(
+                trees.parents, trees.tokens, trees.depths, trees.offsets, target
+            )
             if walked is None:
                 raise SystemExit("the compiled kernel is needed (pip install with a C compiler)")
             counts, _, _, nodes = walked

@@ -162,12 +162,15 @@ def serve(
     progress: Callable[[int, int], None] | None = None,
     arrivals: Sequence[Arrival] | None = None,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    max_steps: int | None = None,
 ) -> ServingResult:
     """Serve requests with ``policy``, at most ``concurrency`` in service at once.
 
     Closed loop: ``n_requests`` requests, ``concurrency`` at a time, each replaced when it
     finishes. Open loop: ``arrivals`` (sorted by time) give each request's arrival and lengths.
     ``prefill_chunk`` = 0 skips prefill (a request's first token comes at its admission).
+    ``max_steps`` stops after that many decode steps, finished or not (a learning policy's
+    warm-up); the result then holds only the requests that finished.
     """
     if arrivals is not None:
         n = len(arrivals)
@@ -183,6 +186,10 @@ def serve(
         raise ConfigError(f"concurrency must be an integer ≥ 1; got {concurrency!r}")
     if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
         raise ConfigError(f"prefill_chunk must be an integer ≥ 0; got {prefill_chunk!r}")
+    if max_steps is not None and (
+        isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0
+    ):
+        raise ConfigError(f"max_steps must be an integer ≥ 0 or None; got {max_steps!r}")
 
     env = simpy.Environment()
     pool = SimBatch(source, n)
@@ -291,7 +298,7 @@ def serve(
         if arrivals is None:
             for i in range(min(concurrency, n)):
                 arrive(i)
-        while len(result.requests) < n:
+        while len(result.requests) < n and (max_steps is None or result.steps < max_steps):
             if arrivals is not None:
                 while next_arrival < n and arrivals[next_arrival].time_s <= env.now:
                     arrive(next_arrival)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,8 @@ class SimSpec:
     cost_mode: str = "static"
     n_max: int = 1024  # the adaptive controller's cap
     truth: str | GroundTruth = DEFAULT_TRUTH  # the simulated GPU: a truth name, path or object
+    # decode steps a learning policy serves (other requests, not measured) before its run
+    warmup_steps: int = 200
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or self.concurrency < 1:
@@ -106,6 +108,14 @@ class SimSpec:
         if isinstance(self.prefill_chunk, bool) or self.prefill_chunk < 0:
             raise ConfigError(
                 f"prefill_chunk must be an integer ≥ 0 (0: no prefill); got {self.prefill_chunk!r}"
+            )
+        if (
+            isinstance(self.warmup_steps, bool)
+            or not isinstance(self.warmup_steps, int)
+            or not 0 <= self.warmup_steps <= 1_000_000
+        ):
+            raise ConfigError(
+                f"warmup_steps must be an integer in 0 … 1000000; got {self.warmup_steps!r}"
             )
         if self.output_len is not None and self.output_len < 2:
             raise ConfigError(f"output_len must be ≥ 2; got {self.output_len}")
@@ -356,6 +366,18 @@ def simulate(
                         gpu(), cm, n_max=spec.n_max, concurrency=spec.concurrency, seed=spec.seed
                     )
                 cm = learned.copy()
+                if spec.warmup_steps:  # other requests (another seed), closed loop, unmeasured
+                    warm = replace(spec, seed=spec.seed + 1_000_003)
+                    serve(
+                        policy,
+                        gpu(),
+                        request_source(warm),
+                        1_000_000,
+                        spec.concurrency,
+                        cm,
+                        prefill_chunk=spec.prefill_chunk,
+                        max_steps=spec.warmup_steps,
+                    )
         tick = (lambda d, n, name=name: progress(name, d, n)) if progress else None
         source = request_source(spec)
         t0 = time.perf_counter()
