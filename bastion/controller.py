@@ -174,6 +174,7 @@ class LearningPolicy:
             return BatchChoice(TreeBatch.roots(b), why, kind="ar")
         cal = learner.acceptance.calibrate(marginals)
         contexts = req.context_lens
+        explore = False
         if b == 1:
             ctx = int(contexts[0])
             start = 64
@@ -201,10 +202,10 @@ class LearningPolicy:
             c_tree = float(jdiag.c_hat[jdiag.total_size - b])
         depth = int(cal.probs.shape[1])
         top1 = cal.probs[:, :, 0]
-        a_chain = b + float(np.cumprod(top1, axis=1).sum())
+        a_chain = (b + float(np.cumprod(top1, axis=1).sum())) * learner.chain_ratio()
         c_chain = learner.mode_cycle("chain", contexts, depth)
         s_chain = a_chain * ar_s / c_chain
-        if s_chain > s_tree:
+        if s_chain > s_tree and not (b == 1 and explore):  # an exploring step keeps its tree
             from bastion.policies import ChainPolicy
 
             chain = ChainPolicy().choose_batch(cal, context).trees

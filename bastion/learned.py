@@ -322,13 +322,14 @@ class SizeCalibration:
     by their own means would compare different steps. The calibration therefore learns
     *increments*, paired within a step: for consecutive lattice sizes L_{k−1} < L_k, the gain
     ratio h_k = Σ (τ(L_k) − τ(L_{k−1})) / Σ (Â(L_k) − Â(L_{k−1})) over the steps that observed
-    L_k (sums forgotten with ``decay``, ``prior_weight`` tokens of pseudo-gain at ratio 1). A
+    L_k (sums forgotten with ``decay``, plus ``prior_weight`` pseudo-steps at ratio 1, each worth
+    the cell's mean surrogate gain, so a few unlucky steps cannot condemn a size). A
     step's expected τ at L_j is then B + Σ_{k ≤ j} h_k·ΔÂ_k of that step's own Â: the
     surrogate's per-step information, with each increment discounted by what such increments
     realised. A cell never observed borrows the ratio of the nearest observed cell below.
     """
 
-    def __init__(self, prior_weight: float = 0.5, decay: float = 0.998) -> None:
+    def __init__(self, prior_weight: float = 8.0, decay: float = 0.998) -> None:
         if not (math.isfinite(prior_weight) and prior_weight > 0):
             raise BudgetError(f"prior_weight must be a finite number > 0; got {prior_weight!r}")
         if not 0 < decay <= 1:
@@ -348,8 +349,10 @@ class SizeCalibration:
         if hit is not None and hit[0] == self.version:
             return hit[1]
         seen = self._weight[b] > 1e-9
-        w = self.prior_weight
-        h = (self._dt[b] + w) / (self._da[b] + w)
+        # ``prior_weight`` pseudo-steps of ratio 1, each worth the cell's mean surrogate gain
+        prior = self.prior_weight * self._da[b] / np.where(seen, self._weight[b], 1.0)
+        h = (self._dt[b] + prior) / np.maximum(self._da[b] + prior, 1e-12)
+        h = np.where(self._da[b] + prior > 1e-12, h, 1.0)
         observed = np.flatnonzero(seen)
         if observed.size == 0:
             h = np.ones_like(h)
@@ -484,6 +487,7 @@ class LearnedCostModel:
         self.startup_s = 0.0  # device seconds spent by calibrate_cycles
         self.speedup = math.inf  # realised speculative speedup over AR (EWMA), ∞: untried
         self._since_draft = 0
+        self._chain = [0.0, 0.0, 0.0]  # the chain's Σ realised τ, Σ Â, steps (forgotten)
         self._probe_interval = probe_every
         self.always_draft = False  # e.g. while recording traces: never skip the drafter
         self._drafted = 0
@@ -724,6 +728,13 @@ class LearnedCostModel:
 
     # -- learning ----------------------------------------------------------------------------
 
+    def chain_ratio(self) -> float:
+        """Realised/predicted τ of the chain steps so far (``prior_weight`` pseudo-steps of
+        ratio 1, as the size calibration)."""
+        real, pred, steps = self._chain
+        prior = self.sizes.prior_weight * (pred / steps if steps else 0.0)
+        return (real + prior) / (pred + prior) if pred + prior > 0 else 1.0
+
     def explore_now(self) -> bool:
         """Whether this drafted step should verify a larger tree than the best one: every
         ``explore_every``-th drafted step (deterministic, so the same run repeats)."""
@@ -783,6 +794,11 @@ class LearnedCostModel:
         self.acceptance.observe(trees, accepted_nodes, committed)
         if kind == "tree":
             self.sizes.observe(trees, accepted_nodes, committed)
+        elif kind == "chain":  # what the chain's Â realised, as the size calibration does
+            d = self.sizes.decay
+            self._chain[0] = d * self._chain[0] + float(np.sum(committed))
+            self._chain[1] = d * self._chain[1] + float(trees.scores.sum())
+            self._chain[2] = d * self._chain[2] + 1.0
         ar = self.mode_cycle("ar", contexts, 0)
         realised = float(np.sum(committed)) * ar / (b * cycle_s)
         a = self.smoothing

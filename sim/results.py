@@ -96,6 +96,8 @@ METRIC_COLUMNS = (
     "acceptance_rate",  # accepted draft tokens / drafted nodes (root excluded); empty for AR
     "acceptance_by_position",  # [d-1]: share of drafting steps accepting ≥ d draft tokens
     "tokens",  # output tokens generated
+    "cycle_predicted_s",  # a learning controller's mean predicted cycle (empty otherwise)
+    "cycle_observed_s",  # … beside the mean simulated cycle of the same steps
 )
 """A policy's metrics, the fields of :class:`bastion.sim.simulate.PolicyResult` in order."""
 

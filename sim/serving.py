@@ -122,6 +122,11 @@ class ServingResult:
     prefill_s: float = 0.0  # prefill-only passes
     steps: int = 0
     batch_sizes: list[int] = field(default_factory=list)
+    # a learning controller's predicted cycle beside the simulated one, summed over the steps
+    # it learned from (no prefill chunk in the pass)
+    cycle_predicted_s: float = 0.0
+    cycle_observed_s: float = 0.0
+    cycles_compared: int = 0
 
     @property
     def tau(self) -> float:
@@ -341,6 +346,11 @@ def serve(
             yield env.timeout(t_draft + t_prep + t_verify)
             if learning and not chunk_tokens:  # a prefill chunk in the pass is not the tree's
                 engine.report(rec, t_draft + t_prep + t_verify)
+                predicted = getattr(rec.diagnostics, "predicted_cycle_s", None)
+                if predicted is not None:
+                    result.cycle_predicted_s += float(predicted)
+                    result.cycle_observed_s += t_draft + t_prep + t_verify
+                    result.cycles_compared += 1
             result.steps += 1
             result.draft_s += t_draft
             result.prep_s += t_prep

@@ -168,6 +168,10 @@ class PolicyResult:
     acceptance_rate: float  # accepted draft tokens / drafted tree nodes (nan without a draft)
     acceptance_by_position: tuple[float, ...]  # [d-1]: share of steps accepting ≥ d drafts
     tokens: int  # output tokens generated over all requests
+    # a learning controller's mean predicted cycle beside the mean simulated one, over the
+    # steps it learned from (nan for other policies)
+    cycle_predicted_s: float = float("nan")
+    cycle_observed_s: float = float("nan")
 
     @classmethod
     def of(cls, r: ServingResult, ar_tpot_s: float, wall_s: float) -> PolicyResult:
@@ -190,6 +194,12 @@ class PolicyResult:
             e2e_mean_s=float(np.mean([q.e2e_s for q in r.requests])),
             **acceptance(r),
             tokens=r.tokens,
+            cycle_predicted_s=(
+                r.cycle_predicted_s / r.cycles_compared if r.cycles_compared else float("nan")
+            ),
+            cycle_observed_s=(
+                r.cycle_observed_s / r.cycles_compared if r.cycles_compared else float("nan")
+            ),
         )
 
 

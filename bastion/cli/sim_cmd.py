@@ -88,6 +88,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         cost_mode=args.cost_mode,
         n_max=args.n_max,
         truth=args.truth,
+        warmup_steps=args.warmup_steps,
     )
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
     out = Path(args.out) if args.out else None
@@ -132,6 +133,12 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(
                 f"{r.policy:<12} {r.ttft_p50_s * 1e3:>9.2f} {r.ttft_p99_s * 1e3:>9.2f} "
                 f"{r.tpot_p50_s * 1e3:>9.3f} {r.tpot_p99_s * 1e3:>9.3f}"
+            )
+    for r in result.rows:
+        if r.cycle_predicted_s == r.cycle_predicted_s:  # a learning controller's (not nan)
+            print(
+                f"{r.policy}: cycle predicted {r.cycle_predicted_s * 1e3:.3f} ms, simulated "
+                f"{r.cycle_observed_s * 1e3:.3f} ms (mean over the steps it learned from)"
             )
     print(
         f"simulated {result.simulated_s:.1f} s in {result.wall_s:.1f} s wall "
@@ -245,6 +252,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "profiled:[FORMAT:]FILE (a measured per-operator table, docs/cost-model.md)",
     )
     p.add_argument("--n-max", type=int, default=1024, help="the controller's N_max")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=200,
+        help="decode steps the learning controller (bastion) serves on other requests before "
+        "its measured run (0: measure from a cold start)",
+    )
     p.add_argument(
         "--truth",
         default="hf-eager",
