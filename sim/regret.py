@@ -6,6 +6,9 @@ the best of every policy of the setting that is not a ``bastion`` one (AR, the c
 …), and the paper's controller (``bastion:paper``) is shown beside it. The promise being
 checked: ``bastion`` ≥ 0.98 × the best other policy in every setting, median ≥ 1.00.
 
+:func:`acceptance_curve` gives the τ(N) curve of a workload preset that
+``bastion validate --regret`` scores a cost model's decisions with.
+
 What this module does not do: run simulations (the experiment runner does) or decide anything.
 """
 
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from bastion.sim.results import SPEC_COLUMNS
 
@@ -24,6 +28,38 @@ __all__ = ["PROMISE", "regret_report", "regret_rows"]
 PROMISE = 0.98  # bastion ≥ PROMISE × the best other policy, in every setting
 
 Row = dict[str, Any]
+
+
+def acceptance_curve(
+    workload: str, n_max: int = 1024, steps: int = 300, seed: int = 0
+) -> npt.NDArray[np.float64]:
+    """τ(N) for N = 1 … ``n_max``: the mean committed tokens per step (bonus included) of the
+    best-first tree of each size on ``steps`` draft steps of a workload preset (T = 0: the
+    prefixes of one verified tree of ``n_max`` nodes give every smaller size exactly)."""
+    from bastion.bestfirst import accepted_paths
+    from bastion.errors import BudgetError
+    from bastion.policies import best_first_batch
+    from bastion.sim.synthetic import SyntheticSource
+    from bastion.sim.workloads import get_workload
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise BudgetError(f"steps must be an integer ≥ 1; got {steps!r}")
+    source = SyntheticSource(get_workload(workload), seed)
+    source.admit(0, 0)
+    slots = np.zeros(1, np.int64)
+    sizes = np.arange(1, n_max + 1)
+    total = np.zeros(n_max)
+    for _ in range(steps):
+        marginals, target = source.draft(slots, slots)
+        trees = best_first_batch(marginals, n_max)
+        walked = accepted_paths(trees.parents, trees.tokens, trees.depths, trees.offsets, target)
+        if walked is None:  # pragma: no cover - without the compiled kernel
+            from bastion.sim.backend import accepted_counts
+
+            raise BudgetError(f"acceptance curves need the compiled kernel ({accepted_counts})")
+        path = np.sort(walked[3])
+        total += 1 + np.searchsorted(path, sizes - 1, side="right")
+    return total / steps
 
 
 def _metric(row: Row) -> float:

@@ -32,7 +32,36 @@ def register(subparsers: Any) -> None:
         "--max-tokens", type=int, default=1024, help="score token counts up to this (0: all)"
     )
     p.add_argument("--json", action="store_true", help="JSON records per operator and mode")
+    p.add_argument(
+        "--regret",
+        action="store_true",
+        help="instead: the decision regret of each mode (bare, calibrated, measured: deciding "
+        "only among at most 32 measured sizes) over the shipped workload presets' acceptance "
+        "curves (docs/cost-model.md)",
+    )
     p.set_defaults(func=_validate)
+
+
+def _regret(args: argparse.Namespace, table: Any, model: Any, hw: Any) -> int:
+    from bastion.cost.regret import decision_regret
+    from bastion.sim.regret import acceptance_curve
+    from bastion.sim.workloads import known_workloads
+
+    top = int(table.tokens.max())
+    curves = {name: acceptance_curve(name, top) for name in sorted(known_workloads())}
+    records = decision_regret(table, model, hw, curves)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in records], indent=2))
+        return 0
+    print(f"{table.path}: {model.name} on {hw.name}; decision regret over {', '.join(curves)}")
+    print(f"{'mode':<11} {'sizes':>5} {'worst':>7} {'median':>7}  chosen N per workload")
+    for r in records:
+        chosen = ", ".join(f"{k} {v}" for k, v in r.chosen.items())
+        print(
+            f"{r.mode:<11} {r.n_measured:>5} {r.worst_regret:>7.2%} {r.median_regret:>7.2%}  "
+            f"{chosen}"
+        )
+    return 0
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -48,6 +77,8 @@ def _validate(args: argparse.Namespace) -> int:
     hw = get_profile(args.gpu)
     model = get_model(args.model)
     table = load_measured(args.measured, args.format)
+    if args.regret:
+        return _regret(args, table, model, hw)
     report = validate(
         table,
         model,
