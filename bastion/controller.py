@@ -8,11 +8,12 @@ Each step it chooses among every way of decoding it can price from measured cycl
   AR is faster, drafts every ``probe_every``-th step to see whether that changed.
 - **The chain** (the drafter's top-1 path, verified with a causal pass): priced by its own
   measured cycle, with its acceptance from the calibrated marginals.
-- **Best-first trees** of every size up to ``n_max``, priced by the *stepped* learned cycle
-  (:meth:`bastion.learned.LearnedCostModel.decision_curve`): each size costs what the cheapest
-  measured lattice size at or above it costs, so the chosen size is a measured one. At batch
-  > 1 the trees of the step share one joint budget (:mod:`bastion.joint`) along the same
-  stepped batch curve.
+- **Best-first trees** of the lattice sizes up to ``n_max``: at batch 1 each priced by its
+  learned cycle (:meth:`bastion.learned.LearnedCostModel.candidate_cycles`, one standard error on
+  the expensive side) and credited with the tokens the size calibration expects of this step's
+  surrogate there, so the chosen size is a measured one; at batch > 1 the trees of the step share
+  one joint budget (:mod:`bastion.joint`) along the learned batch cycle, stepped to the cheapest
+  measured total at or above each total.
 
 The acceptance the controller maximises is the drafter's surrogate corrected by the observed
 per-depth factor (:class:`bastion.learned.AcceptanceCalibration`): best-first on the calibrated

@@ -3,31 +3,30 @@
 Design decision 9: *decide on what was measured; model only what was not.* A GPU's cost curve
 has steps (kernel tile and wave choices) that no smooth fit reproduces, so the controller of
 :mod:`bastion.controller` does not trust a fitted curve between the points it was fitted on. It
-keeps two learned corrections of its priors:
+keeps learned corrections of its priors:
 
 - :class:`CycleTable`: the measured/predicted ratio of the *whole cycle* (drafting, preparation,
   the controller itself and the verification pass) per batch-size bucket and per cell of a
-  token lattice (:func:`token_lattice`: every 8 tokens up to 256, then coarser), plus one cell
-  per bucket for a target-only AR step and one for the chain. Each cell is the median of its
-  last ``window`` observations, so a noisy or one-off step moves nothing. Start-up calibration
-  (:func:`calibrate_cycles`) fills the cells by timing real (or simulated) passes; every step
-  the engine runs adds one observation to the cell it touched. Where a cell was never measured
-  its ratio is interpolated from the measured cells of the bucket (then the nearest bucket),
-  and the prior — the calibrated roofline — extrapolates to other contexts and batches.
-- :class:`AcceptanceCalibration`: realised/predicted acceptance per draft depth. The drafter's
-  surrogate ρ over-predicts deep nodes; the learned factor f(d) — kept non-increasing in d and
-  at most 1 — turns ρ into ρ·f(depth). Because f is non-increasing, scaling row d of the
-  marginals by f(d)/f(d − 1) ≤ 1 gives exactly those scores as path products and keeps rows
-  sorted, so best-first on the calibrated marginals is still the optimal tree of each size for
-  the calibrated objective (tested with :mod:`bastion.testing`'s oracle).
+  token lattice (:func:`token_lattice`: 1 … 8, every 8 tokens up to 256, then coarser), plus one
+  cell per bucket for a target-only AR step and one for the chain. Each cell is the median of
+  its last ``window`` observations, so a noisy or one-off step moves nothing. Start-up
+  calibration (:func:`calibrate_cycles`) fills the cells by timing real (or simulated) cycles;
+  every step the engine runs adds one observation to the cell it touched. Where a cell was
+  never measured its ratio is interpolated from the measured cells of the bucket (then the
+  nearest bucket), and the prior — the calibrated roofline — extrapolates to other contexts.
+- :class:`AcceptanceCalibration`: realised/predicted acceptance of a candidate per (depth,
+  rank). The calibrated marginals q = min(1, p·g) keep best-first optimal for the calibrated
+  objective (path products of values ≤ 1 never grow along a path).
+- :class:`SizeCalibration`: what each lattice size really commits, learned from the prefixes
+  of verified trees as increments paired within a step.
 
-:class:`LearnedCostModel` puts both behind the :class:`bastion.interfaces.CostModel` protocol
+:class:`LearnedCostModel` puts them behind the :class:`bastion.interfaces.CostModel` protocol
 (and the joint one of :mod:`bastion.joint`): its ``cost_curve`` is the prior's cycle times the
-learned ratios, and :meth:`LearnedCostModel.decision_curve` is the same curve *stepped*: every
-size is priced at the cheapest measured lattice point at or above it. On a stepped curve the
-best size is always a lattice point (within a step Ĉ is constant and Â grows), and the curve is
-non-decreasing, so the controller's exact pruned argmax still applies however non-monotone the
-measured table is.
+learned ratios; the controller reads :meth:`LearnedCostModel.candidate_cycles` (batch 1) and
+:meth:`LearnedCostModel.joint_decision_curve` (batch > 1: the batch cycle *stepped* so that
+every total is priced at the cheapest measured lattice total at or above it, which keeps the
+curve non-decreasing, so the joint budget's exact pruned argmax still applies however
+non-monotone the measured table is, and whose best total is a measured one).
 
 What this module does not do: choose trees (:mod:`bastion.controller`) or time anything itself
 (the engine and the simulator report what they measured).
@@ -443,7 +442,7 @@ class LearnedCostModel:
 
     Implements ``CostModel`` (``step_cost``, ``cost_curve``, ``observe``) and the joint
     protocol (``joint_cost_curve``) with the learned whole-cycle estimate; the learning
-    controller reads :meth:`decision_curve` / :meth:`joint_decision_curve` (stepped to the
+    controller reads :meth:`candidate_cycles` / :meth:`joint_decision_curve` (stepped to the
     cheapest measured lattice point at or above each size), :meth:`mode_cycle` (the AR and
     chain cycles) and :attr:`acceptance`. :meth:`observe_step` is the engine's hook: every
     step's measured cycle and accepted paths.
@@ -610,34 +609,12 @@ class LearnedCostModel:
         at_end = cost[end]
         return np.minimum.accumulate(at_end[::-1])[::-1]
 
-    def decision_curve(self, n: int, n_max: int, context_len: int) -> CostCurve:
-        """Batch 1: the stepped decision cost (:meth:`_deciding`) for N = 1 … n, stepped over
-        all of 1 … n_max — the most the tree can hold, so a cheap measured size beyond n
-        still caps the price of the sizes below it — as a curve whose ``verify_s`` is the
-        whole cycle; ``ar_step_s`` is the learned AR cycle."""
-        key = (int(context_len), int(n_max))
-        version = self.table.version + self.sizes.version
-        hit = self._curves.get(key)
-        if hit is None or hit[0] != version:
-            prior = self._prior(np.asarray([context_len], np.int64), None, n_max)
-            learned = self._learned(prior.totals, prior.cycle, 1)
-            stepped = self.stepped(prior.totals, self._deciding(prior.totals, prior.cycle, 1))
-            stepped.flags.writeable = False
-            ar = prior.curve.ar_step_s * float(self.table.ratios("ar", 1)[0])
-            whole = CostCurve(0.0, 0.0, stepped, ar)
-            if len(self._curves) > 64:
-                self._curves.clear()
-            hit = (version, whole, learned)
-            self._curves[key] = hit
-        whole = hit[1]
-        return CostCurve(0.0, 0.0, whole.verify_s[:n], whole.ar_step_s)
-
     def candidate_cycles(
         self, cells: IntArray, sizes: IntArray, n_max: int, context_len: int
     ) -> tuple[FloatArray, float]:
         """Batch 1: the learned cycle of trees of ``sizes`` (lattice ``cells``), one standard
         error on the expensive side, and the learned AR cycle."""
-        key = (-1 - int(context_len), int(n_max))  # beside decision_curve's entries
+        key = (int(context_len), int(n_max))
         hit = self._curves.get(key)
         if hit is None or hit[0] != self.table.version or hit[2].shape[0] != sizes.shape[0]:
             cc = self.prior.cost_curve(n_max, StepLoad(int(context_len)))
