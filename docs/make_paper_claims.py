@@ -69,7 +69,7 @@ def headline(size: dict[str, Any]) -> dict[str, Any]:
                 model=model,
                 gpu="a100-sxm-80gb",
                 workload=workload,
-                policies=("chain", *[f"fixed:{n}" for n in FIXED[:5]], "bastion"),
+                policies=("chain", *[f"fixed:{n}" for n in FIXED[:5]], "bastion", "bastion:paper"),
                 **size,
             )
             out[f"{model}/{workload}"] = run(spec)
@@ -85,7 +85,7 @@ def ddtree_sweep(size: dict[str, Any]) -> dict[str, Any]:
                 model=model,
                 gpu="a100-pcie-40gb",
                 workload=workload,
-                policies=(*[f"fixed:{n}" for n in FIXED[:6]], "bastion"),
+                policies=(*[f"fixed:{n}" for n in FIXED[:6]], "bastion", "bastion:paper"),
                 **size,
             )
             out[f"{model}/{workload}"] = run(spec)
@@ -102,7 +102,7 @@ def batched(size: dict[str, Any]) -> dict[str, Any]:
                 gpu="rtx-a6000",
                 workload=workload,
                 truth="cudagraph",
-                policies=("chain", "fixed:16", "fixed:32", "fixed:64", "bastion"),
+                policies=("chain", "fixed:16", "fixed:32", "fixed:64", "bastion", "bastion:paper"),
                 concurrency=concurrency,
                 requests=max(size["requests"], 2 * concurrency),
                 output_len=min(size["output_len"], 256),
@@ -117,7 +117,7 @@ def moe(size: dict[str, Any]) -> dict[str, Any]:
         model="qwen3-coder-30b-a3b",
         gpu="a100-sxm-80gb",
         workload="qwen3-coder-30b-a3b-code",
-        policies=("chain", *[f"fixed:{n}" for n in FIXED], "bastion"),
+        policies=("chain", *[f"fixed:{n}" for n in FIXED], "bastion", "bastion:paper"),
         **size,
     )
     return {"code": run(spec)}
