@@ -29,6 +29,7 @@ the cost model's ``observe_step``) or store what was learned (:mod:`bastion.lear
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,14 +39,34 @@ import numpy.typing as npt
 from bastion.batch import BatchMarginals, TreeBatch
 from bastion.bestfirst import best_first, buildable_nodes
 from bastion.errors import BudgetError
-from bastion.interfaces import BatchChoice, BatchPolicyContext, CostModel
+from bastion.interfaces import BatchChoice, BatchPolicyContext, CostCurve, CostModel
 from bastion.learned import LearnedCostModel, lattice_index, token_lattice
 from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 
 if TYPE_CHECKING:
     from bastion.batch import StepRequests
 
-__all__ = ["ControllerChoice", "LearningPolicy", "SizeDiagnostics", "choose_size", "learner_of"]
+__all__ = [
+    "EXPLORE_COST",
+    "ControllerChoice",
+    "LearningPolicy",
+    "SizeDiagnostics",
+    "choose_size",
+    "learner_of",
+]
+
+EXPLORE_COST = 2.0  # an exploring step verifies the largest size at most this many times as dear
+
+
+def _flat_until(added: int) -> Callable[[npt.NDArray[np.int64]], CostCurve]:
+    """A joint curve that makes every total up to ``added`` nodes beyond the roots equally
+    cheap and anything beyond prohibitive: the joint budget then takes exactly that total."""
+
+    def curve(grow: npt.NDArray[np.int64]) -> CostCurve:
+        m = np.arange(grow.shape[0] + 1)
+        return CostCurve(0.0, 0.0, np.where(m <= added, 1.0, 1e9), 1.0)
+
+    return curve
 
 
 def learner_of(cost_model: CostModel | None, policy: str = "bastion") -> LearnedCostModel:
@@ -109,6 +130,9 @@ def choose_size(
     increments realised). The tree is grown in doubling chunks (from twice the last chosen
     size) while the best candidate lies in the upper half of what was built — a heuristic, not
     a bound: a much larger size that would win is found by the periodic exploration instead.
+    ``explore``: verify the largest lattice size whose learned cycle is at most
+    :data:`EXPLORE_COST` times the best one's; its prefixes teach the size calibration what
+    every size up to it gives.
     """
     probs = marginals.probs
     cap = min(n_max, int(buildable_nodes(probs, n_max + 1)))
@@ -130,10 +154,9 @@ def choose_size(
             break  # the best size sits in the lower half of what was built: stop growing
         budget = min(2 * budget, cap)
     chosen = int(sizes[best])
-    if explore and chosen < cap:  # bounded exploration: twice the size, to learn what it gives
-        target = int(
-            all_sizes[min(int(np.searchsorted(all_sizes, 2 * chosen)), len(all_sizes) - 1)]
-        )
+    if explore and chosen < cap:  # bounded exploration: the largest size at most twice as dear
+        affordable = all_sizes[cycles <= EXPLORE_COST * float(cycles[best])]
+        target = max(int(affordable.max(initial=0)), int(all_sizes[min(best + 1, k - 1)]))
         if target > n:
             arrays = best_first(probs, target)
         chosen = min(target, int(arrays[3].shape[0]))
@@ -198,6 +221,14 @@ class LearningPolicy:
                 "auto",
                 min(start, self.n_max),
             )
+            explore = learner.explore_now()
+            if explore:  # the largest batch total at most EXPLORE_COST times as dear
+                total = int(trees.sizes.sum())
+                target = learner.affordable_total(contexts, total, self.n_max, EXPLORE_COST)
+                if target > total:
+                    trees = choose_joint_batch(
+                        cal, _flat_until(target - b), self.n_max, "auto", min(start, self.n_max)
+                    )[0]
             diag = jdiag
             s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
             c_tree = float(jdiag.c_hat[jdiag.total_size - b])
@@ -206,7 +237,7 @@ class LearningPolicy:
         a_chain = (b + float(np.cumprod(top1, axis=1).sum())) * learner.chain_ratio()
         c_chain = learner.mode_cycle("chain", contexts, depth)
         s_chain = a_chain * ar_s / c_chain
-        if s_chain > s_tree and not (b == 1 and explore):  # an exploring step keeps its tree
+        if s_chain > s_tree and not explore:  # an exploring step keeps its tree
             from bastion.policies import ChainPolicy
 
             chain = ChainPolicy().choose_batch(cal, context).trees

@@ -399,7 +399,7 @@ class SizeCalibration:
         if b == 1:
             rank = within  # the tree's own order (the root is rank 0)
         else:  # the batch's merged order: ρ descending, then request, then the tree's order
-            order = np.lexsort((within, request, -trees.scores, ~nonroot))
+            order = np.lexsort((within, request, -trees.scores, nonroot))  # roots first
             rank = np.empty(total, np.int64)
             rank[order] = np.arange(total)
             rank -= b - 1  # non-root nodes ranked 1 … total − B, roots ≤ 0
@@ -449,7 +449,8 @@ class LearnedCostModel:
 
     ``probe_every``: while AR is faster, draft every so many steps to see whether that changed
     (bounded exploration, deterministic). ``margin``: speculate only when its realised speedup
-    over AR exceeds 1 + margin.
+    over AR exceeds 1 + margin. ``evidence``: the realised speedup is the mean over the last so
+    many drafted steps, and AR is chosen only once at least half of them were seen.
     """
 
     def __init__(
@@ -459,7 +460,7 @@ class LearnedCostModel:
         window: int = 9,
         probe_every: int = 16,
         margin: float = 0.0,
-        smoothing: float = 0.1,
+        evidence: int = 16,
         explore_every: int = 64,
         acceptance: AcceptanceCalibration | None = None,
     ) -> None:
@@ -472,8 +473,8 @@ class LearnedCostModel:
             raise BudgetError(f"probe_every must be an integer ≥ 1; got {probe_every!r}")
         if not (math.isfinite(margin) and margin >= 0):
             raise BudgetError(f"margin must be a finite number ≥ 0; got {margin!r}")
-        if not 0 < smoothing <= 1:
-            raise BudgetError(f"smoothing must be in (0, 1]; got {smoothing!r}")
+        if isinstance(evidence, bool) or not isinstance(evidence, int) or evidence < 2:
+            raise BudgetError(f"evidence must be an integer ≥ 2; got {evidence!r}")
         if isinstance(explore_every, bool) or not isinstance(explore_every, int):
             raise BudgetError(f"explore_every must be an integer ≥ 0; got {explore_every!r}")
         if explore_every < 0:
@@ -482,9 +483,11 @@ class LearnedCostModel:
         self.table = CycleTable(window)
         self.acceptance = acceptance or AcceptanceCalibration()
         self.sizes = SizeCalibration()
-        self.probe_every, self.margin, self.smoothing = probe_every, margin, smoothing
+        self.probe_every, self.margin, self.evidence = probe_every, margin, evidence
+        self._realised: list[float] = []  # the last ``evidence`` drafted steps' speedups
         self.startup_s = 0.0  # device seconds spent by calibrate_cycles
-        self.speedup = math.inf  # realised speculative speedup over AR (EWMA), ∞: untried
+        self.speedup = math.inf  # mean realised speedup of recent drafted steps over AR (∞: too
+        # few of them yet)
         self._since_draft = 0
         self._chain = [0.0, 0.0, 0.0]  # the chain's Σ realised τ, Σ Â, steps (forgotten)
         self._probe_interval = probe_every
@@ -659,6 +662,21 @@ class LearnedCostModel:
         ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
         return CostCurve(0.0, 0.0, deciding, ar)
 
+    def affordable_total(
+        self, context_lens: IntArray, total: int, n_max: int, factor: float
+    ) -> int:
+        """Batch > 1: the largest lattice total up to B·n_max (at most :data:`JOINT_HORIZON`)
+        whose learned batch cycle (even spread) is at most ``factor`` times that of ``total``."""
+        ctx = np.asarray(context_lens, dtype=np.int64)
+        b = ctx.shape[0]
+        top = max(min(b * int(n_max), JOINT_HORIZON), total)
+        even = self._even_prior(ctx, top)
+        totals = LATTICE[(b <= LATTICE) & (top >= LATTICE)]
+        learned = self._learned(totals, even[totals - b], b)
+        here = float(self._learned(np.array([total]), even[total - b : total - b + 1], b)[0])
+        ok = totals[learned <= factor * here]
+        return int(ok.max()) if ok.size else total
+
     def _even_prior(self, ctx: IntArray, top: int) -> FloatArray:
         """The prior's batch cycle for totals B … ``top`` along an even spread, cached per
         batch size and mean context (in steps of 256 tokens)."""
@@ -778,12 +796,14 @@ class LearnedCostModel:
             self._chain[2] = d * self._chain[2] + 1.0
         ar = self.mode_cycle("ar", contexts, 0)
         realised = float(np.sum(committed)) * ar / (b * cycle_s)
-        a = self.smoothing
         threshold = 1.0 + self.margin
         probing = self.speedup <= threshold
-        self.speedup = (
-            realised if math.isinf(self.speedup) else (1 - a) * self.speedup + a * (realised)
-        )
+        recent = self._realised
+        recent.append(realised)
+        if len(recent) > self.evidence:
+            del recent[0]
+        # one unlucky step must not switch decoding off: AR needs evidence/2 steps of it
+        self.speedup = sum(recent) / len(recent) if 2 * len(recent) >= self.evidence else math.inf
         if self.speedup > threshold:
             self._probe_interval = self.probe_every
         elif probing:  # a probe that found AR still faster: look again less often

@@ -255,3 +255,25 @@ def test_wants_draft_probes_while_ar_is_faster() -> None:
     assert asked == [False, False, False]
     learner._since_draft = 3
     assert learner.wants_draft(1)  # the fourth step probes
+
+
+def test_size_calibration_counts_the_batch_merged_order() -> None:
+    """Batch 2: the prefix of M nodes is the roots plus the M − 2 best non-root nodes of both
+    trees by ρ; what it would have committed counts the accepted nodes among them."""
+    rho0, rho1 = [1.0, 0.9, 0.5, 0.2], [1.0, 0.8, 0.7, 0.1]
+    trees = TreeBatch(
+        np.array([0, 4, 8]),
+        np.array([-1, 0, 1, 2, -1, 0, 1, 2]),
+        np.zeros(8, np.int64),
+        np.array([0, 1, 2, 3, 0, 1, 2, 3]),
+        np.array(rho0 + rho1),
+        np.array([-1, 0, 0, 0, -1, 0, 0, 0]),
+    )
+    sc = SizeCalibration(prior_weight=1e-9)
+    sc.observe(trees, np.array([1, 2, 1]), np.array([3, 2]))  # request 0: 2 drafts, 1: one
+    totals = np.arange(2, 9)
+    gains = np.sort(np.array(rho0[1:] + rho1[1:]))[::-1]
+    predicted = 2 + np.concatenate(([0.0], np.cumsum(gains)))
+    got = sc.expected(2, lattice_index(totals), predicted)
+    # merged order: r0·0.9 (on path), r1·0.8 (on path), r1·0.7, r0·0.5 (on path), r0·0.2, r1·0.1
+    assert np.allclose(got, [2, 3, 4, 4, 5, 5, 5])
