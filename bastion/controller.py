@@ -55,7 +55,7 @@ __all__ = [
     "learner_of",
 ]
 
-EXPLORE_COST = 2.0  # an exploring step verifies the largest size at most this many times as dear
+EXPLORE_COST = 1.5  # an exploring step verifies the largest size at most this many times as dear
 
 
 def _flat_until(added: int) -> Callable[[npt.NDArray[np.int64]], CostCurve]:

@@ -461,7 +461,7 @@ class LearnedCostModel:
         probe_every: int = 16,
         margin: float = 0.0,
         evidence: int = 16,
-        explore_every: int = 64,
+        explore_every: int = 128,
         acceptance: AcceptanceCalibration | None = None,
     ) -> None:
         if isinstance(prior, LearnedCostModel):
@@ -732,9 +732,10 @@ class LearnedCostModel:
 
     def explore_now(self) -> bool:
         """Whether this drafted step should verify a larger tree than the best one: every
-        ``explore_every``-th drafted step (deterministic, so the same run repeats)."""
-        self._drafted += 1
-        return self.explore_every > 0 and self._drafted % self.explore_every == 0
+        ``explore_every``-th drafted step from the first on (deterministic, so the same run
+        repeats)."""
+        self._drafted += 1  # the first drafted step explores too: it teaches the most then
+        return self.explore_every > 0 and self._drafted % self.explore_every == 1
 
     def wants_draft(self, batch_size: int) -> bool:
         """Whether the next step should draft: yes while speculation has paid (or is untried);
