@@ -63,7 +63,8 @@ def test_calibrated_error_is_the_documented_one(
     assert cal < 0.5 * bare  # calibration must at least halve the bare roofline's error
     assert cal <= (mean + 0.5) / 100
     assert report.max_error("calibrated") <= (worst + 0.5) / 100
-    assert {r.operator for r in report.results} == {c.removesuffix("_ms") for c in COLUMNS}
+    ops = {c.removesuffix("_ms") for c in COLUMNS}
+    assert {r.operator for r in report.results} == ops | {"pass"}
     assert all(r.n_test == 124 for r in report.results)
 
 
