@@ -11,7 +11,7 @@ OTHER[,OTHER…]`` reports the result as the ``transfer`` mode.
 The objective is the mean over (table, column) of the mean squared log error over the table's
 token counts up to ``max_tokens`` (a relative error that treats over- and under-prediction
 alike); it is minimised by Nelder–Mead in the logarithm of the parameters (fractions capped at
-1), from the documented defaults, restarted once from its own result. Deterministic: no random
+1), from :data:`FIT_START`, restarted once from its own result. Deterministic: no random
 starts. What this module does not do: read files (the caller passes loaded tables).
 """
 
@@ -29,10 +29,25 @@ from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions
 from bastion.errors import ConfigError
 
-__all__ = ["TransferFit", "TransferSource", "column_predictor", "fit_kernel_params"]
+__all__ = ["FIT_START", "TransferFit", "TransferSource", "column_predictor", "fit_kernel_params"]
 
 Array = npt.NDArray[np.float64]
-_FRACTIONS = ("dram_efficiency", "tensor_efficiency", "l2_fraction")
+#: Where every fit starts: round guesses written down before any table was fitted (not the
+#: defaults of :class:`KernelParams`, which are a fit on all shipped tables), so a
+#: leave-one-GPU-out fold depends on nothing of its held-out table, not even its start.
+FIT_START = KernelParams(
+    dram_efficiency=0.8,
+    stream_efficiency=0.8,
+    tensor_efficiency=0.8,
+    l2_bytes_per_flop=0.02,
+    tile_cycles=2000.0,
+    kernel_s=3e-6,
+    row_cycles=4000.0,
+    sm_bytes_per_clock=8.0,
+    l2_fraction=0.5,
+    gather_cycles=80.0,
+)
+_FRACTIONS = ("dram_efficiency", "stream_efficiency", "tensor_efficiency", "l2_fraction")
 
 
 @dataclass(frozen=True)
@@ -124,7 +139,7 @@ def fit_kernel_params(
             total += float(np.mean(np.log(predict(p) / y) ** 2))
         return total / len(terms)
 
-    x0 = np.log((start or KernelParams()).as_vector())
+    x0 = np.log((start or FIT_START).as_vector())
     settings = {"maxiter": maxiter, "xatol": 1e-4, "fatol": 1e-9}
     res = minimize(loss, x0, method="Nelder-Mead", options=settings)
     res = minimize(loss, res.x, method="Nelder-Mead", options=settings)
