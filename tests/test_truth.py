@@ -35,7 +35,10 @@ def test_shipped_truths_load_and_differ() -> None:
     assert eager.name == "hf-eager" and graph.name == "cudagraph"
     assert eager.host_layer_s > 0 and graph.host_layer_s == 0  # measured vs graph replay
     assert eager.causal_reads_mask and not graph.causal_reads_mask
-    assert len(eager.gemm_shape_tokens) == len(eager.gemm_shape_factor) > 100
+    # every shipped truth takes each GPU's GEMM steps from the kernel-aware model; the
+    # A100-measured curve is validation data (test_kernel_steps_…), not every GPU's shape
+    assert eager.gemm_shape_model == graph.gemm_shape_model == "kernel"
+    assert eager.gemm_shape_tokens == graph.gemm_shape_tokens == ()
     assert get_truth("builtin") == GroundTruth()
 
 
@@ -69,6 +72,12 @@ def test_user_truth_by_path_and_by_environment(tmp_path: Path, monkeypatch) -> N
         ({"name": "x", "moe": {"routing_correlation": 1.0}}, "routing_correlation"),
         ({"name": "x", "gemm_shape": {"tokens": [1, 2], "factor": [1.0]}}, "same length"),
         ({"name": "x", "gemm_shape": {"tokens": [4, 2], "factor": [1, 1]}}, "rise strictly"),
+        ({"name": "x", "gemm_shape": {"model": "table"}}, 'accepted: "kernel"'),
+        ({"name": "x", "gemm_shape": {"model": 1}}, 'accepted: "kernel"'),
+        (
+            {"name": "x", "gemm_shape": {"model": "kernel", "tokens": [1], "factor": [1]}},
+            "not both",
+        ),
     ],
 )
 def test_bad_truth_files_name_file_and_key(data: dict, match: str) -> None:  # type: ignore[type-arg]

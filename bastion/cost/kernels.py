@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,7 @@ __all__ = [
     "kernel_pass",
     "operator_kind",
     "row_kernel_time",
+    "step_factors",
     "streaming_time",
 ]
 
@@ -398,3 +399,44 @@ def _expert_gemm(
     rows = tokens * k / u
     k_in, n_out = (h, 2 * f) if name == "experts_gate_up" else (f, h)
     return np.asarray(gemm_time(rows, k_in, n_out, dev, p, opt.bytes_per_param, groups=u))
+
+
+def step_factors(
+    model: ModelSpec,
+    hw: HardwareProfile,
+    options: RooflineOptions | None = None,
+    params: KernelParams | None = None,
+    max_tokens: int = 8192,
+    reference_tokens: int = 4096,
+) -> tuple[tuple[str, ...], Array]:
+    """Each GEMM's kernel time over its smooth roofline, for T = 1 … ``max_tokens``.
+
+    factor_op(T) = K_op(T) / max(K_op(1)·M_op(T)/M_op(1), K_op(T_ref)·F_op(T)/F_op(T_ref)):
+    the kernel model's time K over the smooth max of a memory line through its one-token time
+    (M: the operator's bytes) and a compute line through its time at ``reference_tokens``
+    (F: its FLOPs), so it is 1 at both ends and shows only the steps and the bend between —
+    what the measured ``[gemm_shape]`` factor of a truth file is, but for any GPU and model.
+    Returns (operator names of a pass, [max_tokens, operators] factors; 1 for non-GEMMs).
+    """
+    opt = options or RooflineOptions()
+    if max_tokens < reference_tokens or reference_tokens < 2:
+        raise ConfigError(
+            f"step_factors needs 2 ≤ reference_tokens ≤ max_tokens, got {reference_tokens} and "
+            f"{max_tokens}"
+        )
+    t = np.arange(1, max_tokens + 1, dtype=np.float64)
+    pricer = KernelPricer(model, hw, t, opt)
+    dims = pricer._dims
+    kernel = pricer.seconds(params, set(dims))
+    plain = replace(opt, tile_tokens=0)
+    roof = verify_pass(model, hw, [(t, 0.0)], plain)
+    out = np.ones((t.size, len(pricer.names)))
+    ref = reference_tokens - 1
+    for j, name in enumerate(pricer.names):
+        if name not in dims:
+            continue
+        op = roof.op(name)
+        k, mem, flops = kernel[name], np.asarray(op.bytes), np.asarray(op.flops)
+        smooth = np.maximum(k[0] * mem / mem[0], k[ref] * flops / flops[ref])
+        out[:, j] = k / smooth
+    return pricer.names, out
