@@ -2,6 +2,7 @@
 
     python docs/make_transfer_table.py          # prints the Markdown tables
     python docs/make_transfer_table.py --all    # the fit on all tables (KernelParams' defaults)
+    python docs/make_transfer_table.py --steps  # measured vs predicted GEMM step positions
 
 For every shipped per-operator table (``docs/data/datasets.toml``) in turn, the kernel model's
 parameters are fitted on the *other* tables only and the held-out GPU is scored, exactly as
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from bastion.cost.datasets import read_manifest
 from bastion.cost.hardware import get_profile
+from bastion.cost.kernels import KernelParams, kernel_pass
 from bastion.cost.models import get_model
 from bastion.cost.transfer import TransferFit, TransferSource, fit_kernel_params
 from bastion.cost.validation import (
@@ -29,6 +31,8 @@ from bastion.cost.validation import (
     PASS,
     ValidationReport,
     load_measured,
+    step_positions,
+    steps_matched,
     validate,
 )
 
@@ -107,6 +111,47 @@ def tables() -> str:
     return "\n".join(summary) + "\n" + "\n".join(lines)
 
 
+GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+MEASURED_JUMP, MODEL_JUMP, WITHIN = 0.15, 0.05, 64
+
+
+def steps(params: KernelParams | None = None) -> dict[str, dict[str, tuple[list[int], list[int]]]]:
+    """GPU → GEMM → (measured step positions, the kernel model's), s ≤ 1024 on the table's own
+    token grid: a measured step is a rise of > 15 % from the previous token count, a model step
+    > 5 % (the model has no noise). ``params``: the kernel parameters (default: KernelParams())."""
+    out: dict[str, dict[str, tuple[list[int], list[int]]]] = {}
+    for ref in read_manifest(MANIFEST):
+        table = load_measured(ref.path, ref.format)
+        keep = table.tokens <= 1024
+        t = table.tokens[keep]
+        model = kernel_pass(get_model(ref.model), get_profile(ref.gpu), t, MEASURED_OPTIONS, params)
+        out[ref.gpu] = {
+            op: (
+                step_positions(t, table.columns[f"{op}_ms"][keep], MEASURED_JUMP),
+                step_positions(t, model[op], MODEL_JUMP),
+            )
+            for op in GEMMS
+        }
+    return out
+
+
+def steps_table() -> str:
+    lines = [
+        "| GPU | GEMM | measured steps (s) | kernel model's steps (s) | matched ±64 | ±8 "
+        "| model steps not measured (±64) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for gpu, ops in steps().items():
+        for op, (meas, model) in ops.items():
+            hit, exact = steps_matched(meas, model, WITHIN), steps_matched(meas, model, 8)
+            extra = len(model) - len(steps_matched(model, meas, WITHIN))
+            lines.append(
+                f"| {gpu} | {op} | {', '.join(map(str, meas))} | {', '.join(map(str, model))} "
+                f"| {len(hit)}/{len(meas)} | {len(exact)}/{len(meas)} | {extra}/{len(model)} |"
+            )
+    return "\n".join(lines)
+
+
 def fit_all() -> str:
     fit = fit_kernel_params([_source(r) for r in read_manifest(MANIFEST)], MEASURED_OPTIONS)
     per = ", ".join(f"{k} {v:.1%}" for k, v in fit.train_mape.items())
@@ -117,4 +162,9 @@ def fit_all() -> str:
 if __name__ == "__main__":
     import sys
 
-    print(fit_all() if sys.argv[1:] == ["--all"] else tables())
+    if sys.argv[1:] == ["--all"]:
+        print(fit_all())
+    elif sys.argv[1:] == ["--steps"]:
+        print(steps_table())
+    else:
+        print(tables())

@@ -69,6 +69,8 @@ __all__ = [
     "interpolate_loglog",
     "load_measured",
     "operator_features",
+    "step_positions",
+    "steps_matched",
     "validate",
 ]
 
@@ -569,3 +571,16 @@ def bundled_measured() -> Mapping[str, Path]:
     """Measured tables shipped in the checkout's ``docs/data`` (empty in a wheel)."""
     root = Path(__file__).resolve().parents[2] / "docs" / "data"
     return {p.stem: p for p in sorted(root.glob("*.csv"))} if root.is_dir() else {}
+
+
+def step_positions(tokens: npt.ArrayLike, seconds: npt.ArrayLike, jump: float) -> list[int]:
+    """Token counts where ``seconds`` rises by more than ``jump`` (a fraction) from the
+    previous token count of ``tokens`` (sorted): where a kernel switch or a new wave starts."""
+    t = np.asarray(tokens, dtype=np.float64)
+    y = np.asarray(seconds, dtype=np.float64)
+    return [int(t[i + 1]) for i in range(t.size - 1) if y[i + 1] > (1.0 + jump) * y[i]]
+
+
+def steps_matched(measured: Sequence[int], model: Sequence[int], within: int = 64) -> list[int]:
+    """The measured step positions that have a model step within ``within`` tokens."""
+    return [s for s in measured if any(abs(s - m) <= within for m in model)]
