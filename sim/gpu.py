@@ -476,7 +476,11 @@ class SimulatedGPU:
             phi = self._shape_f[idx]
             per_op = per_op * (1.0 + np.multiply.outer(phi - 1.0, self._gemm))
         elif self._phi is not None:
-            per_op = per_op * self._phi[self._phi_rows(tokens)]
+            if tokens.shape[0] == 1:  # one pass (the per-step path): a row, no index arrays
+                row = min(max(round(float(tokens[0])) - 1, 0), self._phi.shape[0] - 1)
+                per_op = per_op * self._phi[row]
+            else:
+                per_op = per_op * self._phi[self._phi_rows(tokens)]
         pen = self.truth.tree_attention_penalty * np.asarray(share, dtype=np.float64)
         total = per_op.sum(axis=1) + pen * (per_op @ self._attention)
         if head is not None:

@@ -235,3 +235,20 @@ def test_kernel_shape_needs_a_profile_with_a_clock(tmp_path: Path) -> None:
     m = get_model("qwen3-8b")
     with pytest.raises(ConfigError, match=r"no \[peak\]\.sm_clock_hz"):
         SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), GroundTruth(gemm_shape_model="kernel"))
+
+
+def test_kernel_shape_one_pass_equals_the_vectorised_route() -> None:
+    """A batched pass (priced one row at a time) gets the same factors as the same passes priced
+    together; tokens beyond the factor table take its last row."""
+    g = gpu(GroundTruth(noise=0.0, tile_tokens=0, gemm_shape_model="kernel"))
+    assert g._phi is not None
+    rows = np.array(
+        [[1.0, t, t, t * 600.0, 600.0 + t, t * 600.0, 0.0] for t in (3.0, 77.0, 300.0, 9000.0)]
+    )
+    tokens, touched = rows[:, 1], np.zeros(4)
+    together = g._price(rows, tokens, touched, 1.0)
+    one_by_one = [
+        float(g._price(rows[i : i + 1], tokens[i : i + 1], touched[:1], 1.0)[0]) for i in range(4)
+    ]
+    np.testing.assert_allclose(together, one_by_one, rtol=1e-12)
+    assert g._phi_rows(np.array([9000.0]))[0] == g._phi.shape[0] - 1
