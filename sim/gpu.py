@@ -71,6 +71,7 @@ import numpy.typing as npt
 
 from bastion.cost.backends import register_backend
 from bastion.cost.hardware import HardwareProfile
+from bastion.cost.kernels import step_factors
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.roofline import DrafterPricer, LinearPricer, RooflineOptions
 from bastion.errors import ConfigError
@@ -159,6 +160,9 @@ def _chunks(new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> _Chunks:
 # (drafter, device, options) reprs → the drafter's pass pricer (see SimulatedGPU.__post_init__)
 _DRAFTERS: dict[tuple[str, str, str], DrafterPricer] = {}
 
+# (model, profile, options) reprs → the kernel-aware step factors [T, operators]
+_STEP_FACTORS: dict[tuple[str, str, str], Array] = {}
+
 # Operators that are GEMMs over the pass's tokens (the measured shape factor applies to them)
 _GEMM_OPS = frozenset(
     (
@@ -207,6 +211,7 @@ class GroundTruth:
     tile_step_s: float = 3e-6  # per layer and per extra tile: kernel/wave switches (steps)
     gemm_shape_tokens: tuple[float, ...] = ()  # token counts of the measured GEMM shape factor
     gemm_shape_factor: tuple[float, ...] = ()  # measured / smooth roofline at those counts
+    gemm_shape_model: str = ""  # "kernel": each GEMM's factor from bastion.cost.kernels, per GPU
     # attention
     tree_attention_penalty: float = 0.5  # attention kernels reading a mask are this much slower
     causal_reads_mask: bool = False  # True: a multi-token causal pass also runs the masked kernel
@@ -252,6 +257,7 @@ class GroundTruth:
         }
         bad = [k for k, v in positive.items() if not v > 0]
         skip = {"name", "causal_reads_mask", "gemm_shape_tokens", "gemm_shape_factor"}
+        skip.add("gemm_shape_model")
         skip |= set(positive)
         for f in fields(self):
             if f.name not in skip and not getattr(self, f.name) >= 0:
@@ -272,6 +278,16 @@ class GroundTruth:
             raise ConfigError(
                 f"ground truth {self.name!r}: gemm_shape_tokens and gemm_shape_factor need the "
                 f"same length; got {len(tokens)} and {len(factor)}"
+            )
+        if self.gemm_shape_model not in ("", "kernel"):
+            raise ConfigError(
+                f"ground truth {self.name!r}: gemm_shape_model {self.gemm_shape_model!r}; "
+                "accepted: 'kernel' (the kernel-aware model's steps for each GPU) or '' (none)"
+            )
+        if self.gemm_shape_model and tokens:
+            raise ConfigError(
+                f"ground truth {self.name!r}: give either a measured GEMM shape (tokens, factor) "
+                "or gemm_shape_model = 'kernel', not both"
             )
         if tokens and (
             any(b <= a for a, b in itertools.pairwise(tokens)) or tokens[0] < 1 or min(factor) <= 0
@@ -360,6 +376,17 @@ class SimulatedGPU:
         self._shape_t = np.asarray(t.gemm_shape_tokens, dtype=np.float64)
         self._shape_f = np.asarray(t.gemm_shape_factor, dtype=np.float64)
         self._shape_list = list(t.gemm_shape_tokens)
+        # the kernel-aware model's step factor of every operator at T = 1 … its length (ones
+        # for the non-GEMMs), for this GPU, model and kernel layout; shared like the drafter's
+        self._phi: Array | None = None
+        if t.gemm_shape_model == "kernel":
+            phi_key = (repr(self.model), repr(hw), repr(self.options))
+            if phi_key not in _STEP_FACTORS:
+                phi_names, table = step_factors(self.model, hw, self.options)
+                if phi_names != names:
+                    raise ConfigError("internal: kernel step factors out of operator order")
+                _STEP_FACTORS[phi_key] = table
+            self._phi = _STEP_FACTORS[phi_key]
         m = self.model
         self._moe = m.is_moe
         self._experts, self._per_token = m.experts, m.experts_per_token
@@ -448,8 +475,12 @@ class SimulatedGPU:
             idx = np.minimum(np.searchsorted(self._shape_t, tokens), self._shape_t.size - 1)
             phi = self._shape_f[idx]
             per_op = per_op * (1.0 + np.multiply.outer(phi - 1.0, self._gemm))
-        else:
-            phi = np.ones_like(tokens)
+        elif self._phi is not None:
+            if tokens.shape[0] == 1:  # one pass (the per-step path): a row, no index arrays
+                row = min(max(round(float(tokens[0])) - 1, 0), self._phi.shape[0] - 1)
+                per_op = per_op * self._phi[row]
+            else:
+                per_op = per_op * self._phi[self._phi_rows(tokens)]
         pen = self.truth.tree_attention_penalty * np.asarray(share, dtype=np.float64)
         total = per_op.sum(axis=1) + pen * (per_op @ self._attention)
         if head is not None:
@@ -459,11 +490,19 @@ class SimulatedGPU:
             if self._shape_list:
                 hidx = np.minimum(np.searchsorted(self._shape_t, ht), self._shape_t.size - 1)
                 lm = lm * self._shape_f[hidx]
+            elif self._phi is not None:
+                lm = lm * self._phi[self._phi_rows(ht), self._lm]
             total = total - per_op[:, self._lm] + lm
         total = total + self._launch_plain + pen * self._launch_attention
         if self._step_s:
             total = total + self._step_s * (np.ceil(tokens / self._tile) - 1.0)
         return self._with_host(total, touched)
+
+    def _phi_rows(self, tokens: Array) -> IntArray:
+        """Rows of the kernel step table for these token counts (beyond it: its last row)."""
+        assert self._phi is not None
+        rows = np.rint(np.asarray(tokens, dtype=np.float64)).astype(np.int64) - 1
+        return np.clip(rows, 0, self._phi.shape[0] - 1)
 
     def _moe_efficiency(self, comp: Array, mem: Array, tokens: Array, touched: Array) -> None:
         """Grouped-GEMM effects on the expert operators, in place: every touched expert's rows

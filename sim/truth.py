@@ -14,14 +14,19 @@ separator is a path). An unknown name is an error listing the known ones.
 
 Layout: top-level ``name`` and ``description``; sections ``[device]``, ``[gemm_shape]``,
 ``[attention]``, ``[framework]``, ``[moe]``, ``[preparation]``, ``[host]``, ``[noise]`` whose keys
-are :class:`~sim.gpu.GroundTruth` fields (in ``[gemm_shape]``: ``tokens`` and ``factor``), and
+are :class:`~sim.gpu.GroundTruth` fields (in ``[gemm_shape]``: ``model = "kernel"``, or a
+measured ``tokens`` and ``factor``), and
 ``[sources]`` (free text per key: where each number comes from). Every key is checked: an
 unknown section or key, a wrong type or an out-of-range value is an error naming the file and
 the key. ``docs/simulator.md`` ("The ground truth") documents every field.
 
-``python -m bastion.sim.truth gemm-shape CSV`` derives the ``[gemm_shape]`` table from a Vidur-style
-per-operator CSV (``docs/data/``): the measured GEMM time of a layer divided by its smooth
-roofline at the measured efficiencies (memory at 1 token, compute at ≥ 2048 tokens).
+``[gemm_shape] model = "kernel"`` (the shipped truths) gives every GEMM of every simulated GPU
+its own steps: :func:`bastion.cost.kernels.step_factors` for that profile (SMs, clock, L2,
+bandwidth) and model. ``python -m bastion.sim.truth gemm-shape CSV`` derives a measured
+``[gemm_shape]`` table (``tokens``, ``factor``) from a Vidur-style per-operator CSV
+(``docs/data/``): the measured GEMM time of a layer divided by its smooth roofline at the
+measured efficiencies (memory at 1 token, compute at ≥ 2048 tokens) — one GPU's shape, kept as
+validation data for the model (``docs/simulator.md``).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ _FIELDS = {f.name: f for f in fields(GroundTruth)}
 # section → keys (GroundTruth fields; [gemm_shape] maps tokens/factor to gemm_shape_*)
 SECTIONS: dict[str, tuple[str, ...]] = {
     "device": ("compute_scale", "memory_scale", "launch_scale", "tile_tokens", "tile_step_s"),
-    "gemm_shape": ("tokens", "factor"),
+    "gemm_shape": ("model", "tokens", "factor"),
     "attention": ("tree_attention_penalty", "causal_reads_mask"),
     "framework": ("pass_overhead_s", "host_layer_s", "host_expert_s", "host_kernel_s"),
     "moe": (
@@ -102,6 +107,13 @@ def _value(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: must be true or false; got {value!r}")
         return value
+    if key == "model":
+        if value != "kernel":
+            raise ConfigError(
+                f'{where}: {value!r}; accepted: "kernel" (each GPU\'s GEMM steps from the '
+                "kernel-aware model), or give measured tokens and factor instead"
+            )
+        return value
     if key in ("tokens", "factor"):
         if not isinstance(value, list) or not all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in value
@@ -137,7 +149,11 @@ def truth_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> GroundTr
     for section, keys in SECTIONS.items():
         table = checked_table(origin, section, data.get(section, {}), keys)
         for key, raw in table.items():
-            renamed = {"tokens": "gemm_shape_tokens", "factor": "gemm_shape_factor"}
+            renamed = {
+                "tokens": "gemm_shape_tokens",
+                "factor": "gemm_shape_factor",
+                "model": "gemm_shape_model",
+            }
             field = renamed.get(str(key), str(key))
             if field in values:
                 raise ConfigError(f"{origin}: {field} is given twice")

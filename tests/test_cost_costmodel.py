@@ -111,7 +111,8 @@ def test_cost_modules_import_without_torch_or_matplotlib() -> None:
 
     code = (
         "import sys, bastion.cost.costmodel, bastion.cost.calibration, bastion.cost.backends, "
-        "bastion.cost.validation, bastion.cli.cost_cmd, bastion.cli.hw_cmd; "
+        "bastion.cost.validation, bastion.cost.kernels, bastion.cost.transfer, "
+        "bastion.cost.datasets, bastion.cli.cost_cmd, bastion.cli.hw_cmd; "
         "print(any(m in sys.modules for m in ('torch', 'matplotlib')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bastion.cost.hardware import get_profile
+from bastion.cost.hardware import load_profile as load_profile_path
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.errors import ConfigError, UnknownNameError
 from bastion.sim.gpu import GroundTruth, SimulatedGPU, expected_experts, routing_draws
@@ -35,7 +37,10 @@ def test_shipped_truths_load_and_differ() -> None:
     assert eager.name == "hf-eager" and graph.name == "cudagraph"
     assert eager.host_layer_s > 0 and graph.host_layer_s == 0  # measured vs graph replay
     assert eager.causal_reads_mask and not graph.causal_reads_mask
-    assert len(eager.gemm_shape_tokens) == len(eager.gemm_shape_factor) > 100
+    # every shipped truth takes each GPU's GEMM steps from the kernel-aware model; the
+    # A100-measured curve is validation data (test_kernel_steps_…), not every GPU's shape
+    assert eager.gemm_shape_model == graph.gemm_shape_model == "kernel"
+    assert eager.gemm_shape_tokens == graph.gemm_shape_tokens == ()
     assert get_truth("builtin") == GroundTruth()
 
 
@@ -69,6 +74,12 @@ def test_user_truth_by_path_and_by_environment(tmp_path: Path, monkeypatch) -> N
         ({"name": "x", "moe": {"routing_correlation": 1.0}}, "routing_correlation"),
         ({"name": "x", "gemm_shape": {"tokens": [1, 2], "factor": [1.0]}}, "same length"),
         ({"name": "x", "gemm_shape": {"tokens": [4, 2], "factor": [1, 1]}}, "rise strictly"),
+        ({"name": "x", "gemm_shape": {"model": "table"}}, 'accepted: "kernel"'),
+        ({"name": "x", "gemm_shape": {"model": 1}}, 'accepted: "kernel"'),
+        (
+            {"name": "x", "gemm_shape": {"model": "kernel", "tokens": [1], "factor": [1]}},
+            "not both",
+        ),
     ],
 )
 def test_bad_truth_files_name_file_and_key(data: dict, match: str) -> None:  # type: ignore[type-arg]
@@ -171,3 +182,73 @@ def test_prep_from_operations() -> None:
         + 36 * t.controller_request_s,
         rel=1e-9,
     )
+
+
+def test_kernel_steps_differ_between_gpus() -> None:
+    """The shipped truth's GEMM steps come from each GPU's own SMs and bandwidth: the token
+    counts where a batch-1 pass jumps are tile boundaries (1 past a multiple of 32), and an
+    H100 and a B200 do not have the A100's (the A40's happen to fall on the same counts as the
+    A100's for this model, at other heights)."""
+    truth = replace(get_truth("cudagraph"), noise=0.0)
+    found = {}
+    for device in ("a100-sxm-80gb", "h100-sxm", "a40", "b200"):
+        curve = gpu(truth, "llama-3.1-8b", device).verify_curve(512)
+        jumps = [s + 1 for s in range(1, curve.size) if curve[s] > 1.03 * curve[s - 1]]
+        assert jumps and all((s - 1) % 32 == 0 for s in jumps), (device, jumps)
+        found[device] = tuple(jumps)
+    a100 = found["a100-sxm-80gb"]
+    assert found["h100-sxm"] != a100 and found["b200"] != a100, found
+
+
+def test_kernel_shape_multiplies_each_gemm_by_its_own_factor() -> None:
+    """verify_curve with model = "kernel" = the same truth without a shape, plus each GEMM's
+    time × (its step factor − 1), operator by operator (price_pass on the truth's device)."""
+    from bastion.cost.kernels import step_factors
+    from bastion.cost.roofline import PassShape, price_pass
+
+    plain = GroundTruth(noise=0.0, tile_tokens=0, tile_step_s=0.0, tree_attention_penalty=0.0)
+    shaped = replace(plain, gemm_shape_model="kernel")
+    g0, g1 = gpu(plain), gpu(shaped)
+    names, phi = step_factors(g1.model, g1.hardware, g1.options)
+    s = np.arange(1, 301, dtype=np.float64)
+    ops = price_pass(g1.model, g1.device, PassShape.of_batch(s[:1], [512.0]), g1.options).operators
+    assert [op.name for op in ops] == list(names)
+    extra = np.zeros(s.size)
+    for j, name in enumerate(names):
+        if np.all(phi[:, j] == 1.0):
+            continue
+        for i, n in enumerate(s):
+            op = price_pass(g1.model, g1.device, PassShape.of_batch([n], [512.0]), g1.options).op(
+                name
+            )
+            extra[i] += float(op.time_s - op.launch_s) * (phi[i, j] - 1.0)
+    np.testing.assert_allclose(
+        g1.verify_curve(512)[:300], g0.verify_curve(512)[:300] + extra, rtol=1e-9
+    )
+    assert np.max(extra) > 0.05 * np.max(g0.verify_curve(512)[:300])  # the steps are there
+
+
+def test_kernel_shape_needs_a_profile_with_a_clock(tmp_path: Path) -> None:
+    from tests.test_cost_kernels import write_profile
+
+    hw = load_profile_path(write_profile(tmp_path, "old", clock=None, threads=None))
+    m = get_model("qwen3-8b")
+    with pytest.raises(ConfigError, match=r"no \[peak\]\.sm_clock_hz"):
+        SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), GroundTruth(gemm_shape_model="kernel"))
+
+
+def test_kernel_shape_one_pass_equals_the_vectorised_route() -> None:
+    """A batched pass (priced one row at a time) gets the same factors as the same passes priced
+    together; tokens beyond the factor table take its last row."""
+    g = gpu(GroundTruth(noise=0.0, tile_tokens=0, gemm_shape_model="kernel"))
+    assert g._phi is not None
+    rows = np.array(
+        [[1.0, t, t, t * 600.0, 600.0 + t, t * 600.0, 0.0] for t in (3.0, 77.0, 300.0, 9000.0)]
+    )
+    tokens, touched = rows[:, 1], np.zeros(4)
+    together = g._price(rows, tokens, touched, 1.0)
+    one_by_one = [
+        float(g._price(rows[i : i + 1], tokens[i : i + 1], touched[:1], 1.0)[0]) for i in range(4)
+    ]
+    np.testing.assert_allclose(together, one_by_one, rtol=1e-12)
+    assert g._phi_rows(np.array([9000.0]))[0] == g._phi.shape[0] - 1

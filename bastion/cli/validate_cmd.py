@@ -12,11 +12,13 @@ from bastion.cli.cost_cmd import MAX_VALUE, _int_list
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "validate",
-        help="bare / calibrated / profiled error against measured per-operator timings",
+        help="bare / transfer / calibrated / profiled error against measured per-operator timings",
         description="Read a per-operator CSV (Vidur- or LLMServingSim-style: num_tokens and "
         "milliseconds per operator), calibrate each operator on --calibrate-on token counts and "
         "report the error of the bare roofline, the calibrated roofline and the profiled "
-        "(interpolated) model on every other token count up to --max-tokens.",
+        "(interpolated) model on every other token count up to --max-tokens; with "
+        "--transfer-from, also the kernel-aware model with parameters fitted on other GPUs' "
+        "tables only ('transfer').",
     )
     p.add_argument("--measured", required=True, help="CSV of per-operator timings")
     p.add_argument("--format", required=True, choices=["vidur", "llmservingsim"])
@@ -31,7 +33,20 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--max-tokens", type=int, default=1024, help="score token counts up to this (0: all)"
     )
-    p.add_argument("--json", action="store_true", help="JSON records per operator and mode")
+    p.add_argument(
+        "--transfer-from",
+        default=None,
+        metavar="FILE[,FILE...]",
+        help="other GPUs' tables (each FILE listed in a datasets.toml beside it, or "
+        "FILE@MODEL@GPU): fit the kernel model's efficiency parameters on them and add the "
+        "'transfer' mode, which predicts this GPU from them only",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON records per operator and mode, and a whole-pass record (operator 'pass') "
+        "per mode",
+    )
     p.add_argument(
         "--regret",
         action="store_true",
@@ -79,12 +94,16 @@ def _validate(args: argparse.Namespace) -> int:
     table = load_measured(args.measured, args.format)
     if args.regret:
         return _regret(args, table, model, hw)
+    transfer = None
+    if args.transfer_from is not None:
+        transfer = _fit_transfer(args, hw.name, model)
     report = validate(
         table,
         model,
         hw,
         train_tokens=tuple(args.calibrate_on or DEFAULT_TRAIN_TOKENS),
         max_tokens=args.max_tokens or None,
+        transfer=transfer.params if transfer else None,
     )
     if not report.results:
         raise ConfigError(
@@ -104,15 +123,56 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"  unmapped {column}: no roofline operator (not scored)")
     for column, why in report.skipped.items():
         print(f"  skipped  {column}: {why}")
+    if transfer is not None:
+        fitted = ", ".join(f"{k} {v:.4g}" for k, v in transfer.params.to_dict().items())
+        print(f"transfer: fitted on {', '.join(transfer.sources)} (nothing of this file): {fitted}")
     print(f"{'operator':<16} {'mode':<11} {'n':>4} {'MAPE':>7} {'max':>7} {'at s':>6}  notes")
     for r in report.results:
         print(
             f"{r.operator:<16} {r.mode:<11} {r.n_test:>4} {r.mape:>7.1%} {r.max_error:>7.1%} "
             f"{r.worst_tokens:>6}  {r.detail}"
         )
-    for mode in ("bare", "calibrated", "profiled"):
+    for mode in report.modes:
+        whole = report.pass_result(mode)
+        tail = f"; whole pass {whole.mape:.1%} MAPE (n = {whole.n_test})" if whole else ""
         print(
             f"mean over operators, {mode}: {report.mean_mape(mode):.1%} MAPE, "
-            f"worst point {report.max_error(mode):.1%}"
+            f"worst point {report.max_error(mode):.1%}{tail}"
         )
     return 0
+
+
+def _fit_transfer(args: argparse.Namespace, target_gpu: str, target_model: Any) -> Any:
+    """Load the --transfer-from tables and fit the kernel parameters on them."""
+    from bastion.cost.datasets import parse_transfer_specs
+    from bastion.cost.hardware import get_profile
+    from bastion.cost.kernels import KernelDevice
+    from bastion.cost.models import get_model
+    from bastion.cost.transfer import TransferSource, fit_kernel_params
+    from bastion.cost.validation import FORMATS, MEASURED_OPTIONS, load_measured
+    from bastion.errors import ConfigError
+
+    refs = parse_transfer_specs(args.transfer_from, args.measured, args.format)
+    KernelDevice.of(get_profile(args.gpu))  # the target's profile must have what the model needs
+    sources = []
+    for ref in refs:
+        hw = get_profile(ref.gpu)
+        if hw.name == target_gpu:
+            raise ConfigError(
+                f"--transfer-from {ref.path} was measured on {hw.name}, the GPU being "
+                "predicted; transfer predicts a GPU from other GPUs' tables only"
+            )
+        KernelDevice.of(hw)
+        table = load_measured(ref.path, ref.format)
+        spec = FORMATS[ref.format]
+        sources.append(
+            TransferSource(
+                name=str(ref.path),
+                columns=dict(table.columns),
+                tokens=table.tokens,
+                specs={c: spec[c] for c in table.columns},
+                model=get_model(ref.model),
+                hw=hw,
+            )
+        )
+    return fit_kernel_params(sources, MEASURED_OPTIONS, max_tokens=args.max_tokens or None)

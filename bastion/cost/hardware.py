@@ -35,7 +35,7 @@ __all__ = [
 PROFILE_DIR_ENV = "BASTION_HWPROFILES"
 
 _PEAK_REQUIRED = ("bf16_flops", "memory_bandwidth", "memory_bytes", "l2_bytes", "sm_count")
-_PEAK_OPTIONAL = ("fp8_flops", "l2_bandwidth")
+_PEAK_OPTIONAL = ("fp8_flops", "l2_bandwidth", "sm_clock_hz", "max_threads_per_sm")
 _EFFICIENCY_REQUIRED = ("compute", "memory", "launch_overhead_s")
 
 
@@ -55,6 +55,8 @@ class HardwareProfile:
     launch_overhead_s: float  # seconds added per kernel launch
     fp8_flops: float | None = None  # FLOP/s, dense FP8 tensor throughput where it exists
     l2_bandwidth: float | None = None  # bytes/s, peak L2 read bandwidth where it is published
+    sm_clock_hz: float | None = None  # Hz, the SM clock at which bf16_flops is reached (boost)
+    max_threads_per_sm: int | None = None  # resident threads per SM (compute capability)
     sources: Mapping[str, str] = field(default_factory=dict)  # field -> where the number is from
     path: str | None = None  # file it was read from
 
@@ -142,6 +144,18 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
             raise ConfigError(f"{origin}: [sources].{key} missing; every number needs a source")
     if values["sm_count"] != int(values["sm_count"]) or values["sm_count"] > 2**31 - 1:
         raise ConfigError(f"{origin}: [peak].sm_count must be an integer in [1, 2**31 - 1]")
+    threads = values.get("max_threads_per_sm")
+    if threads is not None and (threads != int(threads) or not 32 <= threads <= 65536):
+        raise ConfigError(
+            f"{origin}: [peak].max_threads_per_sm must be a whole number in [32, 65536], "
+            f"got {threads!r}"
+        )
+    clock = values.get("sm_clock_hz")
+    if clock is not None and not 1e7 <= clock <= 1e11:
+        raise ConfigError(
+            f"{origin}: [peak].sm_clock_hz is in Hz and must be in [1e7, 1e11] "
+            f"(e.g. 1.41e9 for 1410 MHz), got {clock!r}"
+        )
     return HardwareProfile(
         name=name,
         description=description,
@@ -155,6 +169,8 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
         launch_overhead_s=values["launch_overhead_s"],
         fp8_flops=values.get("fp8_flops"),
         l2_bandwidth=values.get("l2_bandwidth"),
+        sm_clock_hz=values.get("sm_clock_hz"),
+        max_threads_per_sm=None if threads is None else int(threads),
         sources={str(k): str(v) for k, v in sources.items()},
         path=None if origin.startswith("<") else origin,
     )
@@ -173,6 +189,10 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         peak["fp8_flops"] = profile.fp8_flops
     if profile.l2_bandwidth is not None:
         peak["l2_bandwidth"] = profile.l2_bandwidth
+    if profile.sm_clock_hz is not None:
+        peak["sm_clock_hz"] = profile.sm_clock_hz
+    if profile.max_threads_per_sm is not None:
+        peak["max_threads_per_sm"] = profile.max_threads_per_sm
     return {
         "name": profile.name,
         "description": profile.description,

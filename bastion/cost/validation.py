@@ -46,8 +46,10 @@ import numpy.typing as npt
 
 from bastion.cost.fitting import MaxAffineFit, fit_max_affine, loo_errors
 from bastion.cost.hardware import HardwareProfile
+from bastion.cost.kernels import KernelParams
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, verify_pass
+from bastion.cost.transfer import column_predictor
 from bastion.errors import ConfigError
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "DEFAULT_TRAIN_TOKENS",
     "FORMATS",
     "MEASURED_OPTIONS",
+    "PASS",
     "ColumnSpec",
     "MeasuredDataError",
     "MeasuredFormat",
@@ -66,12 +69,16 @@ __all__ = [
     "interpolate_loglog",
     "load_measured",
     "operator_features",
+    "step_positions",
+    "steps_matched",
     "validate",
 ]
 
 Array = npt.NDArray[np.float64]
 MeasuredFormat = Literal["vidur", "llmservingsim"]
-Mode = Literal["bare", "calibrated", "profiled"]
+Mode = Literal["bare", "transfer", "calibrated", "profiled"]
+#: The operator name of the whole-pass record (the sum of every scored column over the layers)
+PASS = "pass"
 
 
 class MeasuredDataError(ConfigError):
@@ -85,6 +92,7 @@ class ColumnSpec:
     parts: tuple[tuple[str, float], ...]  # (operator, share of it one cell covers)
     per_pass: bool = False  # once per pass (embedding, LM head) rather than per layer
     note: str = ""
+    count: float = 1.0  # kernels of this column in one layer (per pass: in the pass)
 
 
 _LAYER_GEMMS: dict[str, ColumnSpec] = {
@@ -102,7 +110,9 @@ FORMATS: dict[str, dict[str, ColumnSpec]] = {
         "rope_ms": ColumnSpec((("rope", 1.0),)),
         "input_norm_ms": ColumnSpec((("input_norm", 1.0),)),
         "post_attn_norm_ms": ColumnSpec((("post_attn_norm", 1.0),)),
-        "residual_add_ms": ColumnSpec((("residual_add", 0.5),), note="one of a layer's two adds"),
+        "residual_add_ms": ColumnSpec(
+            (("residual_add", 0.5),), note="one of a layer's two adds", count=2.0
+        ),
         "embedding_ms": ColumnSpec((("embedding", 1.0),), per_pass=True),
     },
     "llmservingsim": {
@@ -110,7 +120,9 @@ FORMATS: dict[str, dict[str, ColumnSpec]] = {
         "act_fn_ms": ColumnSpec((("act", 1.0),), note="SiLU·mul"),
         "rotary_emb_ms": ColumnSpec((("rope", 1.0),)),
         "layernorm_ms": ColumnSpec(
-            (("input_norm", 1.0), ("residual_add", 0.5)), note="one fused add + RMSNorm kernel"
+            (("input_norm", 1.0), ("residual_add", 0.5)),
+            note="one fused add + RMSNorm kernel",
+            count=2.0,
         ),
         "embedding_ms": ColumnSpec((("embedding", 1.0),), per_pass=True),
         "final_layernorm_ms": ColumnSpec((("final_norm", 1.0),), per_pass=True),
@@ -252,8 +264,13 @@ def operator_features(
     hw: HardwareProfile,
     tokens: npt.ArrayLike,
     options: RooflineOptions = MEASURED_OPTIONS,
+    kernel_params: KernelParams | None = None,
 ) -> OperatorFeatures:
-    """The bare roofline and the calibration features of ``spec`` at ``tokens`` (context 0)."""
+    """The bare roofline and the calibration features of ``spec`` at ``tokens`` (context 0).
+
+    With ``kernel_params`` (and a profile with what the kernel-aware model needs: SM clock,
+    threads per SM), the compute variants include ``kernel``: that model's time of the column
+    with those parameters, so a calibration can scale its steps."""
     t = np.asarray(tokens, dtype=np.float64)
 
     def parts(opt: RooflineOptions) -> list[tuple[Any, float]]:
@@ -270,6 +287,8 @@ def operator_features(
     for tile in (64, 128):
         compute[f"tile{tile}"] = total(parts(replace(options, tile_tokens=tile)), "compute_s")
     compute["waves"] = total(parts(replace(options, gemm_waves=True)), "compute_s")
+    if kernel_params is not None and hw.sm_clock_hz and hw.max_threads_per_sm:
+        compute["kernel"] = column_predictor(spec, model, hw, t, options)(kernel_params)
     l2 = parts(replace(options, l2_resident=True))
     l2_s = total(l2, "l2_s")
     return OperatorFeatures(
@@ -284,7 +303,7 @@ def operator_features(
 class ColumnCalibration:
     """The calibrated roofline of one column: the chosen features and their fit."""
 
-    compute: str  # compute variant (plain, tile64, tile128, waves)
+    compute: str  # compute variant (plain, tile64, tile128, waves, kernel)
     memory: str  # memory variant (dram, dram+l2)
     fit: MaxAffineFit
     cv_mape: float  # leave-one-out relative error on the calibration points, mean
@@ -400,12 +419,25 @@ class ValidationReport:
         return [r.to_record() for r in self.results]
 
     def mean_mape(self, mode: str) -> float:
-        vals = [r.mape for r in self.results if r.mode == mode]
+        """Mean over the operators (columns) of their held-out error; the pass excluded."""
+        vals = [r.mape for r in self.results if r.mode == mode and r.operator != PASS]
         return float(np.mean(vals)) if vals else float("nan")
 
     def max_error(self, mode: str) -> float:
-        vals = [r.max_error for r in self.results if r.mode == mode]
+        """The worst held-out point of any operator (the pass excluded)."""
+        vals = [r.max_error for r in self.results if r.mode == mode and r.operator != PASS]
         return float(np.max(vals)) if vals else float("nan")
+
+    def pass_result(self, mode: str) -> OperatorResult | None:
+        """The whole-pass record of ``mode`` (None when no token count had every column)."""
+        for r in self.results:
+            if r.mode == mode and r.operator == PASS:
+                return r
+        return None
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.mode for r in self.results))
 
 
 def _describe(spec: ColumnSpec) -> str:
@@ -420,18 +452,35 @@ def validate(
     hw: HardwareProfile,
     train_tokens: Sequence[int] = DEFAULT_TRAIN_TOKENS,
     max_tokens: int | None = DEFAULT_MAX_TOKENS,
-    modes: Sequence[str] = ("bare", "calibrated", "profiled"),
+    modes: Sequence[str] | None = None,
+    transfer: KernelParams | None = None,
 ) -> ValidationReport:
-    """Calibrate every mapped column on ``train_tokens``; score every mode on the others."""
+    """Calibrate every mapped column on ``train_tokens``; score every mode on the others.
+
+    ``transfer``: kernel-model parameters fitted on *other* GPUs' tables
+    (:func:`bastion.cost.transfer.fit_kernel_params`); adds the ``transfer`` mode (the kernel
+    model with them, nothing of this table used) and makes them the calibrated mode's
+    ``kernel`` feature. Besides one record per column and mode, each mode gets a whole-pass
+    record (operator ``pass``): Σ over the scored columns of a cell × its kernels per layer ×
+    layers (per-pass columns once), at the held-out token counts where every scored column is
+    measured — what the simulator sums for a step, less the operators the table lacks.
+    """
+    if modes is None:
+        modes = ("bare", "transfer", "calibrated", "profiled") if transfer else _DEFAULT_MODES
     for mode in modes:
         if mode not in get_args(Mode):
             raise ConfigError(f"mode {mode!r}; accepted: {', '.join(get_args(Mode))}")
+    if "transfer" in modes and transfer is None:
+        raise ConfigError("mode 'transfer' needs kernel parameters fitted on other GPUs' tables")
     spec = FORMATS[table.format]
     tokens = table.tokens
     in_range = tokens <= (max_tokens if max_tokens else np.inf)
     wanted = np.isin(tokens, np.asarray(train_tokens, dtype=np.float64))
     results: list[OperatorResult] = []
     skipped: dict[str, str] = {}
+    pass_pred = {mode: np.zeros(tokens.shape) for mode in modes}
+    pass_meas = np.zeros(tokens.shape)
+    pass_have = np.ones(tokens.shape, dtype=bool)
     for column, seconds in table.columns.items():
         have = np.isfinite(seconds) & in_range
         train, test = have & wanted, have & ~wanted
@@ -441,10 +490,13 @@ def validate(
                 f"measured (needs ≥ {MIN_TRAIN} and ≥ 1)"
             )
             continue
-        feats = operator_features(spec[column], model, hw, tokens)
+        feats = operator_features(spec[column], model, hw, tokens, kernel_params=transfer)
         y = seconds
         name = column.removesuffix("_ms")
         preds: dict[str, tuple[Array, str]] = {"bare": (feats.bare, "")}
+        if transfer is not None:
+            predict = column_predictor(spec[column], model, hw, tokens, MEASURED_OPTIONS)
+            preds["transfer"] = (predict(transfer), "kernel model, parameters of other GPUs")
         cal: ColumnCalibration | None = None
         if "calibrated" in modes or "profiled" in modes:
             cal = calibrate_column(feats, tokens, y, train)
@@ -461,22 +513,20 @@ def validate(
 
             prof = interpolate_loglog(tokens[train], y[train], tokens, beyond)
             preds["profiled"] = (prof, "interpolated between the calibration points")
+        weight = spec[column].count * (1.0 if spec[column].per_pass else model.layers)
+        pass_have &= np.isfinite(y)
+        pass_meas += np.where(np.isfinite(y), y, 0.0) * weight
         for mode in modes:
             pred, detail = preds[mode]
-            rel = np.abs(pred[test] - y[test]) / y[test]
-            worst = int(np.argmax(rel))
-            results.append(
-                OperatorResult(
-                    operator=name,
-                    mode=mode,
-                    mape=float(rel.mean()),
-                    max_error=float(rel.max()),
-                    n_test=int(test.sum()),
-                    rmse_us=float(np.sqrt(np.mean((pred[test] - y[test]) ** 2))) * 1e6,
-                    worst_tokens=int(tokens[test][worst]),
-                    detail=detail,
-                )
-            )
+            pass_pred[mode] += pred * weight
+            results.append(_score(name, mode, pred, y, test, tokens, detail))
+    scored = [c for c in table.columns if c not in skipped]
+    pass_test = pass_have & in_range & ~wanted
+    if scored and pass_test.any():
+        detail = f"sum of {len(scored)} columns × kernels per layer × {model.layers} layers"
+        for mode in modes:
+            pred = pass_pred[mode]
+            results.append(_score(PASS, mode, pred, pass_meas, pass_test, tokens, detail))
     return ValidationReport(
         path=table.path,
         format=table.format,
@@ -491,7 +541,46 @@ def validate(
     )
 
 
+_DEFAULT_MODES = ("bare", "calibrated", "profiled")
+
+
+def _score(
+    name: str,
+    mode: str,
+    pred: Array,
+    y: Array,
+    test: npt.NDArray[np.bool_],
+    tokens: Array,
+    detail: str,
+) -> OperatorResult:
+    rel = np.abs(pred[test] - y[test]) / y[test]
+    worst = int(np.argmax(rel))
+    return OperatorResult(
+        operator=name,
+        mode=mode,
+        mape=float(rel.mean()),
+        max_error=float(rel.max()),
+        n_test=int(test.sum()),
+        rmse_us=float(np.sqrt(np.mean((pred[test] - y[test]) ** 2))) * 1e6,
+        worst_tokens=int(tokens[test][worst]),
+        detail=detail,
+    )
+
+
 def bundled_measured() -> Mapping[str, Path]:
     """Measured tables shipped in the checkout's ``docs/data`` (empty in a wheel)."""
     root = Path(__file__).resolve().parents[2] / "docs" / "data"
     return {p.stem: p for p in sorted(root.glob("*.csv"))} if root.is_dir() else {}
+
+
+def step_positions(tokens: npt.ArrayLike, seconds: npt.ArrayLike, jump: float) -> list[int]:
+    """Token counts where ``seconds`` rises by more than ``jump`` (a fraction) from the
+    previous token count of ``tokens`` (sorted): where a kernel switch or a new wave starts."""
+    t = np.asarray(tokens, dtype=np.float64)
+    y = np.asarray(seconds, dtype=np.float64)
+    return [int(t[i + 1]) for i in range(t.size - 1) if y[i + 1] > (1.0 + jump) * y[i]]
+
+
+def steps_matched(measured: Sequence[int], model: Sequence[int], within: int = 64) -> list[int]:
+    """The measured step positions that have a model step within ``within`` tokens."""
+    return [s for s in measured if any(abs(s - m) <= within for m in model)]
