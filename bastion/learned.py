@@ -3,7 +3,8 @@
 Design decision 9: *decide on what was measured; model only what was not.* A GPU's cost curve
 has steps (kernel tile and wave choices) that no smooth fit reproduces, so the controller of
 :mod:`bastion.controller` does not trust a fitted curve between the points it was fitted on. It
-keeps learned corrections of its priors:
+keeps learned corrections of its priors (the first in :mod:`bastion.cycles`, the others in
+:mod:`bastion.observed`; re-exported here):
 
 - :class:`CycleTable`: the measured/predicted ratio of the *whole cycle* (drafting, preparation,
   the controller itself and the verification pass) per batch-size bucket and per cell of a
@@ -38,14 +39,23 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from bastion.batch import BatchMarginals, TreeBatch
+from bastion.batch import TreeBatch
+from bastion.cycles import (
+    LATTICE,
+    CycleKind,
+    CycleTable,
+    batch_bucket,
+    lattice_index,
+    token_lattice,
+)
 from bastion.errors import BudgetError, CostModelError
 from bastion.interfaces import CostCurve, CostModel, StepCost, StepLoad
+from bastion.observed import AcceptanceCalibration, SizeCalibration
 
 __all__ = [
     "AcceptanceCalibration",
@@ -58,374 +68,12 @@ __all__ = [
     "even_sizes",
     "lattice_index",
     "token_lattice",
-]
+]  # the table and calibrations live in bastion.cycles and bastion.observed
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-CycleKind = Literal["tree", "chain", "ar"]
-_KINDS: tuple[CycleKind, ...] = ("tree", "chain", "ar")
-
-# (up to, step): every 8 tokens up to 256, every 16 up to 512, … — dense where GEMM tile
-# choices change most (multiples of 8/16/64/128 tokens), coarse where a step is a small share
-_SPACING = ((8, 1), (256, 8), (512, 16), (1024, 32), (2048, 64), (4096, 128), (8192, 256))
-_TOP = 1 << 20  # the largest total the lattice covers (MAX_TREE_SIZE)
 JOINT_HORIZON = 4096  # batch totals the joint decision looks ahead to, beyond its chain
 MODE_CONTEXT_STEP = 128  # batched AR / chain priors are priced per this step of mean context
-
-
-def token_lattice(hi: int = _TOP) -> IntArray:
-    """The candidate token counts up to ``hi``: 1 … 8, then every 8 up to 256, 16 up to 512,
-    32 up to 1024, 64 up to 2048, 128 up to 4096, 256 up to 8192, then doubling steps."""
-    points: list[int] = []
-    lo = 0
-    for top, step in _SPACING:
-        points.extend(range(lo + step, min(top, hi) + 1, step))
-        lo = top
-        if top >= hi:
-            break
-    step = 512
-    while lo < hi:
-        points.extend(range(lo + step, min(2 * lo, hi) + 1, step))
-        lo, step = 2 * lo, 2 * step
-    if not points or points[-1] != hi:
-        points.append(hi)
-    return np.asarray(sorted(set(points)), dtype=np.int64)
-
-
-LATTICE = token_lattice()
-LATTICE.flags.writeable = False
-
-
-def lattice_index(tokens: npt.ArrayLike) -> IntArray:
-    """Index in :data:`LATTICE` of the smallest lattice point ≥ each token count."""
-    return np.asarray(np.searchsorted(LATTICE, np.asarray(tokens, dtype=np.int64)), np.int64)
-
-
-def batch_bucket(batch_size: int) -> int:
-    """The batch-size bucket of a step: the power of two nearest to B in log scale (≤ 1024)."""
-    if batch_size < 1:
-        raise BudgetError(f"batch_size must be ≥ 1; got {batch_size}")
-    return min(10, round(math.log2(batch_size)))
-
-
-class CycleTable:
-    """Measured/predicted cycle ratios per (kind, batch bucket, lattice cell), robust to noise.
-
-    Each cell keeps its last ``window`` ratios in a ring and reads as their median. ``version``
-    counts updates (a caller caches derived curves per version).
-    """
-
-    def __init__(self, window: int = 9) -> None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise BudgetError(f"window must be an integer ≥ 1; got {window!r}")
-        self.window = window
-        n = LATTICE.shape[0]
-        # per kind: [bucket, cell, slot] ring buffers, counts and medians (NaN: never measured)
-        self._ring = {k: np.full((11, n if k == "tree" else 1, window), np.nan) for k in _KINDS}
-        self._count = {k: np.zeros((11, n if k == "tree" else 1), np.int64) for k in _KINDS}
-        self._median = {k: np.full((11, n if k == "tree" else 1), np.nan) for k in _KINDS}
-        self._filled: dict[tuple[str, int], tuple[tuple[int, int], FloatArray]] = {}
-        self._noise: dict[tuple[str, int], tuple[int, float]] = {}
-        self._kind_version = dict.fromkeys(_KINDS, 0)  # updates per kind
-        self.version = 0
-
-    def observe(self, kind: CycleKind, batch_size: int, tokens: int, ratio: float) -> None:
-        """One measured/predicted ratio of a ``kind`` cycle of ``tokens`` total tree tokens."""
-        if not (math.isfinite(ratio) and ratio > 0):
-            return  # a failed or degenerate measurement teaches nothing
-        b = batch_bucket(batch_size)
-        cell = int(np.searchsorted(LATTICE, tokens)) if kind == "tree" else 0
-        count = self._count[kind]
-        ring = self._ring[kind][b, cell]
-        seen = int(count[b, cell])
-        ring[seen % self.window] = ratio
-        count[b, cell] = seen + 1
-        vals = sorted(ring[: min(seen + 1, self.window)].tolist())
-        half = len(vals) // 2
-        median = vals[half] if len(vals) % 2 else 0.5 * (vals[half - 1] + vals[half])
-        self._median[kind][b, cell] = median
-        self._kind_version[kind] += 1
-        self.version += 1
-
-    def noise(self, kind: CycleKind, batch_size: int) -> float:
-        """The relative spread of one observation in the bucket: 1.4826 × the median absolute
-        deviation of every stored ratio from its cell's median, relative to that median (0
-        with fewer than two observations in any cell)."""
-        b = batch_bucket(batch_size)
-        epoch = self.version >> 6  # re-estimated every 64 observations: it moves slowly
-        hit = self._noise.get((kind, b))
-        if hit is not None and hit[0] == epoch:
-            return hit[1]
-        ring = self._ring[kind][b]
-        med = self._median[kind][b]
-        many = self._count[kind][b] >= 2
-        value = 0.0
-        if many.any():
-            dev = np.abs(ring[many] / med[many, None] - 1.0)
-            value = float(1.4826 * np.nanmedian(dev))
-        self._noise[(kind, b)] = (epoch, value)
-        return value
-
-    def count(self, kind: CycleKind, batch_size: int) -> IntArray:
-        """Observations per cell of ``kind`` in the bucket of ``batch_size`` (read-only)."""
-        return np.asarray(self._count[kind][batch_bucket(batch_size)], dtype=np.int64)
-
-    def ratios(self, kind: CycleKind, batch_size: int) -> FloatArray:
-        """The ratio of every cell of the bucket (read-only): measured medians, gaps filled by
-        interpolation between measured cells of the bucket, else from the nearest measured
-        bucket, else from the tree cells of the bucket, else 1 (the prior as it is)."""
-        b = batch_bucket(batch_size)
-        key = (kind, b)
-        # what the fill reads: every bucket of this kind (nearest-bucket fallback), and the
-        # tree cells for an AR or chain cell never measured
-        stamp = (self._kind_version[kind], self._kind_version["tree"])
-        hit = self._filled.get(key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        out = self._fill(kind, b)
-        out.flags.writeable = False
-        self._filled[key] = (stamp, out)
-        return out
-
-    def _fill(self, kind: CycleKind, b: int) -> FloatArray:
-        med = self._median[kind]
-        order = sorted(range(11), key=lambda x: (abs(x - b), x))  # this bucket, then nearest
-        for bb in order:
-            row = med[bb]
-            ok = np.isfinite(row)
-            if ok.any():
-                if ok.all():
-                    return np.array(row, dtype=np.float64)
-                x = np.flatnonzero(ok)
-                return np.asarray(np.interp(np.arange(row.shape[0]), x, row[x]), np.float64)
-        if kind != "tree":  # no AR or chain cycle measured yet: the tree cells' typical ratio
-            tree = self._median["tree"]
-            for bb in order:
-                vals = tree[bb][np.isfinite(tree[bb])]
-                if vals.size:
-                    return np.full(1, float(np.median(vals)))
-        return np.ones(med.shape[1])
-
-
-class AcceptanceCalibration:
-    """Realised/predicted acceptance of a draft token, per (depth, rank), learned from steps.
-
-    At depth d the drafter's row gives p_d[r], the surrogate's probability that the target's
-    next token is the rank-r candidate, whatever the path. Every verified tree *exposes* the
-    children of each node on its accepted path (the root included): each exposed candidate
-    was predicted with p_d[r] and was accepted or not. Sums of both per (d, r) — ranks from
-    ``ranks − 1`` on pooled, exponentially forgotten with ``decay`` per step, with
-    ``prior_weight`` pseudo-observations of ratio 1 — give g(d, r). The calibrated marginals
-    are q_d[r] = min(1, p_d[r]·g(d, r)), each row re-sorted. Best-first on q is the optimal
-    tree of every size for the calibrated objective Σ Π q along paths: the path products of
-    values ≤ 1 never grow along a path, so the N best nodes are prefix-closed (tested with
-    :mod:`bastion.testing`'s oracle, with a negative control).
-    """
-
-    def __init__(
-        self,
-        depth: int = 64,
-        ranks: int = 8,
-        prior_weight: float = 2.0,
-        decay: float = 0.998,
-    ) -> None:
-        for name, value in (("depth", depth), ("ranks", ranks)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise BudgetError(f"{name} must be an integer ≥ 1; got {value!r}")
-        if not (math.isfinite(prior_weight) and prior_weight > 0):
-            raise BudgetError(f"prior_weight must be a finite number > 0; got {prior_weight!r}")
-        if not 0 < decay <= 1:
-            raise BudgetError(f"decay must be in (0, 1]; got {decay!r}")
-        self.depth, self.ranks, self.prior_weight, self.decay = depth, ranks, prior_weight, decay
-        self.enabled = True
-        self._pred = np.zeros((depth, ranks))
-        self._real = np.zeros((depth, ranks))
-        self._g = np.ones((depth, ranks))
-        self._last: tuple[BatchMarginals, IntArray | None] | None = None  # raw rows, order
-        self.steps = 0
-
-    def factors(self, depth: int, k: int) -> FloatArray:
-        """g(d, r) for d = 1 … depth, r = 0 … k − 1 (1 beyond the tracked depths)."""
-        g = np.ones((depth, k))
-        dd, kk = min(depth, self.depth), min(k, self.ranks)
-        g[:dd, :kk] = self._g[:dd, :kk]
-        if k > kk:
-            g[:dd, kk:] = self._g[:dd, kk - 1 : kk]
-        return g
-
-    def calibrate(self, marginals: BatchMarginals) -> BatchMarginals:
-        """The marginals with every candidate's probability corrected (rows re-sorted)."""
-        if self.steps == 0 or not self.enabled:
-            self._last = (marginals, None)
-            return marginals
-        _, depth, k = marginals.probs.shape
-        q = np.minimum(marginals.probs * self.factors(depth, k)[None], 1.0)
-        order = np.argsort(-q, axis=-1, kind="stable")
-        q = np.take_along_axis(q, order, axis=-1)
-        ids = np.take_along_axis(marginals.token_ids, order, axis=-1)
-        self._last = (marginals, order)
-        return BatchMarginals(ids, q)
-
-    def observe(self, trees: TreeBatch, accepted_nodes: IntArray, committed: IntArray) -> None:
-        """Fold in a verified step: the trees as verified (built from the last calibrated
-        marginals), each request's accepted path (node indices within its tree, root
-        excluded, request after request) and committed lengths (accepted + 1)."""
-        if self._last is None or trees.depths.size == trees.size:
-            return  # nothing drafted (or not by this calibration): nothing to learn
-        raw, order = self._last
-        self._last = None
-        offsets = trees.offsets
-        b = trees.size
-        if raw.probs.shape[0] != b:
-            return
-        committed = np.asarray(committed, dtype=np.int64)
-        request = np.repeat(np.arange(b), np.diff(offsets))
-        on_path = np.zeros(trees.depths.size, bool)
-        on_path[offsets[:-1]] = True
-        acc = np.asarray(accepted_nodes, dtype=np.int64)
-        if acc.size:
-            owner = np.repeat(np.arange(b), np.maximum(committed - 1, 0))
-            on_path[offsets[owner] + acc] = True
-        child = trees.depths >= 1
-        parent = offsets[request] + trees.parents
-        exposed = child & on_path[np.where(child, parent, 0)]
-        d = trees.depths[exposed] - 1
-        r = trees.ranks[exposed]
-        req = request[exposed]
-        if order is not None:
-            r = order[req, d, r]  # the rank in the raw row
-        p = raw.probs[req, d, r]
-        keep = d < self.depth
-        d, r, p, hit = d[keep], np.minimum(r[keep], self.ranks - 1), p[keep], on_path[exposed][keep]
-        cell = d * self.ranks + r
-        size = self.depth * self.ranks
-        self._pred *= self.decay
-        self._real *= self.decay
-        self._pred += np.bincount(cell, weights=p, minlength=size).reshape(self._pred.shape)
-        self._real += np.bincount(cell, weights=hit, minlength=size).reshape(self._pred.shape)
-        w = self.prior_weight
-        self._g = (self._real + w) / (self._pred + w)
-        self.steps += 1
-
-
-class SizeCalibration:
-    """What each lattice size really commits, learned from the prefixes of verified trees.
-
-    A verified best-first tree of N nodes also answers, for every n < N, what its prefix T_n
-    would have committed: the accepted path's nodes that lie in T_n (indices < n at batch 1;
-    at batch B the first n − B nodes of the batch's merged order) — exact at T = 0, where the
-    target's tokens do not depend on the tree. So every step observes, for each lattice size up
-    to its own, the realised τ beside the surrogate's Â.
-
-    Larger sizes are observed only on the steps that verified large trees, so comparing cells
-    by their own means would compare different steps. The calibration therefore learns
-    *increments*, paired within a step: for consecutive lattice sizes L_{k−1} < L_k, the gain
-    ratio h_k = Σ (τ(L_k) − τ(L_{k−1})) / Σ (Â(L_k) − Â(L_{k−1})) over the steps that observed
-    L_k (sums forgotten with ``decay``, plus ``prior_weight`` pseudo-steps at ratio 1, each worth
-    the cell's mean surrogate gain, so a few unlucky steps cannot condemn a size). A
-    step's expected τ at L_j is then B + Σ_{k ≤ j} h_k·ΔÂ_k of that step's own Â: the
-    surrogate's per-step information, with each increment discounted by what such increments
-    realised. A cell never observed borrows the ratio of the nearest observed cell below.
-    """
-
-    def __init__(self, prior_weight: float = 8.0, decay: float = 0.998) -> None:
-        if not (math.isfinite(prior_weight) and prior_weight > 0):
-            raise BudgetError(f"prior_weight must be a finite number > 0; got {prior_weight!r}")
-        if not 0 < decay <= 1:
-            raise BudgetError(f"decay must be in (0, 1]; got {decay!r}")
-        self.prior_weight, self.decay = prior_weight, decay
-        n = LATTICE.shape[0]
-        self._da = np.zeros((11, n))  # Σ ΔÂ per cell (forgotten with decay)
-        self._dt = np.zeros((11, n))  # Σ Δτ
-        self._weight = np.zeros((11, n))  # Σ steps
-        self._cache: dict[object, tuple[int, FloatArray]] = {}
-        self.version = 0
-
-    def gain_ratios(self, batch_size: int) -> FloatArray:
-        """h_k per lattice cell for the bucket of ``batch_size`` (read-only)."""
-        b = batch_bucket(batch_size)
-        hit = self._cache.get(b)
-        if hit is not None and hit[0] == self.version:
-            return hit[1]
-        seen = self._weight[b] > 1e-9
-        # ``prior_weight`` pseudo-steps of ratio 1, each worth the cell's mean surrogate gain
-        prior = self.prior_weight * self._da[b] / np.where(seen, self._weight[b], 1.0)
-        h = (self._dt[b] + prior) / np.maximum(self._da[b] + prior, 1e-12)
-        h = np.where(self._da[b] + prior > 1e-12, h, 1.0)
-        observed = np.flatnonzero(seen)
-        if observed.size == 0:
-            h = np.ones_like(h)
-        elif not seen.all():
-            pos = np.searchsorted(observed, np.arange(h.shape[0]), side="right") - 1
-            h = np.where(seen, h, np.where(pos >= 0, h[observed[np.maximum(pos, 0)]], 1.0))
-        h.flags.writeable = False
-        self._cache[b] = (self.version, h)
-        return np.asarray(h, dtype=np.float64)
-
-    def expected(self, batch_size: int, cells: IntArray, predicted: FloatArray) -> FloatArray:
-        """A step's expected committed tokens at consecutive lattice ``cells`` (from the first
-        lattice cell at or above B), given its surrogate Â there."""
-        h = self.gain_ratios(batch_size)[cells]
-        gains = np.diff(predicted, prepend=float(batch_size))
-        return np.asarray(batch_size + np.cumsum(h * gains), dtype=np.float64)
-
-    def factors(self, batch_size: int) -> FloatArray:
-        """The cumulative ratio E[τ]/E[Â] per lattice cell, from the paired increments' means
-        (what the joint budget divides its cost by)."""
-        b = batch_bucket(batch_size)
-        key = (-1 - b, batch_size)
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] == self.version:
-            return hit[1]
-        seen = self._weight[b] > 1e-9
-        safe = np.where(seen, self._weight[b], 1.0)
-        tau = batch_size + np.cumsum(np.where(seen, self._dt[b] / safe, 0.0))
-        a_hat = batch_size + np.cumsum(np.where(seen, self._da[b] / safe, 0.0))
-        out = np.asarray(np.where(seen, tau / a_hat, 1.0), dtype=np.float64)
-        self._cache[key] = (self.version, out)
-        return out
-
-    def observe(self, trees: TreeBatch, accepted_nodes: IntArray, committed: IntArray) -> None:
-        """Fold in a verified step (trees in best-first order, accepted paths as indices within
-        each tree, root excluded, request after request)."""
-        b = trees.size
-        total = int(trees.offsets[-1])
-        if total == b:
-            return
-        offsets = trees.offsets
-        request = np.repeat(np.arange(b), np.diff(offsets))
-        within = np.arange(total) - offsets[request]
-        nonroot = within > 0
-        if b == 1:
-            rank = within  # the tree's own order (the root is rank 0)
-        else:  # the batch's merged order: ρ descending, then request, then the tree's order
-            order = np.lexsort((within, request, -trees.scores, nonroot))  # roots first
-            rank = np.empty(total, np.int64)
-            rank[order] = np.arange(total)
-            rank -= b - 1  # non-root nodes ranked 1 … total − B, roots ≤ 0
-        on_path = np.zeros(total, bool)
-        acc = np.asarray(accepted_nodes, dtype=np.int64)
-        if acc.size:
-            owner = np.repeat(np.arange(b), np.maximum(np.asarray(committed) - 1, 0))
-            on_path[offsets[owner] + acc] = True
-        path_ranks = np.sort(rank[on_path & nonroot])
-        gains = trees.scores[nonroot]
-        if b > 1:  # a single best-first tree is in that order already
-            gains = np.sort(gains)[::-1]
-        predicted = b + np.concatenate(([0.0], np.cumsum(gains)))  # Â at M = B + m
-        lo, hi = np.searchsorted(LATTICE, [b, total], side="left")
-        hi += LATTICE[min(hi, LATTICE.shape[0] - 1)] == total
-        idx = np.arange(lo, hi)
-        cells = LATTICE[lo:hi]
-        m = cells - b
-        realised = b + np.searchsorted(path_ranks, m, side="right")
-        bb = batch_bucket(b)
-        for arr in (self._da, self._dt, self._weight):
-            arr[bb] *= self.decay
-        self._da[bb, idx] += np.diff(predicted[m], prepend=float(b))
-        self._dt[bb, idx] += np.diff(realised.astype(np.float64), prepend=float(b))
-        self._weight[bb, idx] += 1.0
-        self.version += 1
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,173 @@
+"""The learning controller's cycle table: measured/predicted cycle ratios on a token lattice.
+
+The controller of :mod:`bastion.controller` prices a tree size by the prior's cycle (the
+calibrated roofline) times the ratio measured at that size's lattice cell. :func:`token_lattice`
+is the lattice (1 … 8, every 8 tokens up to 256, then coarser: dense where GEMM tile choices
+change most); :class:`CycleTable` holds, per cycle kind (a tree, the chain, a target-only AR
+step), batch-size bucket (:func:`batch_bucket`) and cell, the median of the last observations.
+
+What this module does not do: time anything, or know the prior (:mod:`bastion.learned`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.errors import BudgetError
+
+__all__ = [
+    "LATTICE",
+    "CycleKind",
+    "CycleTable",
+    "batch_bucket",
+    "lattice_index",
+    "token_lattice",
+]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+CycleKind = Literal["tree", "chain", "ar"]
+_KINDS: tuple[CycleKind, ...] = ("tree", "chain", "ar")
+
+# (up to, step): every 8 tokens up to 256, every 16 up to 512, … — dense where GEMM tile
+# choices change most (multiples of 8/16/64/128 tokens), coarse where a step is a small share
+_SPACING = ((8, 1), (256, 8), (512, 16), (1024, 32), (2048, 64), (4096, 128), (8192, 256))
+_TOP = 1 << 20  # the largest total the lattice covers (MAX_TREE_SIZE)
+
+
+def token_lattice(hi: int = _TOP) -> IntArray:
+    """The candidate token counts up to ``hi``: 1 … 8, then every 8 up to 256, 16 up to 512,
+    32 up to 1024, 64 up to 2048, 128 up to 4096, 256 up to 8192, then doubling steps."""
+    points: list[int] = []
+    lo = 0
+    for top, step in _SPACING:
+        points.extend(range(lo + step, min(top, hi) + 1, step))
+        lo = top
+        if top >= hi:
+            break
+    step = 512
+    while lo < hi:
+        points.extend(range(lo + step, min(2 * lo, hi) + 1, step))
+        lo, step = 2 * lo, 2 * step
+    if not points or points[-1] != hi:
+        points.append(hi)
+    return np.asarray(sorted(set(points)), dtype=np.int64)
+
+
+LATTICE = token_lattice()
+LATTICE.flags.writeable = False
+
+
+def lattice_index(tokens: npt.ArrayLike) -> IntArray:
+    """Index in :data:`LATTICE` of the smallest lattice point ≥ each token count."""
+    return np.asarray(np.searchsorted(LATTICE, np.asarray(tokens, dtype=np.int64)), np.int64)
+
+
+def batch_bucket(batch_size: int) -> int:
+    """The batch-size bucket of a step: the power of two nearest to B in log scale (≤ 1024)."""
+    if batch_size < 1:
+        raise BudgetError(f"batch_size must be ≥ 1; got {batch_size}")
+    return min(10, round(math.log2(batch_size)))
+
+
+class CycleTable:
+    """Measured/predicted cycle ratios per (kind, batch bucket, lattice cell), robust to noise.
+
+    Each cell keeps its last ``window`` ratios in a ring and reads as their median. ``version``
+    counts updates (a caller caches derived curves per version).
+    """
+
+    def __init__(self, window: int = 9) -> None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise BudgetError(f"window must be an integer ≥ 1; got {window!r}")
+        self.window = window
+        n = LATTICE.shape[0]
+        # per kind: [bucket, cell, slot] ring buffers, counts and medians (NaN: never measured)
+        self._ring = {k: np.full((11, n if k == "tree" else 1, window), np.nan) for k in _KINDS}
+        self._count = {k: np.zeros((11, n if k == "tree" else 1), np.int64) for k in _KINDS}
+        self._median = {k: np.full((11, n if k == "tree" else 1), np.nan) for k in _KINDS}
+        self._filled: dict[tuple[str, int], tuple[tuple[int, int], FloatArray]] = {}
+        self._noise: dict[tuple[str, int], tuple[int, float]] = {}
+        self._kind_version = dict.fromkeys(_KINDS, 0)  # updates per kind
+        self.version = 0
+
+    def observe(self, kind: CycleKind, batch_size: int, tokens: int, ratio: float) -> None:
+        """One measured/predicted ratio of a ``kind`` cycle of ``tokens`` total tree tokens."""
+        if not (math.isfinite(ratio) and ratio > 0):
+            return  # a failed or degenerate measurement teaches nothing
+        b = batch_bucket(batch_size)
+        cell = int(np.searchsorted(LATTICE, tokens)) if kind == "tree" else 0
+        count = self._count[kind]
+        ring = self._ring[kind][b, cell]
+        seen = int(count[b, cell])
+        ring[seen % self.window] = ratio
+        count[b, cell] = seen + 1
+        vals = sorted(ring[: min(seen + 1, self.window)].tolist())
+        half = len(vals) // 2
+        median = vals[half] if len(vals) % 2 else 0.5 * (vals[half - 1] + vals[half])
+        self._median[kind][b, cell] = median
+        self._kind_version[kind] += 1
+        self.version += 1
+
+    def noise(self, kind: CycleKind, batch_size: int) -> float:
+        """The relative spread of one observation in the bucket: 1.4826 × the median absolute
+        deviation of every stored ratio from its cell's median, relative to that median (0
+        with fewer than two observations in any cell)."""
+        b = batch_bucket(batch_size)
+        epoch = self.version >> 6  # re-estimated every 64 observations: it moves slowly
+        hit = self._noise.get((kind, b))
+        if hit is not None and hit[0] == epoch:
+            return hit[1]
+        ring = self._ring[kind][b]
+        med = self._median[kind][b]
+        many = self._count[kind][b] >= 2
+        value = 0.0
+        if many.any():
+            dev = np.abs(ring[many] / med[many, None] - 1.0)
+            value = float(1.4826 * np.nanmedian(dev))
+        self._noise[(kind, b)] = (epoch, value)
+        return value
+
+    def count(self, kind: CycleKind, batch_size: int) -> IntArray:
+        """Observations per cell of ``kind`` in the bucket of ``batch_size`` (read-only)."""
+        return np.asarray(self._count[kind][batch_bucket(batch_size)], dtype=np.int64)
+
+    def ratios(self, kind: CycleKind, batch_size: int) -> FloatArray:
+        """The ratio of every cell of the bucket (read-only): measured medians, gaps filled by
+        interpolation between measured cells of the bucket, else from the nearest measured
+        bucket, else from the tree cells of the bucket, else 1 (the prior as it is)."""
+        b = batch_bucket(batch_size)
+        key = (kind, b)
+        # what the fill reads: every bucket of this kind (nearest-bucket fallback), and the
+        # tree cells for an AR or chain cell never measured
+        stamp = (self._kind_version[kind], self._kind_version["tree"])
+        hit = self._filled.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        out = self._fill(kind, b)
+        out.flags.writeable = False
+        self._filled[key] = (stamp, out)
+        return out
+
+    def _fill(self, kind: CycleKind, b: int) -> FloatArray:
+        med = self._median[kind]
+        order = sorted(range(11), key=lambda x: (abs(x - b), x))  # this bucket, then nearest
+        for bb in order:
+            row = med[bb]
+            ok = np.isfinite(row)
+            if ok.any():
+                if ok.all():
+                    return np.array(row, dtype=np.float64)
+                x = np.flatnonzero(ok)
+                return np.asarray(np.interp(np.arange(row.shape[0]), x, row[x]), np.float64)
+        if kind != "tree":  # no AR or chain cycle measured yet: the tree cells' typical ratio
+            tree = self._median["tree"]
+            for bb in order:
+                vals = tree[bb][np.isfinite(tree[bb])]
+                if vals.size:
+                    return np.full(1, float(np.median(vals)))
+        return np.ones(med.shape[1])
