@@ -136,4 +136,5 @@ def _figure(varying: list[str], table: list[tuple[Any, ...]], out: Path) -> None
     ax.set_ylabel("metric / best other policy")
     ax.set_title("Controller regret: " + " × ".join(varying))
     ax.legend(fontsize=8)
+    fig.tight_layout()
     _savefig(fig, out / "regret.png")
