@@ -72,6 +72,13 @@ class DemoResult:
         }
 
 
+def _learns(policy: str) -> bool:
+    """Whether a demo policy spec is the learning controller (``bastion[:N_MAX]``)."""
+    from bastion.policies import make_policy
+
+    return bool(getattr(make_policy(policy), "learns", False))
+
+
 def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
     if not path.exists():
         raise ConfigError(f"{path} is missing; the demo models are not installed")
@@ -144,6 +151,18 @@ def run_demo(
             "draft_points": float(len(timing.points)),
         }
 
+    learned = None  # the learning controller's start-up table, timed once on this CPU
+    if cost_model is not None and any(_learns(name) for name in policies):
+        from bastion.backends.torch.calibrate import calibrate_cycles_on_device
+        from bastion.learned import LearnedCostModel
+
+        if progress:
+            progress("timing the learning controller's start-up cycles on this CPU")
+        learned = LearnedCostModel(cost_model)
+        startup = calibrate_cycles_on_device(learned, target, drafter)
+        calibration["startup_cycles"] = float(startup["passes"])
+        calibration["startup_device_s"] = float(startup["device_s"])
+
     eos = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # type: ignore[arg-type]
     batched: dict[int, dict[str, list[list[int]]]] = {}
     acceptance: dict[str, list[list[int]]] = {}
@@ -168,7 +187,13 @@ def run_demo(
                 batch_size=b,
                 max_new_tokens=max_new_tokens,
                 eos_token_id=eos,
-                cost_model=cost_model if name.startswith("bastion") else None,
+                cost_model=(
+                    learned.copy()
+                    if learned is not None and _learns(name)
+                    else cost_model
+                    if name.startswith("bastion")
+                    else None
+                ),
                 predict_cycles=cost_model,
                 record_traces=traces,
                 trace_metadata={"target": "bastion-demo"},

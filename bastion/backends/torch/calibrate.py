@@ -274,3 +274,45 @@ def drafter_timing(
         return found
     sizes = sorted({1, 2, *batch_sizes})
     return calibrate_drafter(target, drafter, cache, True, sizes, DRAFT_CONTEXTS, repeats=2)
+
+
+def calibrate_cycles_on_device(
+    learner: Any,
+    target: Any,
+    drafter: Any,
+    *,
+    n_max: int = 256,
+    context_len: int = 128,
+    repeats: int = 2,
+) -> dict[str, Any]:
+    """Start-up timing of the learning controller's cycle table on this device, at batch 1:
+    every token-lattice size up to ``n_max``, one AR and one chain cycle (``calibrate_cycles``).
+
+    A cycle is timed as its two device passes — the drafter's ``draft_batch``
+    (``drafter_timer``) and a verification pass of the tree's size (``verify_timer``; AR: one
+    token) — so the host's tree building, mask and commit are not in it: the engine reports
+    every real step's whole cycle, and those observations correct the cells while decoding.
+    Returns what ``calibrate_cycles`` returns (cells, passes, device seconds)."""
+    from bastion.learned import calibrate_cycles
+
+    from .timing import drafter_timer, verify_timer
+
+    verify = verify_timer(target, repeats=1, warmup=1)
+    draft = drafter_timer(drafter, repeats=1, warmup=1)
+    depth = int(drafter.cfg.block_size) - 1
+
+    def measure(kind: str, contexts: Any, sizes: Any) -> float:
+        c = int(contexts[0])
+        if kind == "ar":
+            return float(verify(1, c))
+        return float(draft(1, c) + verify(int(sizes.sum()), c))
+
+    return calibrate_cycles(
+        learner,
+        measure,
+        batch_sizes=(1,),
+        n_max=n_max,
+        context_len=context_len,
+        depth=depth,
+        repeats=repeats,
+    )
