@@ -160,3 +160,33 @@ def test_generate_prices_the_drafter_and_reports_the_cycle(
     c = rep.cycle
     assert c["predicted_draft_s"] > 0 and c["measured_draft_s"] > 0
     assert c["predicted_s"] >= c["predicted_draft_s"] + c["predicted_verify_s"] - 1e-12
+
+
+def test_learning_controller_startup_times_the_lattice_on_the_device(
+    model_dirs: tuple[Path, Path],
+) -> None:
+    """Start-up timing fills every lattice cell up to n_max, and the AR and chain cells, with
+    the ratio of real passes to the prior; the result still decodes exactly as AR."""
+    from bastion.backends.torch import generate_batch
+    from bastion.backends.torch.calibrate import calibrate_cycles_on_device
+    from bastion.backends.torch.timing import AffineCostModel
+    from bastion.learned import LearnedCostModel, lattice_index, token_lattice
+    from tests.torch_models import greedy_reference
+
+    tdir, ddir = model_dirs
+    target = load_target(tdir, "cpu")
+    drafter = DFlashDrafter.from_pretrained(ddir, target)
+    learner = LearnedCostModel(AffineCostModel(1e-3, 1e-5, draft_s=1e-3))
+    done = calibrate_cycles_on_device(learner, target, drafter, n_max=32, context_len=16)
+    sizes = token_lattice(32)
+    assert done["cells"] == sizes.size + 2 and done["passes"] == 2 * done["cells"]
+    assert done["device_s"] > 0
+    counts = learner.table.count("tree", 1)
+    assert np.all(counts[lattice_index(sizes)] == 2)
+    assert learner.table.count("ar", 1)[0] == 2 and learner.table.count("chain", 1)[0] == 2
+    assert np.all(np.isfinite(learner.table.ratios("tree", 1)[lattice_index(sizes)]))
+    prompt = [3, 1, 4, 1, 5]
+    report = generate_batch(
+        target, drafter, "bastion", [prompt], max_new_tokens=12, cost_model=learner
+    )
+    assert list(report.records[0].output_ids) == greedy_reference(target, prompt, 12)
