@@ -354,8 +354,13 @@ class LearnedCostModel:
         return prior * float(self.table.ratios(kind, b)[0])
 
     def _ar_prior(self, ctx: IntArray) -> float:
-        if ctx.shape[0] == 1:
-            return float(self.prior.cost_curve(1, StepLoad(int(ctx[0]))).ar_step_s)
+        if ctx.shape[0] == 1:  # per 16 tokens of context: an AR step is cheap to price again
+            key = ("ar1", 1, 0, int(ctx[0]) // 16)
+            prior = self._modes.get(key, -1.0)
+            if prior < 0:
+                cc = self.prior.cost_curve(1, StepLoad(int(ctx[0])))
+                prior = self._remember(key, float(cc.ar_step_s))
+            return prior
         key = ("ar", ctx.shape[0], 0, int(ctx.mean()) // MODE_CONTEXT_STEP)
         prior = self._modes.get(key, -1.0)
         if prior < 0:
@@ -388,7 +393,7 @@ class LearnedCostModel:
     def wants_draft(self, batch_size: int) -> bool:
         """Whether the next step should draft: yes while speculation has paid (or is untried);
         while AR has been faster, every ``probe_every``-th step, the interval doubling after
-        each probe that confirms it (up to 16 × ``probe_every``)."""
+        each probe that confirms it (up to 64 × ``probe_every``)."""
         if self.always_draft or self.speedup > 1.0 + self.margin:
             return True
         return self._since_draft + 1 >= self._probe_interval
@@ -456,7 +461,7 @@ class LearnedCostModel:
         if self.speedup > threshold:
             self._probe_interval = self.probe_every
         elif probing:  # a probe that found AR still faster: look again less often
-            self._probe_interval = min(2 * self._probe_interval, 16 * self.probe_every)
+            self._probe_interval = min(2 * self._probe_interval, 64 * self.probe_every)
 
 
 MeasureFn = Callable[[CycleKind, IntArray, IntArray], float]

@@ -43,7 +43,7 @@ from .dflash_format import (
     read_config,
     write_checkpoint,
 )
-from .verifier import TargetFeedback
+from .verifier import FeedbackRun, TargetFeedback
 
 __all__ = ["DFlashDraftModel", "DFlashDrafter"]
 
@@ -411,6 +411,8 @@ class DFlashDrafter:
         layers = cast(list[_DraftLayer], self.model.layers)
         todo = []
         for rid, fb in items:
+            if isinstance(fb, FeedbackRun):  # the steps it skipped, in one block
+                fb = fb.merged()
             if not isinstance(fb, TargetFeedback):
                 raise BudgetError(f"DFlash drafter needs TargetFeedback; got {type(fb)}")
             r = store.row(rid)

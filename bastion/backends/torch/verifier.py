@@ -71,12 +71,31 @@ class TargetFeedback:
 
     def then(self, later: object) -> object:
         """This feedback followed by ``later`` (the next step's), for a drafter that skipped
-        a step (an AR step of the ``bastion`` policy): one block of features from ``start``."""
+        a step (an AR step of the ``bastion`` policy): a :class:`FeedbackRun`."""
+        return FeedbackRun([self]).then(later)
+
+
+@dataclass
+class FeedbackRun:
+    """Target features of consecutive steps the drafter skipped, kept as parts (appending is
+    O(1); they are concatenated once, when the drafter next drafts: :meth:`merged`)."""
+
+    parts: list[TargetFeedback]
+
+    def then(self, later: object) -> object:
         if not isinstance(later, TargetFeedback):
             return later if later is not None else self
-        if later.start != self.start + int(self.features.shape[0]):
+        last = self.parts[-1]
+        if later.start != last.start + int(last.features.shape[0]):
             return later  # not contiguous: keep the newest, the drafter will say so
-        return TargetFeedback(torch.cat([self.features, later.features]), self.start)
+        self.parts.append(later)
+        return self
+
+    def merged(self) -> TargetFeedback:
+        if len(self.parts) == 1:
+            return self.parts[0]
+        features = torch.cat([p.features for p in self.parts])
+        return TargetFeedback(features, self.parts[0].start)
 
 
 @dataclass(frozen=True)
