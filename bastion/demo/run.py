@@ -103,7 +103,8 @@ def run_demo(
 ) -> DemoResult:
     """Decode ``prompts`` with every policy at every batch size; compare; summarise. Needs torch.
 
-    Traces (``record_dir``) are recorded at the first batch size."""
+    Traces (``record_dir``) are recorded at the first batch size, for every policy but AR and
+    the learning controller (a trace needs a draft at every step, which it may skip)."""
     from transformers import AutoTokenizer
 
     from bastion.backends.torch import DFlashDrafter, generate_batch, load_target
@@ -173,7 +174,8 @@ def run_demo(
             if progress:
                 progress(f"decoding with {name} at batch {b}")
             traces = None
-            if record_dir is not None and name != "ar" and b_i == 0:  # AR drafts nothing
+            # AR drafts nothing; the learning controller would have to draft every step
+            if record_dir is not None and name != "ar" and not _learns(name) and b_i == 0:
                 record_dir.mkdir(parents=True, exist_ok=True)
                 traces = [
                     record_dir / f"{name.replace(':', '-')}-{i}.json"
