@@ -25,7 +25,16 @@ from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.replay import trace_source
 from bastion.sim.serving import serve
 
-POLICIES = ("ar", "chain", "fixed:16", "fixed:32", "fixed:64", "beam:4x15", "bastion:paper", "bastion")
+POLICIES = (
+    "ar",
+    "chain",
+    "fixed:16",
+    "fixed:32",
+    "fixed:64",
+    "beam:4x15",
+    "bastion:paper",
+    "bastion",
+)
 
 
 def main() -> None:
