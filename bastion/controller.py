@@ -40,7 +40,7 @@ from bastion.batch import BatchMarginals, TreeBatch
 from bastion.bestfirst import best_first, buildable_nodes
 from bastion.errors import BudgetError
 from bastion.interfaces import BatchChoice, BatchPolicyContext, CostCurve, CostModel
-from bastion.learned import LearnedCostModel, lattice_index, token_lattice
+from bastion.learned import LearnedCostModel
 from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def choose_size(
 ) -> tuple[DraftTree, SizeDiagnostics]:
     """Batch 1: the best-first tree of the lattice size with the largest expected speedup.
 
-    Candidates are the lattice sizes up to what the marginals can build (and ``n_max``), each
+    Candidates are the lattice sizes up to what the marginals can build and ``n_max``, each
     priced by its learned cycle and credited with the committed tokens the size calibration
     expects of this step's Â there (each lattice increment of Â discounted by what such
     increments realised). The tree is grown in doubling chunks (from twice the last chosen
@@ -136,9 +136,10 @@ def choose_size(
     """
     probs = marginals.probs
     cap = min(n_max, int(buildable_nodes(probs, n_max + 1)))
-    all_sizes = token_lattice(cap)
-    cells = lattice_index(all_sizes)
-    cycles, ar_s = learner.candidate_cycles(cells, all_sizes, cap, context_len)
+    lattice, lattice_cells, lattice_cycles, ar_s = learner.candidate_cycles(n_max, context_len)
+    last = max(int(np.searchsorted(lattice, cap, side="right")), 1)  # the sizes it can build
+    all_sizes, cells, cycles = lattice[:last], lattice_cells[:last], lattice_cycles[:last]
+    cap = int(all_sizes[-1])
     budget = min(max(start, 1), cap)
     while True:
         arrays = best_first(probs, budget)

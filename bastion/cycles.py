@@ -21,6 +21,7 @@ from bastion.errors import BudgetError
 
 __all__ = [
     "LATTICE",
+    "REFRESH_SHIFT",
     "CycleKind",
     "CycleTable",
     "batch_bucket",
@@ -37,6 +38,9 @@ _KINDS: tuple[CycleKind, ...] = ("tree", "chain", "ar")
 # choices change most (multiples of 8/16/64/128 tokens), coarse where a step is a small share
 _SPACING = ((8, 1), (256, 8), (512, 16), (1024, 32), (2048, 64), (4096, 128), (8192, 256))
 _TOP = 1 << 20  # the largest total the lattice covers (MAX_TREE_SIZE)
+# derived estimates (filled ratios, curves built on them) are refreshed once per this many
+# observations: the medians move slowly, and the controller's per-step time is what it costs
+REFRESH_SHIFT = 3  # every 8
 
 
 def token_lattice(hi: int = _TOP) -> IntArray:
@@ -91,6 +95,7 @@ class CycleTable:
         self._count = {k: np.zeros((11, n if k == "tree" else 1), np.int64) for k in _KINDS}
         self._median = {k: np.full((11, n if k == "tree" else 1), np.nan) for k in _KINDS}
         self._filled: dict[tuple[str, int], tuple[tuple[int, int], FloatArray]] = {}
+        self._first: set[tuple[str, int]] = set()  # (kind, bucket) measured at least once
         self._noise: dict[tuple[str, int], tuple[int, float]] = {}
         self._kind_version = dict.fromkeys(_KINDS, 0)  # updates per kind
         self.version = 0
@@ -112,6 +117,9 @@ class CycleTable:
         self._median[kind][b, cell] = median
         self._kind_version[kind] += 1
         self.version += 1
+        if (kind, b) not in self._first:  # a bucket's first measurement is seen at once
+            self._first.add((kind, b))
+            self._filled.clear()
 
     def noise(self, kind: CycleKind, batch_size: int) -> float:
         """The relative spread of one observation in the bucket: 1.4826 × the median absolute
@@ -144,7 +152,10 @@ class CycleTable:
         key = (kind, b)
         # what the fill reads: every bucket of this kind (nearest-bucket fallback), and the
         # tree cells for an AR or chain cell never measured
-        stamp = (self._kind_version[kind], self._kind_version["tree"])
+        stamp = (
+            self._kind_version[kind] >> REFRESH_SHIFT,
+            self._kind_version["tree"] >> REFRESH_SHIFT if kind != "tree" else 0,
+        )
         hit = self._filled.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]

@@ -47,6 +47,7 @@ import numpy.typing as npt
 from bastion.batch import TreeBatch
 from bastion.cycles import (
     LATTICE,
+    REFRESH_SHIFT,
     CycleKind,
     CycleTable,
     batch_bucket,
@@ -143,7 +144,9 @@ class LearnedCostModel:
         self._drafted = 0
         self.explore_every = explore_every
         self._joint = getattr(prior, "joint_cost_curve", None)
-        self._curves: dict[tuple[int, int], tuple[int, CostCurve, FloatArray]] = {}
+        self._candidates: dict[
+            tuple[int, int], tuple[int, IntArray, IntArray, FloatArray, float]
+        ] = {}
         self._even: dict[tuple[int, int, int], FloatArray] = {}
         # batched AR and chain priors per (kind, B, depth, mean context step): they move slowly
         self._modes: dict[tuple[str, int, int, int], float] = {}
@@ -261,24 +264,28 @@ class LearnedCostModel:
         return np.minimum.accumulate(at_end[::-1])[::-1]
 
     def candidate_cycles(
-        self, cells: IntArray, sizes: IntArray, n_max: int, context_len: int
-    ) -> tuple[FloatArray, float]:
-        """Batch 1: the learned cycle of trees of ``sizes`` (lattice ``cells``), one standard
-        error on the expensive side, and the learned AR cycle."""
-        key = (int(context_len), int(n_max))
-        hit = self._curves.get(key)
-        if hit is None or hit[0] != self.table.version or hit[2].shape[0] != sizes.shape[0]:
-            cc = self.prior.cost_curve(n_max, StepLoad(int(context_len)))
+        self, n_max: int, context_len: int
+    ) -> tuple[IntArray, IntArray, FloatArray, float]:
+        """Batch 1: the lattice sizes up to ``n_max``, their cells, the learned cycle of each
+        (one standard error on the expensive side) and the learned AR cycle — recomputed once
+        per refresh of the table and per 128 tokens of context."""
+        key = (int(context_len) // 128, int(n_max))
+        hit = self._candidates.get(key)
+        epoch = self.table.version >> REFRESH_SHIFT
+        if hit is None or hit[0] != epoch:
+            sizes = LATTICE[: int(np.searchsorted(LATTICE, int(n_max), side="right"))]
+            cells = np.arange(sizes.shape[0], dtype=np.int64)
+            cc = self.prior.cost_curve(int(n_max), StepLoad(int(context_len)))
             cycle = cc.draft_s + cc.prep_s + cc.verify_s[sizes - 1]
             ratio = self.table.ratios("tree", 1)[cells]
             seen = np.minimum(np.maximum(self.table.count("tree", 1)[cells], 1), self.table.window)
             pessimism = 1.0 + self.table.noise("tree", 1) / np.sqrt(seen)
             ar = cc.ar_step_s * float(self.table.ratios("ar", 1)[0])
-            if len(self._curves) > 64:
-                self._curves.clear()
-            hit = (self.table.version, CostCurve(0.0, 0.0, cycle, ar), cycle * ratio * pessimism)
-            self._curves[key] = hit
-        return hit[2], hit[1].ar_step_s
+            if len(self._candidates) > 64:
+                self._candidates.clear()
+            hit = (epoch, sizes, cells, cycle * ratio * pessimism, ar)
+            self._candidates[key] = hit
+        return hit[1], hit[2], hit[3], hit[4]
 
     def joint_decision_curve(
         self, context_lens: IntArray, grow: IntArray, n_max: int = 1024

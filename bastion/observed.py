@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.batch import BatchMarginals, TreeBatch
-from bastion.cycles import LATTICE, batch_bucket
+from bastion.cycles import LATTICE, REFRESH_SHIFT, batch_bucket
 from bastion.errors import BudgetError
 
 __all__ = ["AcceptanceCalibration", "SizeCalibration"]
@@ -122,8 +122,9 @@ class AcceptanceCalibration:
         self._real *= self.decay
         self._pred += np.bincount(cell, weights=p, minlength=size).reshape(self._pred.shape)
         self._real += np.bincount(cell, weights=hit, minlength=size).reshape(self._pred.shape)
-        w = self.prior_weight
-        self._g = (self._real + w) / (self._pred + w)
+        if self.steps % (1 << REFRESH_SHIFT) == 0:  # the sums grow every step, g every 8th
+            w = self.prior_weight
+            self._g = (self._real + w) / (self._pred + w)
         self.steps += 1
 
 
@@ -164,7 +165,8 @@ class SizeCalibration:
         """h_k per lattice cell for the bucket of ``batch_size`` (read-only)."""
         b = batch_bucket(batch_size)
         hit = self._cache.get(b)
-        if hit is not None and hit[0] == self.version:
+        epoch = self.version >> REFRESH_SHIFT
+        if hit is not None and hit[0] == epoch:
             return hit[1]
         seen = self._weight[b] > 1e-9
         # ``prior_weight`` pseudo-steps of ratio 1, each worth the cell's mean surrogate gain
@@ -178,7 +180,7 @@ class SizeCalibration:
             pos = np.searchsorted(observed, np.arange(h.shape[0]), side="right") - 1
             h = np.where(seen, h, np.where(pos >= 0, h[observed[np.maximum(pos, 0)]], 1.0))
         h.flags.writeable = False
-        self._cache[b] = (self.version, h)
+        self._cache[b] = (epoch, h)
         return np.asarray(h, dtype=np.float64)
 
     def expected(self, batch_size: int, cells: IntArray, predicted: FloatArray) -> FloatArray:
@@ -194,14 +196,15 @@ class SizeCalibration:
         b = batch_bucket(batch_size)
         key = (-1 - b, batch_size)
         hit = self._cache.get(key)
-        if hit is not None and hit[0] == self.version:
+        epoch = self.version >> REFRESH_SHIFT
+        if hit is not None and hit[0] == epoch:
             return hit[1]
         seen = self._weight[b] > 1e-9
         safe = np.where(seen, self._weight[b], 1.0)
         tau = batch_size + np.cumsum(np.where(seen, self._dt[b] / safe, 0.0))
         a_hat = batch_size + np.cumsum(np.where(seen, self._da[b] / safe, 0.0))
         out = np.asarray(np.where(seen, tau / a_hat, 1.0), dtype=np.float64)
-        self._cache[key] = (self.version, out)
+        self._cache[key] = (epoch, out)
         return out
 
     def observe(self, trees: TreeBatch, accepted_nodes: IntArray, committed: IntArray) -> None:

@@ -8,10 +8,10 @@ Measured on this machine, each a median over ``--repeats`` of back-to-back calls
 - the host's ancestor matrix of each tree (``bastion.tree.ancestor_matrix``, what the real
   backend builds before uploading the mask), fitted as ``B·mask_host_request_s +
   ΣN²·mask_host_element_s``;
-- the adaptive controller's choice (the ``bastion`` policy's ``choose_batch`` with a learned cost
-  model calibrated at start-up on the simulated GPU; tree growth included): at batch 1 the
-  single-request controller (``controller_single_s``), above it the joint chooser, fitted as
-  ``controller_step_s + B·controller_request_s``;
+- the adaptive controller's host time per step (the ``bastion`` policy's choice and learning
+  over a decode with growing contexts, ``bench_learning.py``'s loop; tree growth included): at
+  batch 1 the single-request controller (``controller_single_s``), above it the joint chooser,
+  fitted as ``controller_step_s + B·controller_request_s``;
 - with torch and transformers installed: the host time of a Hugging Face Qwen3 forward pass in
   eager mode (a tiny configuration on the CPU, so that the kernels themselves cost next to
   nothing and what is timed is Python and the dispatcher), for 2 and 6 layers, one decode token
@@ -38,17 +38,11 @@ from pathlib import Path
 
 import numpy as np
 from bench_joint import median_time  # the same timing rule (benchmarks/ is on sys.path)
+from bench_learning import run as run_learning  # the controller's per-step loop
 
-from bastion.batch import BatchMarginals, StepRequests
-from bastion.controller import LearningPolicy
-from bastion.cost.hardware import get_profile
-from bastion.cost.models import DrafterSpec, get_model
+from bastion.batch import BatchMarginals
 from bastion.files import write_text_atomic
-from bastion.interfaces import BatchPolicyContext
 from bastion.policies import best_first_batch
-from bastion.sim.gpu import SimulatedGPU
-from bastion.sim.simulate import calibrated_cost_model
-from bastion.sim.startup import learned_cost_model
 from bastion.sim.synthetic import SyntheticSource
 from bastion.sim.truth import SECTIONS
 from bastion.sim.workloads import get_workload
@@ -108,21 +102,16 @@ def tree_constants(repeats: int) -> dict[str, float]:
 
 
 def controller_constants(repeats: int) -> dict[str, float]:
-    """The ``bastion`` policy's choice (learned cost model calibrated at start-up on the
-    simulated GPU, tree growth included) as the serving loop calls it: at batch 1 the
-    single-request controller (``controller_single_s``), above it the joint chooser, fitted as
+    """The ``bastion`` policy's host time per decode step as the serving loop pays it: its
+    choice *and* its learning (``observe_step``), over consecutive steps of a decode whose
+    contexts grow (``benchmarks/bench_learning.py``'s loop: learned cost model calibrated at
+    start-up on the simulated GPU, tree growth included). At batch 1 the single-request
+    controller (``controller_single_s``); above it the joint chooser, fitted as
     ``controller_step_s + B·controller_request_s`` over the batched sizes."""
-    model = get_model("qwen3-8b")
-    gpu = SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model))
-    cm, _ = calibrated_cost_model(gpu)
-    policy = LearningPolicy()
+    steps = max(100, 20 * repeats)
     cols, seconds, single = [], [], 0.0
     for b in BATCHES:
-        learner = learned_cost_model(gpu, cm, concurrency=b)
-        m = marginals(b)
-        requests = StepRequests.of(np.arange(b), np.full(b, 512), np.zeros(b, np.int64))
-        context = BatchPolicyContext(requests, learner)
-        took = median_time(lambda m=m, c=context: policy.choose_batch(m, c), repeats)
+        took = 1e-6 * run_learning(b, steps, 3)["ours_us"]
         if b == 1:
             single = took
         else:
