@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bastion.batch import BatchMarginals, StepRequests, TreeBatch
 from bastion.controller import LearningPolicy, choose_size
-from bastion.errors import BudgetError
+from bastion.errors import BudgetError, CostModelError
 from bastion.interfaces import BatchPolicyContext, CostCurve, StepLoad
 from bastion.learned import (
     LATTICE,
@@ -277,3 +277,28 @@ def test_size_calibration_counts_the_batch_merged_order() -> None:
     got = sc.expected(2, lattice_index(totals), predicted)
     # merged order: r0·0.9 (on path), r1·0.8 (on path), r1·0.7, r0·0.5 (on path), r0·0.2, r1·0.1
     assert np.allclose(got, [2, 3, 4, 4, 5, 5, 5])
+
+
+def test_new_inputs_are_checked() -> None:
+    from bastion.cli import main
+    from bastion.errors import ConfigError
+    from bastion.learned import calibrate_cycles
+    from bastion.sim.simulate import SimSpec
+
+    for bad in (-1, True, 1.5, 2_000_000):
+        with pytest.raises(ConfigError, match="warmup_steps"):
+            SimSpec(warmup_steps=bad)  # type: ignore[arg-type]
+    assert main(["simulate", "--warmup-steps", "-1"]) == 2
+    for kwargs in ({"window": 0}, {"probe_every": 0}, {"margin": -1.0}, {"evidence": 1}):
+        with pytest.raises(BudgetError):
+            LearnedCostModel(FlatPrior(), **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(BudgetError):
+        LearnedCostModel(FlatPrior(), explore_every=-1)
+    with pytest.raises(CostModelError):
+        LearnedCostModel(object())  # type: ignore[arg-type]
+    with pytest.raises(BudgetError):
+        AcceptanceCalibration(depth=0)
+    with pytest.raises(BudgetError):
+        SizeCalibration(decay=0.0)
+    with pytest.raises(BudgetError):
+        calibrate_cycles(LearnedCostModel(FlatPrior()), lambda k, c, s: 1.0, repeats=0)
