@@ -197,23 +197,9 @@ class LearnedCostModel:
         return cycle * ratio * pessimism / self.sizes.factors(b)[cells]
 
     def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
-        """The learned cycle of one request's tree (the others as in ``load``), N = 1 … max."""
-        if load.co_batched:
-            return self._fallback_curve(max_tree_size, load)
-        cc = self.prior.cost_curve(max_tree_size, load)
-        totals = np.arange(1, max_tree_size + 1, dtype=np.int64)
-        cycle = cc.draft_s + cc.prep_s + cc.verify_s[:max_tree_size]
-        learned = self._learned(totals, cycle, 1)
-        return CostCurve(
-            draft_s=cc.draft_s,
-            prep_s=cc.prep_s,
-            verify_s=learned - cc.draft_s - cc.prep_s,
-            ar_step_s=cc.ar_step_s * float(self.table.ratios("ar", 1)[0]),
-        )
-
-    def _fallback_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
-        """A request priced inside a batch: the prior's curve scaled by the batch cell's ratio
-        at the batch's total (the per-request rule's view of the learned table)."""
+        """The learned cycle of one request's tree, N = 1 … max: the prior's curve scaled by
+        the cells of the batch's bucket at the pass's total (the co-batched trees' sizes plus
+        N; batch 1 has none) — the per-request rule's view of the learned table."""
         cc = self.prior.cost_curve(max_tree_size, load)
         b = load.batch_size
         others = sum(r.tree_size for r in load.co_batched)

@@ -860,6 +860,32 @@ class SimulatedGPU:
     ) -> float:
         return self._noisy(self.prep_truth(tree_sizes, topk, contexts, controller))
 
+    def step_s(
+        self,
+        kind: str,
+        tree_sizes: npt.ArrayLike,
+        contexts: npt.ArrayLike,
+        topk: bool = True,
+        controller: bool = False,
+        prefill_tokens: npt.ArrayLike = (),
+        prefill_contexts: npt.ArrayLike = (),
+    ) -> tuple[float, float, float]:
+        """(draft, preparation, verification) seconds of one decode step verified as ``kind``:
+        "ar" is one unmasked pass and nothing else; "chain" and "tree" pay the drafter, the
+        preparation (``topk``: top-K normalisation and tree work, else an argmax; a chain chosen
+        after top-K drafting keeps its top-K preparation) and a pass — causal for the chain,
+        masked for a tree. Prefill chunks ride in the pass. Noisy, drawn in that order."""
+        if kind == "ar":
+            return 0.0, 0.0, self.ar_s(contexts, prefill_tokens, prefill_contexts)
+        draft = self.draft_s(contexts)
+        prep = self.prep_s(tree_sizes, topk, contexts, controller)
+        tree = kind == "tree"
+        return (
+            draft,
+            prep,
+            self.verify_s(tree_sizes, contexts, prefill_tokens, prefill_contexts, tree),
+        )
+
 
 def routing_draws_one(tokens: float, requests: float, truth: GroundTruth) -> float:
     """:func:`routing_draws` for scalars (the per-step path)."""

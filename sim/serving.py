@@ -334,14 +334,9 @@ def serve(
                 requests = StepRequests(ids, contexts, zeros, zeros, nothing)
             rec = engine.step(requests)
             sizes = rec.trees.sizes
-            if rec.kind == "ar":
-                t_draft = t_prep = 0.0
-                t_verify = gpu.ar_s(contexts, chunk_tokens, chunk_contexts)
-            else:  # a chain chosen after top-K drafting keeps its top-K preparation
-                t_draft = gpu.draft_s(contexts)
-                t_prep = gpu.prep_s(sizes, topk, contexts, controller)
-                tree = rec.kind == "tree"
-                t_verify = gpu.verify_s(sizes, contexts, chunk_tokens, chunk_contexts, tree)
+            t_draft, t_prep, t_verify = gpu.step_s(
+                rec.kind, sizes, contexts, topk, controller, chunk_tokens, chunk_contexts
+            )
             # the passes run back to back on the one GPU and nothing can happen between them
             yield env.timeout(t_draft + t_prep + t_verify)
             if learning and not chunk_tokens:  # a prefill chunk in the pass is not the tree's

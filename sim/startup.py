@@ -48,13 +48,7 @@ def learned_cost_model(
     depth = int(gpu.drafter.block_size) - 1 if gpu.drafter is not None else 15
 
     def measure(kind: CycleKind, contexts: np.ndarray, sizes: np.ndarray) -> float:
-        if kind == "ar":
-            return probe.ar_s(contexts)
-        return (
-            probe.draft_s(contexts)
-            + probe.prep_s(sizes, True, contexts, True)
-            + probe.verify_s(sizes, contexts, (), (), kind == "tree")
-        )
+        return sum(probe.step_s(kind, sizes, contexts, topk=True, controller=True))
 
     model = LearnedCostModel(prior)
     calibrate_cycles(
