@@ -640,11 +640,210 @@ done:
     return result;
 }
 
+/* learn1(parents, depths, ranks, scores, accepted, order, raw, k,
+ *        pred, real, ranks_tracked, a_decay, da, dt, weight, s_decay, lattice) -> None
+ *   One verified batch-1 step folded into the learning controller's two calibrations, in place
+ *   (bastion.observed: AcceptanceCalibration.observe and SizeCalibration.observe at B = 1, the
+ *   same operations in the same order, so the results are bit-identical):
+ *   - acceptance: every node whose parent is on the accepted path (the root is) was exposed;
+ *     pred/real (float64, tracked depths x ranks_tracked) are multiplied by a_decay and the
+ *     exposed candidates' raw probabilities / hits added per (depth - 1, min(raw rank,
+ *     ranks_tracked - 1)) cell; raw is the drafter's [D, k] rows, order ([D, k] int64, or
+ *     empty: identity) maps a calibrated rank to its raw rank; depths beyond the tracked ones
+ *     are skipped.
+ *   - sizes: da/dt/weight (float64, one bucket's row over the lattice) are multiplied by
+ *     s_decay, then for every lattice point M <= N the increments of Â (1 + cumulative ρ of the
+ *     first M - 1 non-root nodes) and of the realised τ (1 + accepted nodes with index < M)
+ *     since the previous lattice point are added (the first against 1), and weight by 1. */
+static PyObject *learn1(PyObject *self, PyObject *args) {
+    Py_buffer par, dep, rnk, sco, acc, ord, raw, prd, rea, da, dt, wt, lat;
+    Py_ssize_t k, ranks_tr;
+    double a_decay, s_decay;
+    PyObject *result = NULL;
+    char *on = NULL;
+    double *tmp = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*nw*w*ndw*w*w*dy*", &par, &dep, &rnk, &sco, &acc,
+                          &ord, &raw, &k, &prd, &rea, &ranks_tr, &a_decay, &da, &dt, &wt,
+                          &s_decay, &lat))
+        return NULL;
+    Py_ssize_t n = par.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t na = acc.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t draw = k > 0 ? raw.len / (Py_ssize_t)sizeof(double) / k : 0; /* drafted depth */
+    Py_ssize_t cells = prd.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t nl = lat.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *parents = (const int64_t *)par.buf, *depths = (const int64_t *)dep.buf;
+    const int64_t *ranks = (const int64_t *)rnk.buf, *accepted = (const int64_t *)acc.buf;
+    const int64_t *order = ord.len ? (const int64_t *)ord.buf : NULL;
+    const int64_t *lattice = (const int64_t *)lat.buf;
+    const double *scores = (const double *)sco.buf, *probs = (const double *)raw.buf;
+    double *pred = (double *)prd.buf, *real = (double *)rea.buf;
+    double *sda = (double *)da.buf, *sdt = (double *)dt.buf, *swt = (double *)wt.buf;
+    if (n < 1 || k < 1 || ranks_tr < 1 || dep.len != par.len || rnk.len != par.len ||
+        sco.len != n * (Py_ssize_t)sizeof(double) || raw.len != draw * k * (Py_ssize_t)sizeof(double) ||
+        (ord.len && ord.len != draw * k * (Py_ssize_t)sizeof(int64_t)) || rea.len != prd.len ||
+        cells % ranks_tr != 0 || da.len != nl * (Py_ssize_t)sizeof(double) ||
+        dt.len != da.len || wt.len != da.len || na >= n) {
+        PyErr_SetString(PyExc_ValueError, "learn1: inconsistent sizes");
+        goto done;
+    }
+    on = (char *)calloc((size_t)n, 1);
+    tmp = (double *)calloc((size_t)(2 * cells + 1), sizeof(double));
+    if (!on || !tmp) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    on[0] = 1;
+    for (Py_ssize_t i = 0; i < na; i++) {
+        if (accepted[i] < 1 || accepted[i] >= n) {
+            PyErr_SetString(PyExc_ValueError, "learn1: accepted node out of range");
+            goto done;
+        }
+        on[accepted[i]] = 1;
+    }
+    /* acceptance: Σ p and Σ hit per cell over the exposed nodes, in node order (bincount) */
+    Py_ssize_t tracked = cells / ranks_tr;
+    for (Py_ssize_t j = 1; j < n; j++) {
+        int64_t pj = parents[j], d = depths[j] - 1, r = ranks[j];
+        if (pj < 0 || pj >= j || d < 0 || d >= draw || r < 0 || r >= k) {
+            PyErr_SetString(PyExc_ValueError, "learn1: not a tree of these marginals");
+            goto done;
+        }
+        if (!on[pj]) continue;
+        if (order) r = order[d * k + r];
+        double p = probs[d * k + r];
+        if (d >= tracked) continue;
+        Py_ssize_t c = (Py_ssize_t)d * ranks_tr + (r < ranks_tr - 1 ? r : ranks_tr - 1);
+        tmp[c] += p;
+        tmp[cells + c] += on[j] ? 1.0 : 0.0;
+    }
+    for (Py_ssize_t c = 0; c < cells; c++) {
+        pred[c] *= a_decay;
+        real[c] *= a_decay;
+    }
+    for (Py_ssize_t c = 0; c < cells; c++) {
+        pred[c] += tmp[c];
+        real[c] += tmp[cells + c];
+    }
+    /* sizes: the prefixes T_M of the tree at every lattice point M <= n */
+    for (Py_ssize_t c = 0; c < nl; c++) {
+        sda[c] *= s_decay;
+        sdt[c] *= s_decay;
+        swt[c] *= s_decay;
+    }
+    {
+        double sum = 0.0, prev_a = 1.0, prev_t = 1.0;
+        Py_ssize_t built = 1, hits = 0; /* nodes summed into sum (root excluded: index < built) */
+        for (Py_ssize_t c = 0; c < nl && lattice[c] <= n; c++) {
+            Py_ssize_t m = (Py_ssize_t)lattice[c] - 1;
+            while (built <= m) sum += scores[built++];
+            double at = 1.0 + sum;
+            hits = 0;
+            for (Py_ssize_t i = 0; i < na; i++) hits += accepted[i] <= m;
+            double tau = (double)(1 + hits);
+            sda[c] += at - prev_a;
+            sdt[c] += tau - prev_t;
+            swt[c] += 1.0;
+            prev_a = at;
+            prev_t = tau;
+        }
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    free(on);
+    free(tmp);
+    PyBuffer_Release(&par);
+    PyBuffer_Release(&dep);
+    PyBuffer_Release(&rnk);
+    PyBuffer_Release(&sco);
+    PyBuffer_Release(&acc);
+    PyBuffer_Release(&ord);
+    PyBuffer_Release(&raw);
+    PyBuffer_Release(&prd);
+    PyBuffer_Release(&rea);
+    PyBuffer_Release(&da);
+    PyBuffer_Release(&dt);
+    PyBuffer_Release(&wt);
+    PyBuffer_Release(&lat);
+    return result;
+}
+
+/* calibrate(probs, ids, g, rows, k) -> (q, ids_sorted, order) or (q, None, None)
+ *   The learning controller's calibrated marginals (bastion.observed.AcceptanceCalibration):
+ *   q = min(p * g, 1) for every candidate of every row (rows = B * D request-major rows of k,
+ *   g one [D, k] factor matrix shared by the requests), each row then sorted descending with
+ *   ties in their original order (numpy's stable argsort of -q). When every row is still
+ *   sorted, only q comes back (the order is the identity and the ids are unchanged). */
+static PyObject *calibrate(PyObject *self, PyObject *args) {
+    Py_buffer pb, ib, gb;
+    Py_ssize_t rows, k;
+    PyObject *result = NULL, *o_q = NULL, *o_ids = NULL, *o_ord = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*nn", &pb, &ib, &gb, &rows, &k)) return NULL;
+    Py_ssize_t cells = pb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t gcells = gb.len / (Py_ssize_t)sizeof(double);
+    if (rows < 1 || k < 1 || rows > PY_SSIZE_T_MAX / k || cells != rows * k ||
+        ib.len != cells * (Py_ssize_t)sizeof(int64_t) || gcells < k || gcells % k != 0 ||
+        rows % (gcells / k) != 0) {
+        PyErr_SetString(PyExc_ValueError, "calibrate: inconsistent sizes");
+        goto done;
+    }
+    {
+        const double *p = (const double *)pb.buf, *g = (const double *)gb.buf;
+        const int64_t *ids = (const int64_t *)ib.buf;
+        Py_ssize_t gcount = gcells; /* the factor matrix repeats every D rows */
+        o_q = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(double));
+        if (!o_q) goto done;
+        double *q = (double *)PyBytes_AS_STRING(o_q);
+        int sorted = 1;
+        for (Py_ssize_t c = 0; c < cells; c++) {
+            double v = p[c] * g[c % gcount];
+            q[c] = v < 1.0 ? v : 1.0;
+            if (c % k && q[c - 1] < q[c]) sorted = 0;
+        }
+        if (sorted) {
+            result = Py_BuildValue("(OOO)", o_q, Py_None, Py_None);
+            goto done;
+        }
+        o_ids = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(int64_t));
+        o_ord = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(int64_t));
+        if (!o_ids || !o_ord) goto done;
+        int64_t *out_ids = (int64_t *)PyBytes_AS_STRING(o_ids);
+        int64_t *order = (int64_t *)PyBytes_AS_STRING(o_ord);
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            double *qr = q + r * k;
+            int64_t *o = order + r * k;
+            for (Py_ssize_t j = 0; j < k; j++) { /* insertion sort: stable, descending */
+                double v = qr[j];
+                Py_ssize_t i = j;
+                while (i > 0 && qr[i - 1] < v) {
+                    qr[i] = qr[i - 1];
+                    o[i] = o[i - 1];
+                    i--;
+                }
+                qr[i] = v;
+                o[i] = j;
+            }
+            for (Py_ssize_t j = 0; j < k; j++) out_ids[r * k + j] = ids[r * k + o[j]];
+        }
+        result = Py_BuildValue("(OOO)", o_q, o_ids, o_ord);
+    }
+done:
+    Py_XDECREF(o_q);
+    Py_XDECREF(o_ids);
+    Py_XDECREF(o_ord);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&ib);
+    PyBuffer_Release(&gb);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS, "Best-first trees for B requests (see module comment)."},
     {"chunk", chunk, METH_VARARGS, chunk_doc},
     {"forest", forest, METH_VARARGS, "B best-first trees grown together in merged order."},
     {"accept", accept, METH_VARARGS, "Accepted paths of a batch of trees against targets."},
+    {"calibrate", calibrate, METH_VARARGS, "Calibrated marginals, rows re-sorted (see above)."},
+    {"learn1", learn1, METH_VARARGS, "A batch-1 step folded into both calibrations, in place."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -192,6 +192,11 @@ class TreeBatch:
     def from_trees(cls, trees: Sequence[DraftTree]) -> TreeBatch:
         if not trees:
             raise MarginalsError("a tree batch needs at least one tree")
+        if len(trees) == 1:  # the batch-1 serving step: no copies
+            t = trees[0]
+            return cls(
+                np.array([0, t.size], np.int64), t.parents, t.tokens, t.depths, t.scores, t.ranks
+            )
         offsets = np.zeros(len(trees) + 1, np.int64)
         np.cumsum([t.size for t in trees], out=offsets[1:])
         return cls(

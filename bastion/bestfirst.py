@@ -146,6 +146,16 @@ def _clamped(probs: FloatArray, budgets: npt.ArrayLike) -> IntArray:
 
 def best_first(probs: FloatArray, budget: int) -> TreeArrays:
     """Best-first tree of size ``budget`` (fewer if the lattice runs out of ρ > 0 nodes)."""
+    if _compiled is not None and 1 <= budget <= _SMALL_BUDGET and probs.ndim == 2:
+        depth, k = probs.shape  # the batch-1 controller's hot path: straight to the kernel
+        p = np.ascontiguousarray(probs, dtype=np.float64)
+        par, dep, rnk, sco, _ = _compiled.build(p, depth, k, np.array([budget], np.int64))
+        return (
+            np.frombuffer(par, dtype=np.int64),
+            np.frombuffer(dep, dtype=np.int64),
+            np.frombuffer(rnk, dtype=np.int64),
+            np.frombuffer(sco, dtype=np.float64),
+        )
     return best_first_many(probs[None], budget)[0]
 
 

@@ -140,6 +140,12 @@ class CycleTable:
         self._noise[(kind, b)] = (epoch, value)
         return value
 
+    def stamp(self, kind: CycleKind) -> tuple[int, int, int]:
+        """Changes whenever :meth:`ratios` or :meth:`noise` of ``kind`` may read differently
+        (a cache of curves derived from them is valid while it stays the same; the counts of
+        :meth:`count` move every observation and are read as of the stamp's change)."""
+        return (self._kind_version[kind] >> REFRESH_SHIFT, len(self._first), self.version >> 6)
+
     def count(self, kind: CycleKind, batch_size: int) -> IntArray:
         """Observations per cell of ``kind`` in the bucket of ``batch_size`` (read-only)."""
         return np.asarray(self._count[kind][batch_bucket(batch_size)], dtype=np.int64)

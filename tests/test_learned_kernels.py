@@ -1,0 +1,157 @@
+"""The learning controller's compiled hot paths give exactly what their numpy forms give.
+
+``bastion._bestfirst.calibrate`` (the calibrated marginals) and ``learn1`` (a batch-1 step
+folded into both calibrations) must be bit-identical to ``AcceptanceCalibration.calibrate`` /
+``.observe`` and ``SizeCalibration.observe`` run with the kernel switched off; and the batch-1
+prior the controller prices with (interpolated in the context) must stay close to the prior
+priced at each context.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import bastion.observed as observed
+from bastion.batch import BatchMarginals, TreeBatch
+from bastion.bestfirst import best_first
+from bastion.interfaces import StepLoad
+from bastion.learned import LearnedCostModel
+from bastion.observed import AcceptanceCalibration, SizeCalibration, observe_single
+from bastion.testing import marginals
+from bastion.tree import DraftMarginals, tree_from_arrays
+
+needs_kernel = pytest.mark.skipif(observed._kernel is None, reason="no compiled kernel")
+
+
+def _numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(observed, "_kernel", None)
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(st.lists(marginals(max_depth=5, max_k=6, min_k=2), min_size=1, max_size=4), st.data())
+def test_calibrate_kernel_equals_numpy(rows: list[DraftMarginals], data) -> None:  # type: ignore[no-untyped-def]
+    shapes = {r.probs.shape for r in rows}
+    depth, k = rows[0].probs.shape
+    if len(shapes) > 1:
+        rows = [rows[0]]
+    batch = BatchMarginals.from_rows(rows)
+    g = np.asarray(
+        data.draw(
+            st.lists(
+                st.sampled_from([0.5, 1.0, 2.0]) | st.floats(0.05, 3.0),
+                min_size=depth * k,
+                max_size=depth * k,
+            )
+        )
+    ).reshape(depth, k)
+    outs = []
+    for kernel in (observed._kernel, None):
+        cal = AcceptanceCalibration(depth=depth, ranks=k)
+        cal._g[:, :] = g
+        cal.steps = 1
+        saved = observed._kernel
+        observed._kernel = kernel
+        try:
+            out = cal.calibrate(batch)
+            last = cal._last
+        finally:
+            observed._kernel = saved
+        assert last is not None
+        outs.append((out, last[1]))
+    (a, order_a), (b, order_b) = outs
+    assert np.array_equal(a.probs, b.probs)
+    assert np.array_equal(a.token_ids, b.token_ids)
+    assert (order_a is None) == (order_b is None)
+    if order_a is not None:
+        assert np.array_equal(order_a, order_b)
+
+
+def _steps(seed: int, count: int) -> list[tuple[DraftMarginals, int, np.ndarray]]:
+    """Random batch-1 steps: marginals, a tree budget and the target's tokens."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        depth, k = int(rng.integers(1, 7)), int(rng.integers(1, 6))
+        p = np.sort(rng.dirichlet(np.ones(k + 2), size=depth)[:, :k], axis=1)[:, ::-1]
+        ids = np.tile(np.arange(k), (depth, 1)) + 10 * np.arange(depth)[:, None]
+        target = ids[np.arange(depth), rng.integers(0, k + 1, size=depth) % k].copy()
+        target[rng.random(depth) < 0.2] = -5  # a token the drafter did not propose
+        out.append((DraftMarginals(ids, np.ascontiguousarray(p)), int(rng.integers(1, 80)), target))
+    return out
+
+
+def _run(steps: list[tuple[DraftMarginals, int, np.ndarray]], compiled: bool):  # type: ignore[no-untyped-def]
+    acc, sizes = AcceptanceCalibration(depth=4, ranks=3), SizeCalibration()
+    for m, budget, target in steps:
+        cal = acc.calibrate(BatchMarginals(m.token_ids[None], m.probs[None])).row(0)
+        tree = tree_from_arrays(best_first(cal.probs, budget), cal)
+        on = np.zeros(tree.size, bool)
+        on[0] = True
+        for j in range(1, tree.size):  # the target's accepted path
+            on[j] = on[tree.parents[j]] and tree.tokens[j] == target[tree.depths[j] - 1]
+        nodes = np.flatnonzero(on[1:]) + 1
+        trees = TreeBatch.from_trees([tree])
+        committed = np.array([nodes.size + 1])
+        if not (compiled and observe_single(acc, sizes, trees, nodes)):
+            acc.observe(trees, nodes, committed)
+            sizes.observe(trees, nodes, committed)
+    return acc, sizes
+
+
+@needs_kernel
+@pytest.mark.parametrize("seed", range(6))
+def test_learn1_kernel_equals_the_two_observe_methods(seed: int) -> None:
+    steps = _steps(seed, 40)
+    a1, s1 = _run(steps, compiled=True)
+    a2, s2 = _run(steps, compiled=False)
+    assert a1.steps == a2.steps > 30 and s1.version == s2.version
+    for x, y in ((a1._pred, a2._pred), (a1._real, a2._real), (a1._g, a2._g)):
+        assert np.array_equal(x, y)
+    for x, y in ((s1._da, s2._da), (s1._dt, s2._dt), (s1._weight, s2._weight)):
+        assert np.array_equal(x, y)
+    assert a1._real.sum() > 0 and s1._weight.sum() > 0  # something was learned
+
+
+@needs_kernel
+def test_learn1_refuses_inconsistent_input() -> None:
+    acc, sizes = AcceptanceCalibration(), SizeCalibration()
+    m = DraftMarginals(np.arange(6).reshape(2, 3), np.array([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1]]))
+    acc.calibrate(BatchMarginals(m.token_ids[None], m.probs[None]))
+    tree = tree_from_arrays(best_first(m.probs, 5), m)
+    with pytest.raises(ValueError, match="accepted node out of range"):
+        observe_single(acc, sizes, TreeBatch.from_trees([tree]), np.array([7]))
+
+
+class _ContextPrior:
+    """A prior whose cycle grows with N and, non-linearly, with the context."""
+
+    def cost_curve(self, max_tree_size: int, load: StepLoad):  # type: ignore[no-untyped-def]
+        from bastion.interfaces import CostCurve
+
+        n = np.arange(1, max_tree_size + 1, dtype=np.float64)
+        c = float(load.context_len)
+        return CostCurve(1e-3, 0.0, 8e-3 + 2e-6 * n + 1e-9 * c * n + 1e-13 * c**2, 8e-3)
+
+    def step_cost(self, tree_size: int, load: StepLoad):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("context", [0, 100, 700, 3000, 9000])
+def test_interpolated_batch1_prior_stays_close_to_the_prior(context: int) -> None:
+    prior = _ContextPrior()
+    learner = LearnedCostModel(prior)  # type: ignore[arg-type]
+    cycle, ar = learner._single(context, 300)
+    mid = context // 128 * 128 + 64
+    cc = prior.cost_curve(300, StepLoad(mid))
+    exact = cc.draft_s + cc.prep_s + cc.verify_s
+    err = np.max(np.abs(cycle[:300] / exact - 1.0))
+    assert err < 0.01
+    assert ar == pytest.approx(cc.ar_step_s)
+    # negative control: the prior at the context step's start instead of its middle is
+    # further off than the interpolation, so the test would see a wrong anchor
+    cc0 = prior.cost_curve(300, StepLoad(context // 128 * 128))
+    assert np.max(np.abs((cc0.draft_s + cc0.verify_s) / exact - 1.0)) >= err
