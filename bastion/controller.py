@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.batch import BatchMarginals, TreeBatch
-from bastion.bestfirst import best_first, buildable_nodes
+from bastion.bestfirst import best_first
 from bastion.errors import BudgetError
 from bastion.interfaces import BatchChoice, BatchPolicyContext, CostCurve, CostModel
 from bastion.learned import LearnedCostModel
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from bastion.batch import StepRequests
 
 __all__ = [
+    "DECIDE_EVERY",
     "EXPLORE_COST",
     "ControllerChoice",
     "LearningPolicy",
@@ -56,6 +57,7 @@ __all__ = [
 ]
 
 EXPLORE_COST = 1.5  # an exploring step verifies the largest size at most this many times as dear
+DECIDE_EVERY = 1  # the default: a full decision every drafted step
 
 
 def _flat_until(added: int) -> Callable[[npt.NDArray[np.int64]], CostCurve]:
@@ -91,6 +93,7 @@ class ControllerChoice:
     chain_speedup: float  # Ŝ of the chain
     predicted_cycle_s: float  # the learned cycle of the choice
     tree_diagnostics: object | None = None  # the budget's or joint budget's diagnostics
+    repeated: bool = False  # the last full decision repeated (see LearningPolicy.decide_every)
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,18 +138,18 @@ def choose_size(
     every size up to it gives.
     """
     probs = marginals.probs
-    cap = min(n_max, int(buildable_nodes(probs, n_max + 1)))
-    lattice, lattice_cells, lattice_cycles, ar_s = learner.candidate_cycles(n_max, context_len)
-    last = max(int(np.searchsorted(lattice, cap, side="right")), 1)  # the sizes it can build
-    all_sizes, cells, cycles = lattice[:last], lattice_cells[:last], lattice_cycles[:last]
-    cap = int(all_sizes[-1])
-    budget = min(max(start, 1), cap)
+    all_sizes, cells, cycles, ar_s = learner.candidate_cycles(n_max, context_len)
+    cap = int(all_sizes[-1])  # lowered to what the lattice of ``probs`` holds once a build
+    budget = min(max(start, 1), cap)  # comes back short of its budget
     while True:
         arrays = best_first(probs, budget)
         scores = arrays[3]
         n = scores.shape[0]
         a_hat = np.cumsum(scores)
         k = int(np.searchsorted(all_sizes, n, side="right"))  # candidates built
+        if n < budget:  # every node with ρ > 0 is built: no larger size exists
+            all_sizes, cells, cycles = all_sizes[:k], cells[:k], cycles[:k]
+            cap = int(all_sizes[-1])
         sizes = all_sizes[:k]
         expected = learner.sizes.expected(1, cells[:k], a_hat[sizes - 1])
         s_hat = expected * ar_s / cycles[:k]
@@ -170,14 +173,14 @@ class LearningPolicy:
     """``bastion``: AR, the chain or a best-first tree, whichever the measured cycles favour."""
 
     n_max: int = 1024
+    decide_every: int = DECIDE_EVERY  # a full decision every so many drafted steps
     uses_cost_model = True
     learns = True  # the engine gives it a LearnedCostModel and reports every step to it
 
     def __post_init__(self) -> None:
-        if isinstance(self.n_max, bool) or not isinstance(self.n_max, (int, np.integer)):
-            raise BudgetError(f"n_max must be an integer ≥ 1; got {self.n_max!r}")
-        if self.n_max < 1:
-            raise BudgetError(f"n_max must be an integer ≥ 1; got {self.n_max!r}")
+        for field, value in (("n_max", self.n_max), ("decide_every", self.decide_every)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise BudgetError(f"{field} must be an integer ≥ 1; got {value!r}")
 
     @property
     def name(self) -> str:
@@ -199,13 +202,15 @@ class LearningPolicy:
             return BatchChoice(TreeBatch.roots(b), why, kind="ar")
         cal = learner.acceptance.calibrate(marginals)
         contexts = req.context_lens
-        explore = False
+        explore = learner.explore_now()
+        again = None if explore else learner.repeat_decision(b, self.decide_every)
+        if again is not None:
+            return self._repeat(again, cal, context)
         if b == 1:
             ctx = int(contexts[0])
             start = 64
             if req.previous_tree_sizes[0] > 0:
                 start = max(32, 2 * int(req.previous_tree_sizes[0]))
-            explore = learner.explore_now()
             tree, sdiag = choose_size(cal.row(0), learner, ctx, self.n_max, start, explore)
             diag: object = sdiag
             trees = TreeBatch.from_trees([tree])
@@ -222,7 +227,6 @@ class LearningPolicy:
                 "auto",
                 min(start, self.n_max),
             )
-            explore = learner.explore_now()
             if explore:  # the largest batch total at most EXPLORE_COST times as dear
                 total = int(trees.sizes.sum())
                 target = learner.affordable_total(contexts, total, self.n_max, EXPLORE_COST)
@@ -242,7 +246,34 @@ class LearningPolicy:
             from bastion.policies import ChainPolicy
 
             chain = ChainPolicy().choose_batch(cal, context).trees
+            learner.decided("chain", b, int(chain.offsets[-1]), c_chain)
             why = ControllerChoice("chain", s_chain, s_tree, s_chain, c_chain, diag)
             return BatchChoice(chain, why, kind="chain")
+        if not explore:  # an exploring step's tree is not the decision
+            learner.decided("tree", b, int(trees.offsets[-1]), c_tree)
         why = ControllerChoice("tree", s_tree, s_tree, s_chain, c_tree, diag)
         return BatchChoice(trees, why, kind="tree")
+
+    def _repeat(
+        self,
+        again: tuple[str, int, float],
+        cal: BatchMarginals,
+        context: BatchPolicyContext,
+    ) -> BatchChoice:
+        """A step between decisions: the last decision's kind and total, on this step's
+        calibrated marginals."""
+        kind, total, cycle = again
+        nan = float("nan")
+        if kind == "chain":
+            from bastion.policies import ChainPolicy
+
+            trees = ChainPolicy().choose_batch(cal, context).trees
+        elif cal.probs.shape[0] == 1:
+            row = cal.row(0)
+            trees = TreeBatch.from_trees([tree_from_arrays(best_first(row.probs, total), row)])
+        else:
+            from bastion.joint import forest_batch
+
+            trees = forest_batch(cal, self.n_max, total)
+        why = ControllerChoice(kind, nan, nan, nan, cycle, None, repeated=True)
+        return BatchChoice(trees, why, kind=kind)

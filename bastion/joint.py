@@ -66,6 +66,7 @@ __all__ = [
     "JointDiagnostics",
     "choose_joint",
     "choose_joint_batch",
+    "forest_batch",
     "joint_curve_from_cost_model",
     "merge_order",
 ]
@@ -321,13 +322,43 @@ def choose_joint_batch(
     )
     request = np.repeat(np.arange(b), sizes)
     keep = np.arange(offsets[-1]) - offsets[request] < alloc[request]  # each tree's prefix
-    request, depths, ranks = request[keep], depths[keep], ranks[keep]
-    tokens = marginals.token_ids[request, np.maximum(depths - 1, 0), np.maximum(ranks, 0)]
-    starts = np.zeros(b + 1, np.int64)
-    np.cumsum(alloc, out=starts[1:])
-    tokens[starts[:-1]] = roots
-    trees = TreeBatch(starts, parents[keep], tokens, depths, scores[keep], ranks)
+    trees = _tree_batch(
+        marginals, request[keep], parents[keep], depths[keep], ranks[keep], scores[keep], alloc
+    )
+    trees.tokens[trees.offsets[:-1]] = roots
     return trees, diag
+
+
+def forest_batch(marginals: BatchMarginals, n_max: int, total: int) -> TreeBatch:
+    """The B best-first trees of a batch grown together in merged order to ``total`` nodes,
+    roots included (fewer where the lattices run out), at most ``n_max`` per request — the
+    allocation the joint budget makes for that total; root tokens −1."""
+    b = marginals.probs.shape[0]
+    parents, depths, ranks, scores, offsets, *_ = best_first_forest(
+        marginals.probs, n_max, max(total - b, 0)
+    )
+    sizes = np.diff(offsets)
+    request = np.repeat(np.arange(b), sizes)
+    trees = _tree_batch(marginals, request, parents, depths, ranks, scores, sizes)
+    trees.tokens[trees.offsets[:-1]] = -1
+    return trees
+
+
+def _tree_batch(
+    marginals: BatchMarginals,
+    request: npt.NDArray[np.int64],
+    parents: npt.NDArray[np.int64],
+    depths: npt.NDArray[np.int64],
+    ranks: npt.NDArray[np.int64],
+    scores: npt.NDArray[np.float64],
+    sizes: npt.NDArray[np.int64],
+) -> TreeBatch:
+    """Forest arrays (request-major, each tree in best-first order) as a TreeBatch, every
+    node's token looked up in its request's marginals (the roots' left for the caller)."""
+    tokens = marginals.token_ids[request, np.maximum(depths - 1, 0), np.maximum(ranks, 0)]
+    starts = np.zeros(sizes.shape[0] + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    return TreeBatch(starts, parents, tokens, depths, scores, ranks)
 
 
 def joint_curve_from_cost_model(

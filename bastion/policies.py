@@ -407,7 +407,8 @@ def best_first_batch(marginals: BatchMarginals, budget: int) -> TreeBatch:
 
 
 _SPECS = (
-    "ar, chain[:D], fixed:N, beam:WxD, eagle:K,D,N, bastion[:N_MAX], bastion:paper[,N_MAX], "
+    "ar, chain[:D], fixed:N, beam:WxD, eagle:K,D,N, bastion[:N_MAX][,every=K], "
+    "bastion:paper[,N_MAX], "
     "bastion:per-request[,N_MAX]"
 )
 
@@ -497,19 +498,32 @@ def make_policy(spec: str | TreePolicy | BatchTreePolicy, *, n_max: int | None =
         if name in ("bastion", "adaptive"):
             parts = [a.strip() for a in arg.split(",")] if arg else []
             flags = [a for a in parts if a in ("per-request", "paper")]
-            sizes = [_size(a) for a in parts if a not in flags]
-            if len(sizes) > 1 or len(flags) > 1:
-                raise ValueError("at most one of paper / per-request and one N_MAX")
+            every = [_every(a) for a in parts if a.startswith("every=")]
+            sizes = [_size(a) for a in parts if a not in flags and not a.startswith("every=")]
+            if len(sizes) > 1 or len(flags) > 1 or len(every) > 1:
+                raise ValueError("at most one of paper / per-request, one N_MAX and one every=K")
+            if every and flags:
+                raise ValueError("every=K is an option of the learning controller (bastion) only")
             cap = sizes[0] if sizes else n_max
             if not flags:
-                from bastion.controller import LearningPolicy
+                from bastion.controller import DECIDE_EVERY, LearningPolicy
 
-                return LearningPolicy() if cap is None else LearningPolicy(cap)
+                return LearningPolicy(
+                    1024 if cap is None else cap, every[0] if every else DECIDE_EVERY
+                )
             joint = flags[0] == "paper"
             return AdaptivePolicy(joint=joint) if cap is None else AdaptivePolicy(cap, joint=joint)
     except ValueError as exc:
         raise BudgetError(f"bad policy spec {spec!r} ({exc}); accepted: {_SPECS}") from exc
     raise BudgetError(f"bad policy spec {spec!r}; accepted: {_SPECS}")
+
+
+def _every(text: str) -> int:
+    """An ``every=K`` argument: the learning controller decides every K drafted steps."""
+    value = int(text.partition("=")[2])
+    if not 1 <= value <= 1024:
+        raise ValueError("every=K needs K in 1 … 1024")
+    return value
 
 
 def _size(text: str) -> int:

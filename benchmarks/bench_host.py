@@ -11,7 +11,9 @@ Measured on this machine, each a median over ``--repeats`` of back-to-back calls
 - the adaptive controller's host time per step (the ``bastion`` policy's choice and learning
   over a decode with growing contexts, ``bench_learning.py``'s loop; tree growth included): at
   batch 1 the single-request controller (``controller_single_s``), above it the joint chooser,
-  fitted as ``controller_step_s + B·controller_request_s``;
+  fitted as ``controller_step_s + B·controller_request_s`` — each the mean over the steps that
+  decided; the steps that repeated the last decision (``bastion:every=K``) the same way
+  (``controller_repeat_*``);
 - with torch and transformers installed: the host time of a Hugging Face Qwen3 forward pass in
   eager mode (a tiny configuration on the CPU, so that the kernels themselves cost next to
   nothing and what is timed is Python and the dispatcher), for 2 and 6 layers, one decode token
@@ -109,19 +111,28 @@ def controller_constants(repeats: int) -> dict[str, float]:
     controller (``controller_single_s``); above it the joint chooser, fitted as
     ``controller_step_s + B·controller_request_s`` over the batched sizes."""
     steps = max(100, 20 * repeats)
-    cols, seconds, single = [], [], 0.0
+    every = 4  # repeats measured between decisions made every 4th step (any K ≥ 2 does)
+    cols: list[list[float]] = []
+    decide: list[float] = []
+    repeat: list[float] = []
+    single = single_repeat = 0.0
     for b in BATCHES:
-        took = 1e-6 * run_learning(b, steps, 3)["ours_us"]
+        r = run_learning(b, steps, 3, every)
         if b == 1:
-            single = took
+            single, single_repeat = 1e-6 * r["decide_us"], 1e-6 * r["repeat_us"]
         else:
-            seconds.append(took)
+            decide.append(1e-6 * r["decide_us"])
+            repeat.append(1e-6 * r["repeat_us"])
             cols.append([1.0, float(b)])
-    step, request = fit(cols, seconds)
+    step, request = fit(cols, decide)
+    step_r, request_r = fit(cols, repeat)
     return {
         "controller_single_s": single,
         "controller_step_s": step,
         "controller_request_s": request,
+        "controller_repeat_single_s": single_repeat,
+        "controller_repeat_step_s": step_r,
+        "controller_repeat_request_s": request_r,
     }
 
 

@@ -192,6 +192,13 @@ def _floats(values: object, where: str) -> tuple[float, ...]:
     return out
 
 
+_UNMEASURED = {  # −1 allowed: not measured (see GroundTruth)
+    "controller_repeat_single_s",
+    "controller_repeat_step_s",
+    "controller_repeat_request_s",
+}
+
+
 @dataclass(frozen=True)
 class GroundTruth:
     """How the simulated device and its serving framework depart from the bare roofline.
@@ -244,6 +251,12 @@ class GroundTruth:
     controller_single_s: float = 0.0  # adaptive controller's host time at batch 1
     controller_step_s: float = 0.0  # … per batched step (the joint chooser)
     controller_request_s: float = 0.0  # … per request of a batched step
+    # a step that repeats the controller's last decision (calibrated marginals, the tree of
+    # the decided size, learning): at batch 1, per batched step, per request; −1: not
+    # measured, charged as a decision
+    controller_repeat_single_s: float = -1.0
+    controller_repeat_step_s: float = -1.0
+    controller_repeat_request_s: float = -1.0
     noise: float = 0.02  # σ of the log-normal noise per pass
     context_quantum: int = 16  # contexts are priced at multiples of this (cache granularity)
 
@@ -260,15 +273,16 @@ class GroundTruth:
         skip.add("gemm_shape_model")
         skip |= set(positive)
         for f in fields(self):
-            if f.name not in skip and not getattr(self, f.name) >= 0:
+            value = getattr(self, f.name)
+            if f.name not in skip and not (value >= 0 or (f.name in _UNMEASURED and value == -1)):
                 bad.append(f.name)
         if not self.routing_correlation < 1:
             bad.append("routing_correlation")
         if bad:
             raise ConfigError(
                 f"ground truth {self.name!r} has out-of-range fields: {', '.join(bad)} (scales, "
-                "bandwidths and the context quantum must be > 0, everything else ≥ 0, "
-                "routing_correlation < 1)"
+                "bandwidths and the context quantum must be > 0, controller_repeat_* ≥ 0 or −1 "
+                "(not measured), everything else ≥ 0, routing_correlation < 1)"
             )
         tokens = _floats(self.gemm_shape_tokens, "gemm_shape_tokens")
         factor = _floats(self.gemm_shape_factor, "gemm_shape_factor")
@@ -760,7 +774,7 @@ class SimulatedGPU:
         tree_sizes: npt.ArrayLike,
         topk: bool = True,
         contexts: npt.ArrayLike | None = None,
-        controller: bool = False,
+        controller: bool | str = False,
     ) -> float:
         """Host and device preparation of one step, from its operations (``docs/simulator.md``).
 
@@ -770,7 +784,8 @@ class SimulatedGPU:
         matrices, the device-side mask over every (node, key) pair, and the KV compaction after
         acceptance. The chain (``topk=False``): an argmax per position and its copy back.
         ``controller``: the adaptive controller's host time (which includes growing the trees)
-        replaces the fixed builder's.
+        replaces the fixed builder's; ``"repeat"``: a step that repeated the learning
+        controller's last decision, charged ``controller_repeat_*`` where measured.
         """
         t = self.truth
         if isinstance(tree_sizes, np.ndarray) and tree_sizes.ndim == 1:
@@ -800,7 +815,12 @@ class SimulatedGPU:
             seconds += kernels * (t.host_kernel_s + self.device.launch_overhead_s)
             seconds += t.d2h_latency_s + t.h2d_latency_s + square / t.h2d_bandwidth
             seconds += b * t.mask_host_request_s + square * t.mask_host_element_s
-            if controller and b == 1:  # the path actually taken: the single-request controller
+            repeat = controller == "repeat"
+            if repeat and b == 1 and t.controller_repeat_single_s >= 0:  # the path taken: a
+                seconds += t.controller_repeat_single_s  # repeated decision …
+            elif repeat and b > 1 and t.controller_repeat_step_s >= 0:
+                seconds += t.controller_repeat_step_s + b * max(t.controller_repeat_request_s, 0)
+            elif controller and b == 1:  # … the single-request controller
                 seconds += t.controller_single_s
             elif controller:  # the joint chooser; its measured time includes growing the trees
                 seconds += t.controller_step_s + b * t.controller_request_s
@@ -856,7 +876,7 @@ class SimulatedGPU:
         tree_sizes: npt.ArrayLike,
         topk: bool = True,
         contexts: npt.ArrayLike | None = None,
-        controller: bool = False,
+        controller: bool | str = False,
     ) -> float:
         return self._noisy(self.prep_truth(tree_sizes, topk, contexts, controller))
 
@@ -866,7 +886,7 @@ class SimulatedGPU:
         tree_sizes: npt.ArrayLike,
         contexts: npt.ArrayLike,
         topk: bool = True,
-        controller: bool = False,
+        controller: bool | str = False,
         prefill_tokens: npt.ArrayLike = (),
         prefill_contexts: npt.ArrayLike = (),
     ) -> tuple[float, float, float]:

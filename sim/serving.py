@@ -334,8 +334,11 @@ def serve(
                 requests = StepRequests(ids, contexts, zeros, zeros, nothing)
             rec = engine.step(requests)
             sizes = rec.trees.sizes
+            charge: bool | str = controller
+            if controller and getattr(rec.diagnostics, "repeated", False):
+                charge = "repeat"  # the learning controller repeated its last decision
             t_draft, t_prep, t_verify = gpu.step_s(
-                rec.kind, sizes, contexts, topk, controller, chunk_tokens, chunk_contexts
+                rec.kind, sizes, contexts, topk, charge, chunk_tokens, chunk_contexts
             )
             # the passes run back to back on the one GPU and nothing can happen between them
             yield env.timeout(t_draft + t_prep + t_verify)

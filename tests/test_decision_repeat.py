@@ -1,0 +1,148 @@
+"""``bastion:every=K``: the learning controller decides every K drafted steps and repeats the
+decision between (its host time is the price of deciding); the simulator charges each path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bastion.batch import BatchMarginals, StepRequests, TreeBatch
+from bastion.bestfirst import best_first
+from bastion.controller import LearningPolicy
+from bastion.cost.hardware import get_profile
+from bastion.cost.models import DrafterSpec, get_model
+from bastion.errors import BudgetError, ConfigError
+from bastion.interfaces import BatchPolicyContext, CostCurve, StepLoad
+from bastion.joint import forest_batch
+from bastion.learned import LearnedCostModel
+from bastion.policies import make_policy
+from bastion.sim.gpu import GroundTruth, SimulatedGPU
+
+
+class FlatPrior:
+    def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
+        n = np.arange(1, max_tree_size + 1, dtype=np.float64)
+        return CostCurve(0.0, 0.0, 10e-3 + 10e-6 * n, 8e-3)
+
+    def step_cost(self, tree_size: int, load: StepLoad):  # type: ignore[no-untyped-def]
+        from bastion.interfaces import StepCost
+
+        return StepCost(0.0, 0.0, 10e-3 + 10e-6 * tree_size)
+
+    def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
+        pass
+
+
+def _marginals(b: int, seed: int) -> BatchMarginals:
+    rng = np.random.default_rng(seed)
+    p = np.sort(rng.dirichlet(np.ones(6), size=(b, 5))[..., :4], axis=-1)[..., ::-1]
+    ids = np.broadcast_to(np.arange(4), (b, 5, 4)) + 10 * np.arange(5)[None, :, None]
+    return BatchMarginals(np.ascontiguousarray(ids), np.ascontiguousarray(p))
+
+
+def _steps(policy: LearningPolicy, learner: LearnedCostModel, batches: list[int]):  # type: ignore[no-untyped-def]
+    out = []
+    for i, b in enumerate(batches):
+        req = StepRequests.of(np.arange(b), np.full(b, 100 + i), np.zeros(b, np.int64))
+        m = _marginals(b, i)
+        choice = policy.choose_batch(m, BatchPolicyContext(req, learner))
+        out.append((choice, m))
+        trees = choice.trees
+        learner.observe_step(
+            choice.kind, req.context_lens, trees, np.ones(b, np.int64), np.zeros(0, np.int64), 0.01
+        )
+    return out
+
+
+def test_decisions_repeat_between_every_kth_step() -> None:
+    learner = LearnedCostModel(FlatPrior(), explore_every=0)
+    steps = _steps(LearningPolicy(64, decide_every=3), learner, [1] * 7)
+    repeated = [bool(c.diagnostics.repeated) for c, _ in steps]
+    assert repeated == [False, True, True, False, True, True, False]
+    decided = None
+    for choice, _ in steps:  # a repeated step keeps the decided kind and size
+        if choice.diagnostics.repeated:
+            assert (choice.kind, int(choice.trees.offsets[-1])) == decided
+        else:
+            decided = (choice.kind, int(choice.trees.offsets[-1]))
+    # decide_every=1 (the default) never repeats: a negative control for the pattern above
+    learner = LearnedCostModel(FlatPrior(), explore_every=0)
+    steps = _steps(LearningPolicy(64), learner, [1] * 5)
+    assert not any(c.diagnostics.repeated for c, _ in steps)
+
+
+def test_a_repeated_tree_is_the_best_first_tree_of_the_decided_size() -> None:
+    learner = LearnedCostModel(FlatPrior(), explore_every=0)
+    (first, _), (second, m) = _steps(LearningPolicy(64, decide_every=2), learner, [1, 1])
+    assert not first.diagnostics.repeated and second.diagnostics.repeated
+    total = int(first.trees.offsets[-1])
+    cal = learner.acceptance.calibrate(m)
+    expected = best_first(cal.probs[0], total)
+    assert np.array_equal(second.trees.parents, expected[0])
+    assert np.array_equal(second.trees.scores, expected[3])
+
+
+def test_batch_size_change_and_ar_step_force_a_decision() -> None:
+    learner = LearnedCostModel(FlatPrior(), explore_every=0)
+    steps = _steps(LearningPolicy(64, decide_every=4), learner, [2, 2, 3, 3])
+    assert [bool(c.diagnostics.repeated) for c, _ in steps] == [False, True, False, True]
+    b2 = steps[1][0]
+    total = int(steps[0][0].trees.offsets[-1])
+    cal = learner.acceptance.calibrate(steps[1][1])  # g unchanged within 8 steps
+    ref = forest_batch(cal, 64, total)
+    for name in ("offsets", "parents", "depths", "ranks", "scores", "tokens"):
+        assert np.array_equal(getattr(b2.trees, name), getattr(ref, name)), name
+    learner.observe_step(
+        "ar",
+        np.array([5, 5, 5]),
+        TreeBatch.roots(3),
+        np.ones(3, np.int64),
+        np.zeros(0, np.int64),
+        0.01,
+    )
+    assert learner.repeat_decision(3, 4) is None  # an AR step came between
+
+
+def test_every_spec_and_its_errors() -> None:
+    assert make_policy("bastion:every=4").decide_every == 4
+    assert make_policy("bastion:256,every=2") == LearningPolicy(256, 2)
+    for bad in (
+        "bastion:every=0",
+        "bastion:every=x",
+        "bastion:paper,every=2",
+        "bastion:every=2,every=3",
+        "bastion:every=99999999999999999999",
+    ):
+        with pytest.raises(BudgetError):
+            make_policy(bad)
+    with pytest.raises(BudgetError):
+        LearningPolicy(64, decide_every=0)
+
+
+def test_the_simulator_charges_the_path_taken() -> None:
+    model = get_model("qwen3-8b")
+    hw = get_profile("h100-sxm")
+    truth = GroundTruth(
+        "t",
+        controller_single_s=400e-6,
+        controller_step_s=500e-6,
+        controller_request_s=1e-6,
+        controller_repeat_single_s=50e-6,
+        controller_repeat_step_s=60e-6,
+        controller_repeat_request_s=2e-6,
+        noise=0.0,
+    )
+    gpu = SimulatedGPU(hw, model, DrafterSpec.dflash_for(model), truth)
+    assert gpu.prep_truth([64], True, [100], True) > gpu.prep_truth([64], True, [100], "repeat")
+    decide_1 = gpu.prep_truth([64], True, [100], True) - gpu.prep_truth([64], True, [100], "repeat")
+    assert decide_1 == pytest.approx(350e-6, rel=1e-6)
+    d4 = gpu.prep_truth([8] * 4, True, [100] * 4, True)
+    r4 = gpu.prep_truth([8] * 4, True, [100] * 4, "repeat")
+    assert d4 - r4 == pytest.approx((500e-6 - 60e-6) + 4 * (1e-6 - 2e-6), rel=1e-6)
+    # not measured (−1, the default): a repeat is charged as a decision
+    plain = SimulatedGPU(hw, model, DrafterSpec.dflash_for(model), GroundTruth("u", noise=0.0))
+    assert plain.prep_truth([64], True, [100], "repeat") == plain.prep_truth(
+        [64], True, [100], True
+    )
+    with pytest.raises(ConfigError, match="controller_repeat"):
+        GroundTruth("v", controller_repeat_single_s=-2.0)
