@@ -17,7 +17,16 @@ from bastion.backends.torch import DFlashDrafter, generate  # noqa: E402
 from bastion.backends.torch.timing import AffineCostModel  # noqa: E402
 from tests.torch_models import OracleDrafter, greedy_reference, tiny_target  # noqa: E402
 
-POLICIES = ["ar", "chain", "fixed:8", "fixed:32", "beam:2x4", "eagle:3,4,16", "bastion:64"]
+POLICIES = [
+    "ar",
+    "chain",
+    "fixed:8",
+    "fixed:32",
+    "beam:2x4",
+    "eagle:3,4,16",
+    "bastion:64",
+    "bastion:64,every=3",
+]
 PROMPTS = [[5], [1, 2, 3, 4, 5], [17, 9, 60, 3, 3, 41, 8, 22, 90]]
 COST = AffineCostModel(1e-3, 2e-5, draft_s=5e-4)  # a plain stand-in CostModel for bastion
 

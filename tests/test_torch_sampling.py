@@ -142,7 +142,14 @@ def chi_square_p(samples: np.ndarray, probs: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize(
-    ("policy", "batch"), [("chain", 1), ("fixed:10", 1), ("fixed:10", 4), ("bastion:paper,32", 4)]
+    ("policy", "batch"),
+    [
+        ("chain", 1),
+        ("fixed:10", 1),
+        ("fixed:10", 4),
+        ("bastion:paper,32", 4),
+        ("bastion:32,every=3", 1),
+    ],
 )
 def test_sampling_matches_target_distribution(target, policy, batch) -> None:
     exact = exact_marginals(target, PARAMS)
