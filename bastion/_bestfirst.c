@@ -640,81 +640,125 @@ done:
     return result;
 }
 
-/* learn1(parents, depths, ranks, scores, accepted, order, raw, k,
- *        pred, real, ranks_tracked, a_decay, da, dt, weight, s_decay, lattice) -> None
- *   One verified batch-1 step folded into the learning controller's two calibrations, in place
- *   (bastion.observed: AcceptanceCalibration.observe and SizeCalibration.observe at B = 1, the
- *   same operations in the same order, so the results are bit-identical):
- *   - acceptance: every node whose parent is on the accepted path (the root is) was exposed;
- *     pred/real (float64, tracked depths x ranks_tracked) are multiplied by a_decay and the
- *     exposed candidates' raw probabilities / hits added per (depth - 1, min(raw rank,
- *     ranks_tracked - 1)) cell; raw is the drafter's [D, k] rows, order ([D, k] int64, or
- *     empty: identity) maps a calibrated rank to its raw rank; depths beyond the tracked ones
- *     are skipped.
- *   - sizes: da/dt/weight (float64, one bucket's row over the lattice) are multiplied by
- *     s_decay, then for every lattice point M <= N the increments of Â (1 + cumulative ρ of the
- *     first M - 1 non-root nodes) and of the realised τ (1 + accepted nodes with index < M)
- *     since the previous lattice point are added (the first against 1), and weight by 1. */
-static PyObject *learn1(PyObject *self, PyObject *args) {
-    Py_buffer par, dep, rnk, sco, acc, ord, raw, prd, rea, da, dt, wt, lat;
+/* learn(offsets, parents, depths, ranks, scores, accepted, counts, order, raw, k,
+ *       pred, real, ranks_tracked, a_decay, da, dt, weight, s_decay, lattice) -> None
+ *   One verified tree step of B requests folded into the learning controller's two
+ *   calibrations, in place (bastion.observed: AcceptanceCalibration.observe and
+ *   SizeCalibration.observe — the same operations in the same order, so the results are
+ *   bit-identical). The trees are concatenated (offsets, parents local to each tree); accepted
+ *   holds each request's accepted nodes (indices within its tree), counts[i] of them for
+ *   request i.
+ *   - acceptance: every node whose parent is on its request's accepted path (the root is) was
+ *     exposed; pred/real (float64, tracked depths x ranks_tracked) are multiplied by a_decay
+ *     and the exposed candidates' raw probabilities / hits added per (depth - 1, min(raw rank,
+ *     ranks_tracked - 1)) cell, in node order; raw is the drafter's [B, D, k] rows, order
+ *     ([B, D, k] int64, or empty: identity) maps a calibrated rank to its raw rank; depths
+ *     beyond the tracked ones are skipped.
+ *   - sizes: the batch's merged order of its non-root nodes (rho descending, then request,
+ *     then the tree's own order; at B = 1 the tree's order) ranks them 1 … N - B; da/dt/weight
+ *     (float64, one bucket's row over the lattice) are multiplied by s_decay, then for every
+ *     lattice point M with B <= M <= N the increments of Â (B + the first M - B merged gains
+ *     summed in order) and of the realised τ (B + accepted nodes ranked <= M - B) since the
+ *     previous lattice point are added (the first against B), and weight by 1. */
+typedef struct {
+    double score;
+    Py_ssize_t request, within, node;
+} merged;
+
+static int merged_before(const void *pa, const void *pb) {
+    const merged *a = (const merged *)pa, *b = (const merged *)pb;
+    if (a->score != b->score) return a->score > b->score ? -1 : 1;
+    if (a->request != b->request) return a->request < b->request ? -1 : 1;
+    return (a->within > b->within) - (a->within < b->within);
+}
+
+static PyObject *learn(PyObject *self, PyObject *args) {
+    Py_buffer off, par, dep, rnk, sco, acc, cnt, ord, raw, prd, rea, da, dt, wt, lat;
     Py_ssize_t k, ranks_tr;
     double a_decay, s_decay;
     PyObject *result = NULL;
     char *on = NULL;
-    double *tmp = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*nw*w*ndw*w*w*dy*", &par, &dep, &rnk, &sco, &acc,
-                          &ord, &raw, &k, &prd, &rea, &ranks_tr, &a_decay, &da, &dt, &wt,
-                          &s_decay, &lat))
+    double *tmp = NULL, *gains = NULL;
+    Py_ssize_t *rank = NULL, *path = NULL;
+    merged *items = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*nw*w*ndw*w*w*dy*", &off, &par, &dep, &rnk,
+                          &sco, &acc, &cnt, &ord, &raw, &k, &prd, &rea, &ranks_tr, &a_decay, &da,
+                          &dt, &wt, &s_decay, &lat))
         return NULL;
+    Py_ssize_t b = off.len / (Py_ssize_t)sizeof(int64_t) - 1;
     Py_ssize_t n = par.len / (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t na = acc.len / (Py_ssize_t)sizeof(int64_t);
-    Py_ssize_t draw = k > 0 ? raw.len / (Py_ssize_t)sizeof(double) / k : 0; /* drafted depth */
+    Py_ssize_t rows = k > 0 ? raw.len / (Py_ssize_t)sizeof(double) / k : 0; /* B x drafted depth */
+    Py_ssize_t draw = b > 0 ? rows / b : 0;
     Py_ssize_t cells = prd.len / (Py_ssize_t)sizeof(double);
     Py_ssize_t nl = lat.len / (Py_ssize_t)sizeof(int64_t);
-    const int64_t *parents = (const int64_t *)par.buf, *depths = (const int64_t *)dep.buf;
-    const int64_t *ranks = (const int64_t *)rnk.buf, *accepted = (const int64_t *)acc.buf;
+    const int64_t *offsets = (const int64_t *)off.buf, *parents = (const int64_t *)par.buf;
+    const int64_t *depths = (const int64_t *)dep.buf, *ranks = (const int64_t *)rnk.buf;
+    const int64_t *accepted = (const int64_t *)acc.buf, *counts = (const int64_t *)cnt.buf;
     const int64_t *order = ord.len ? (const int64_t *)ord.buf : NULL;
     const int64_t *lattice = (const int64_t *)lat.buf;
     const double *scores = (const double *)sco.buf, *probs = (const double *)raw.buf;
     double *pred = (double *)prd.buf, *real = (double *)rea.buf;
     double *sda = (double *)da.buf, *sdt = (double *)dt.buf, *swt = (double *)wt.buf;
-    if (n < 1 || k < 1 || ranks_tr < 1 || dep.len != par.len || rnk.len != par.len ||
-        sco.len != n * (Py_ssize_t)sizeof(double) || raw.len != draw * k * (Py_ssize_t)sizeof(double) ||
-        (ord.len && ord.len != draw * k * (Py_ssize_t)sizeof(int64_t)) || rea.len != prd.len ||
+    if (b < 1 || n < b || k < 1 || ranks_tr < 1 || dep.len != par.len || rnk.len != par.len ||
+        sco.len != n * (Py_ssize_t)sizeof(double) || cnt.len != b * (Py_ssize_t)sizeof(int64_t) ||
+        rows % b != 0 || raw.len != rows * k * (Py_ssize_t)sizeof(double) ||
+        (ord.len && ord.len != rows * k * (Py_ssize_t)sizeof(int64_t)) || rea.len != prd.len ||
         cells % ranks_tr != 0 || da.len != nl * (Py_ssize_t)sizeof(double) ||
-        dt.len != da.len || wt.len != da.len || na >= n) {
-        PyErr_SetString(PyExc_ValueError, "learn1: inconsistent sizes");
+        dt.len != da.len || wt.len != da.len || offsets[0] != 0 || offsets[b] != n) {
+        PyErr_SetString(PyExc_ValueError, "learn: inconsistent sizes");
         goto done;
     }
     on = (char *)calloc((size_t)n, 1);
     tmp = (double *)calloc((size_t)(2 * cells + 1), sizeof(double));
-    if (!on || !tmp) {
+    gains = (double *)malloc((size_t)(n + 1) * sizeof(double));
+    rank = (Py_ssize_t *)malloc((size_t)n * sizeof(Py_ssize_t));
+    path = (Py_ssize_t *)malloc((size_t)(na + 1) * sizeof(Py_ssize_t));
+    if (!on || !tmp || !gains || !rank || !path) {
         PyErr_NoMemory();
         goto done;
     }
-    on[0] = 1;
-    for (Py_ssize_t i = 0; i < na; i++) {
-        if (accepted[i] < 1 || accepted[i] >= n) {
-            PyErr_SetString(PyExc_ValueError, "learn1: accepted node out of range");
+    {
+        Py_ssize_t t = 0;
+        for (Py_ssize_t i = 0; i < b; i++) {
+            Py_ssize_t a = offsets[i], e = offsets[i + 1];
+            if (a >= e || e > n || counts[i] < 0 || t + counts[i] > na) {
+                PyErr_SetString(PyExc_ValueError, "learn: offsets or counts out of range");
+                goto done;
+            }
+            on[a] = 1;
+            for (int64_t c = 0; c < counts[i]; c++, t++) {
+                if (accepted[t] < 1 || accepted[t] >= e - a) {
+                    PyErr_SetString(PyExc_ValueError, "learn: accepted node out of range");
+                    goto done;
+                }
+                on[a + accepted[t]] = 1;
+            }
+        }
+        if (t != na) {
+            PyErr_SetString(PyExc_ValueError, "learn: counts do not add up to the accepted nodes");
             goto done;
         }
-        on[accepted[i]] = 1;
     }
     /* acceptance: Σ p and Σ hit per cell over the exposed nodes, in node order (bincount) */
     Py_ssize_t tracked = cells / ranks_tr;
-    for (Py_ssize_t j = 1; j < n; j++) {
-        int64_t pj = parents[j], d = depths[j] - 1, r = ranks[j];
-        if (pj < 0 || pj >= j || d < 0 || d >= draw || r < 0 || r >= k) {
-            PyErr_SetString(PyExc_ValueError, "learn1: not a tree of these marginals");
-            goto done;
+    for (Py_ssize_t i = 0; i < b; i++) {
+        Py_ssize_t a = offsets[i], e = offsets[i + 1];
+        for (Py_ssize_t j = a + 1; j < e; j++) {
+            int64_t pj = parents[j], d = depths[j] - 1, r = ranks[j];
+            if (pj < 0 || pj >= j - a || d < 0 || d >= draw || r < 0 || r >= k) {
+                PyErr_SetString(PyExc_ValueError, "learn: not a tree of these marginals");
+                goto done;
+            }
+            if (!on[a + pj]) continue;
+            Py_ssize_t row = (i * draw + d) * k;
+            if (order) r = order[row + r];
+            double p = probs[row + r];
+            if (d >= tracked) continue;
+            Py_ssize_t c = (Py_ssize_t)d * ranks_tr + (r < ranks_tr - 1 ? r : ranks_tr - 1);
+            tmp[c] += p;
+            tmp[cells + c] += on[j] ? 1.0 : 0.0;
         }
-        if (!on[pj]) continue;
-        if (order) r = order[d * k + r];
-        double p = probs[d * k + r];
-        if (d >= tracked) continue;
-        Py_ssize_t c = (Py_ssize_t)d * ranks_tr + (r < ranks_tr - 1 ? r : ranks_tr - 1);
-        tmp[c] += p;
-        tmp[cells + c] += on[j] ? 1.0 : 0.0;
     }
     for (Py_ssize_t c = 0; c < cells; c++) {
         pred[c] *= a_decay;
@@ -724,22 +768,49 @@ static PyObject *learn1(PyObject *self, PyObject *args) {
         pred[c] += tmp[c];
         real[c] += tmp[cells + c];
     }
-    /* sizes: the prefixes T_M of the tree at every lattice point M <= n */
+    /* sizes: the merged order's gains and each accepted node's rank in it */
+    Py_ssize_t m_all = n - b;
+    if (b == 1) {
+        for (Py_ssize_t j = 1; j < n; j++) {
+            gains[j - 1] = scores[j];
+            rank[j] = j;
+        }
+    } else {
+        items = (merged *)malloc((size_t)(m_all + 1) * sizeof(merged));
+        if (!items) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        Py_ssize_t t = 0;
+        for (Py_ssize_t i = 0; i < b; i++)
+            for (Py_ssize_t j = offsets[i] + 1; j < offsets[i + 1]; j++)
+                items[t++] = (merged){scores[j], i, j - offsets[i], j};
+        qsort(items, (size_t)m_all, sizeof(merged), merged_before);
+        for (Py_ssize_t t2 = 0; t2 < m_all; t2++) {
+            gains[t2] = items[t2].score;
+            rank[items[t2].node] = t2 + 1;
+        }
+    }
+    Py_ssize_t np_ = 0;
+    for (Py_ssize_t i = 0; i < b; i++)
+        for (Py_ssize_t j = offsets[i] + 1; j < offsets[i + 1]; j++)
+            if (on[j]) path[np_++] = rank[j];
     for (Py_ssize_t c = 0; c < nl; c++) {
         sda[c] *= s_decay;
         sdt[c] *= s_decay;
         swt[c] *= s_decay;
     }
     {
-        double sum = 0.0, prev_a = 1.0, prev_t = 1.0;
-        Py_ssize_t built = 1, hits = 0; /* nodes summed into sum (root excluded: index < built) */
+        double sum = 0.0, prev_a = (double)b, prev_t = (double)b;
+        Py_ssize_t summed = 0;
         for (Py_ssize_t c = 0; c < nl && lattice[c] <= n; c++) {
-            Py_ssize_t m = (Py_ssize_t)lattice[c] - 1;
-            while (built <= m) sum += scores[built++];
-            double at = 1.0 + sum;
-            hits = 0;
-            for (Py_ssize_t i = 0; i < na; i++) hits += accepted[i] <= m;
-            double tau = (double)(1 + hits);
+            if (lattice[c] < b) continue;
+            Py_ssize_t m = (Py_ssize_t)lattice[c] - b;
+            while (summed < m) sum += gains[summed++];
+            double at = (double)b + sum;
+            Py_ssize_t hits = 0;
+            for (Py_ssize_t q = 0; q < np_; q++) hits += path[q] <= m;
+            double tau = (double)(b + hits);
             sda[c] += at - prev_a;
             sdt[c] += tau - prev_t;
             swt[c] += 1.0;
@@ -752,11 +823,17 @@ static PyObject *learn1(PyObject *self, PyObject *args) {
 done:
     free(on);
     free(tmp);
+    free(gains);
+    free(rank);
+    free(path);
+    free(items);
+    PyBuffer_Release(&off);
     PyBuffer_Release(&par);
     PyBuffer_Release(&dep);
     PyBuffer_Release(&rnk);
     PyBuffer_Release(&sco);
     PyBuffer_Release(&acc);
+    PyBuffer_Release(&cnt);
     PyBuffer_Release(&ord);
     PyBuffer_Release(&raw);
     PyBuffer_Release(&prd);
@@ -843,7 +920,7 @@ static PyMethodDef methods[] = {
     {"forest", forest, METH_VARARGS, "B best-first trees grown together in merged order."},
     {"accept", accept, METH_VARARGS, "Accepted paths of a batch of trees against targets."},
     {"calibrate", calibrate, METH_VARARGS, "Calibrated marginals, rows re-sorted (see above)."},
-    {"learn1", learn1, METH_VARARGS, "A batch-1 step folded into both calibrations, in place."},
+    {"learn", learn, METH_VARARGS, "A tree step folded into both calibrations, in place."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -56,7 +56,7 @@ from bastion.cycles import (
 )
 from bastion.errors import BudgetError, CostModelError
 from bastion.interfaces import CostCurve, CostModel, StepCost, StepLoad
-from bastion.observed import AcceptanceCalibration, SizeCalibration, observe_single
+from bastion.observed import AcceptanceCalibration, SizeCalibration, observe_tree_step
 
 __all__ = [
     "AcceptanceCalibration",
@@ -528,7 +528,7 @@ class LearnedCostModel:
             return
         self._since_draft = 0
         if kind == "tree":
-            if not observe_single(self.acceptance, self.sizes, trees, accepted_nodes):
+            if not observe_tree_step(self.acceptance, self.sizes, trees, accepted_nodes, committed):
                 self.acceptance.observe(trees, accepted_nodes, committed)
                 self.sizes.observe(trees, accepted_nodes, committed)
         elif kind == "chain":  # what the chain's Â realised, as the size calibration does

@@ -21,7 +21,7 @@ from bastion.batch import BatchMarginals, TreeBatch
 from bastion.cycles import LATTICE, REFRESH_SHIFT, batch_bucket
 from bastion.errors import BudgetError
 
-__all__ = ["AcceptanceCalibration", "SizeCalibration", "observe_single"]
+__all__ = ["AcceptanceCalibration", "SizeCalibration", "observe_tree_step"]
 
 try:
     from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
@@ -330,32 +330,36 @@ def _steps(values: FloatArray, start: float) -> FloatArray:
     return out
 
 
-def observe_single(
+def observe_tree_step(
     acceptance: AcceptanceCalibration,
     sizes: SizeCalibration,
     trees: TreeBatch,
     accepted_nodes: IntArray,
+    committed: IntArray,
 ) -> bool:
-    """A verified batch-1 tree step folded into both calibrations in one compiled call — the
-    same operations as their ``observe`` methods, bit for bit (tested), at a fraction of the
-    host time. Returns False, having done nothing, where it does not apply (no compiled
-    kernel, a batch, a root-only tree, marginals not from ``acceptance.calibrate``): the
-    caller then runs the two ``observe`` methods."""
+    """A verified tree step folded into both calibrations in one compiled call — the same
+    operations as their ``observe`` methods, bit for bit (tested), at a fraction of the host
+    time. Returns False, having done nothing, where it does not apply (no compiled kernel,
+    root-only trees, marginals not from ``acceptance.calibrate``): the caller then runs the
+    two ``observe`` methods."""
     last = acceptance._last
-    if _kernel is None or last is None or trees.size != 1 or trees.depths.shape[0] < 2:
+    b = trees.size
+    if _kernel is None or last is None or int(trees.offsets[-1]) == b:
         return False
     raw, order = last
-    if raw.probs.shape[0] != 1:
+    if raw.probs.shape[0] != b:
         return False
     acceptance._last = None
     probs = np.ascontiguousarray(raw.probs, dtype=np.float64)
-    b = 0  # batch_bucket(1)
-    _kernel.learn1(
+    bucket = batch_bucket(b)
+    _kernel.learn(
+        np.ascontiguousarray(trees.offsets, dtype=np.int64),
         np.ascontiguousarray(trees.parents, dtype=np.int64),
         np.ascontiguousarray(trees.depths, dtype=np.int64),
         np.ascontiguousarray(trees.ranks, dtype=np.int64),
         np.ascontiguousarray(trees.scores, dtype=np.float64),
         np.ascontiguousarray(accepted_nodes, dtype=np.int64),
+        np.ascontiguousarray(np.asarray(committed, dtype=np.int64) - 1),
         b"" if order is None else np.ascontiguousarray(order, dtype=np.int64),
         probs,
         int(probs.shape[2]),
@@ -363,9 +367,9 @@ def observe_single(
         acceptance._real,
         acceptance.ranks,
         float(acceptance.decay),
-        sizes._da[b],
-        sizes._dt[b],
-        sizes._weight[b],
+        sizes._da[bucket],
+        sizes._dt[bucket],
+        sizes._weight[bucket],
         float(sizes.decay),
         LATTICE,
     )

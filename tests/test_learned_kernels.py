@@ -1,6 +1,6 @@
 """The learning controller's compiled hot paths give exactly what their numpy forms give.
 
-``bastion._bestfirst.calibrate`` (the calibrated marginals) and ``learn1`` (a batch-1 step
+``bastion._bestfirst.calibrate`` (the calibrated marginals) and ``learn`` (a tree step
 folded into both calibrations) must be bit-identical to ``AcceptanceCalibration.calibrate`` /
 ``.observe`` and ``SizeCalibration.observe`` run with the kernel switched off; and the batch-1
 prior the controller prices with (interpolated in the context) must stay close to the prior
@@ -19,7 +19,7 @@ from bastion.batch import BatchMarginals, TreeBatch
 from bastion.bestfirst import best_first
 from bastion.interfaces import StepLoad
 from bastion.learned import LearnedCostModel
-from bastion.observed import AcceptanceCalibration, SizeCalibration, observe_single
+from bastion.observed import AcceptanceCalibration, SizeCalibration, observe_tree_step
 from bastion.testing import marginals
 from bastion.tree import DraftMarginals, tree_from_arrays
 
@@ -96,7 +96,7 @@ def _run(steps: list[tuple[DraftMarginals, int, np.ndarray]], compiled: bool):  
         nodes = np.flatnonzero(on[1:]) + 1
         trees = TreeBatch.from_trees([tree])
         committed = np.array([nodes.size + 1])
-        if not (compiled and observe_single(acc, sizes, trees, nodes)):
+        if not (compiled and observe_tree_step(acc, sizes, trees, nodes, committed)):
             acc.observe(trees, nodes, committed)
             sizes.observe(trees, nodes, committed)
     return acc, sizes
@@ -104,7 +104,7 @@ def _run(steps: list[tuple[DraftMarginals, int, np.ndarray]], compiled: bool):  
 
 @needs_kernel
 @pytest.mark.parametrize("seed", range(6))
-def test_learn1_kernel_equals_the_two_observe_methods(seed: int) -> None:
+def test_learn_kernel_equals_the_two_observe_methods_batch_1(seed: int) -> None:
     steps = _steps(seed, 40)
     a1, s1 = _run(steps, compiled=True)
     a2, s2 = _run(steps, compiled=False)
@@ -117,13 +117,13 @@ def test_learn1_kernel_equals_the_two_observe_methods(seed: int) -> None:
 
 
 @needs_kernel
-def test_learn1_refuses_inconsistent_input() -> None:
+def test_learn_refuses_inconsistent_input() -> None:
     acc, sizes = AcceptanceCalibration(), SizeCalibration()
     m = DraftMarginals(np.arange(6).reshape(2, 3), np.array([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1]]))
     acc.calibrate(BatchMarginals(m.token_ids[None], m.probs[None]))
     tree = tree_from_arrays(best_first(m.probs, 5), m)
     with pytest.raises(ValueError, match="accepted node out of range"):
-        observe_single(acc, sizes, TreeBatch.from_trees([tree]), np.array([7]))
+        observe_tree_step(acc, sizes, TreeBatch.from_trees([tree]), np.array([7]), np.array([2]))
 
 
 class _ContextPrior:
@@ -155,3 +155,58 @@ def test_interpolated_batch1_prior_stays_close_to_the_prior(context: int) -> Non
     # further off than the interpolation, so the test would see a wrong anchor
     cc0 = prior.cost_curve(300, StepLoad(context // 128 * 128))
     assert np.max(np.abs((cc0.draft_s + cc0.verify_s) / exact - 1.0)) >= err
+
+
+def _batch_steps(seed: int, count: int):  # type: ignore[no-untyped-def]
+    """Random batched steps: B requests' marginals of one shape, budgets and targets."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        b, depth, k = int(rng.integers(2, 6)), int(rng.integers(1, 6)), int(rng.integers(1, 5))
+        p = np.sort(rng.dirichlet(np.ones(k + 2), size=(b, depth))[..., :k], axis=-1)[..., ::-1]
+        p[rng.random((b, depth, k)) < 0.1] *= 0.5  # ties and unsorted rows after calibration
+        p = np.sort(p, axis=-1)[..., ::-1]
+        ids = np.broadcast_to(np.arange(k) + 10 * np.arange(depth)[:, None], (b, depth, k))
+        target = ids[0][np.arange(depth), rng.integers(0, k + 1, size=(b, depth)) % k].copy()
+        target[rng.random((b, depth)) < 0.2] = -5
+        budgets = rng.integers(1, 40, size=b)
+        out.append((np.ascontiguousarray(ids), np.ascontiguousarray(p), budgets, target))
+    return out
+
+
+def _run_batched(steps, compiled: bool):  # type: ignore[no-untyped-def]
+    acc, sizes = AcceptanceCalibration(depth=3, ranks=3), SizeCalibration()
+    for ids, p, budgets, target in steps:
+        cal = acc.calibrate(BatchMarginals(ids, p))
+        trees, nodes, committed = [], [], []
+        for i, budget in enumerate(budgets):
+            row = cal.row(i)
+            tree = tree_from_arrays(best_first(row.probs, int(budget)), row)
+            on = np.zeros(tree.size, bool)
+            on[0] = True
+            for j in range(1, tree.size):
+                on[j] = on[tree.parents[j]] and tree.tokens[j] == target[i, tree.depths[j] - 1]
+            path = np.flatnonzero(on[1:]) + 1
+            trees.append(tree)
+            nodes.append(path)
+            committed.append(path.size + 1)
+        batch = TreeBatch.from_trees(trees)
+        flat, done = np.concatenate(nodes).astype(np.int64), np.array(committed)
+        if not (compiled and observe_tree_step(acc, sizes, batch, flat, done)):
+            acc.observe(batch, flat, done)
+            sizes.observe(batch, flat, done)
+    return acc, sizes
+
+
+@needs_kernel
+@pytest.mark.parametrize("seed", range(6))
+def test_learn_kernel_equals_the_two_observe_methods_batched(seed: int) -> None:
+    steps = _batch_steps(seed, 30)
+    a1, s1 = _run_batched(steps, compiled=True)
+    a2, s2 = _run_batched(steps, compiled=False)
+    assert a1.steps == a2.steps > 20 and s1.version == s2.version
+    for x, y in ((a1._pred, a2._pred), (a1._real, a2._real), (a1._g, a2._g)):
+        assert np.array_equal(x, y)
+    for x, y in ((s1._da, s2._da), (s1._dt, s2._dt), (s1._weight, s2._weight)):
+        assert np.array_equal(x, y)
+    assert s1._weight[1:].sum() > 0  # batched buckets were learned
