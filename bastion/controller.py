@@ -173,7 +173,7 @@ class LearningPolicy:
     """``bastion``: AR, the chain or a best-first tree, whichever the measured cycles favour."""
 
     n_max: int = 1024
-    decide_every: int = DECIDE_EVERY  # a full decision every so many drafted steps
+    decide_every: int = DECIDE_EVERY  # a decision stands for at most so many drafted steps
     uses_cost_model = True
     learns = True  # the engine gives it a LearnedCostModel and reports every step to it
 
@@ -203,7 +203,7 @@ class LearningPolicy:
         cal = learner.acceptance.calibrate(marginals)
         contexts = req.context_lens
         explore = learner.explore_now()
-        again = None if explore else learner.repeat_decision(b, self.decide_every)
+        again = None if explore else learner.repeat_decision(b)
         if again is not None:
             return self._repeat(again, cal, context)
         if b == 1:
@@ -246,11 +246,11 @@ class LearningPolicy:
             from bastion.policies import ChainPolicy
 
             chain = ChainPolicy().choose_batch(cal, context).trees
-            learner.decided("chain", b, int(chain.offsets[-1]), c_chain)
+            learner.decided("chain", b, int(chain.offsets[-1]), c_chain, self.decide_every)
             why = ControllerChoice("chain", s_chain, s_tree, s_chain, c_chain, diag)
             return BatchChoice(chain, why, kind="chain")
         if not explore:  # an exploring step's tree is not the decision
-            learner.decided("tree", b, int(trees.offsets[-1]), c_tree)
+            learner.decided("tree", b, int(trees.offsets[-1]), c_tree, self.decide_every)
         why = ControllerChoice("tree", s_tree, s_tree, s_chain, c_tree, diag)
         return BatchChoice(trees, why, kind="tree")
 

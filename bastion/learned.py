@@ -148,6 +148,7 @@ class LearnedCostModel:
         self.explore_every = explore_every
         self._decision: tuple[str, int, int, float] | None = None  # kind, B, total, cycle
         self._reused = 0  # steps that repeated it since
+        self._interval = 1  # steps it stands for (see decided)
         self._joint = getattr(prior, "joint_cost_curve", None)
         self._candidates: dict[
             tuple[int, int], tuple[int, IntArray, IntArray, FloatArray, float]
@@ -461,19 +462,29 @@ class LearnedCostModel:
         self._drafted += 1  # the first drafted step explores too: it teaches the most then
         return self.explore_every > 0 and self._drafted % self.explore_every == 1
 
-    def repeat_decision(self, batch_size: int, every: int) -> tuple[str, int, float] | None:
+    def repeat_decision(self, batch_size: int) -> tuple[str, int, float] | None:
         """The last full decision's (kind, total nodes, predicted cycle) while it may stand for
-        this step: the controller decides afresh every ``every``-th drafted step (and whenever
-        the batch size changed or an AR step came between), and repeats the decision in
-        between — its host time is the price of deciding, and the best total moves slowly."""
+        this step (see :meth:`decided`), else None: decide afresh. A change of batch size or
+        an AR step between also ends it."""
         last = self._decision
-        if last is None or last[1] != batch_size or self._reused + 1 >= every:
+        if last is None or last[1] != batch_size or self._reused + 1 >= self._interval:
             return None
         self._reused += 1
         return last[0], last[2], last[3]
 
-    def decided(self, kind: str, batch_size: int, total: int, cycle_s: float) -> None:
-        """Record a full decision (see :meth:`repeat_decision`)."""
+    def decided(self, kind: str, batch_size: int, total: int, cycle_s: float, every: int) -> None:
+        """Record a full decision. Deciding is the controller's dear part and the best kind and
+        total move slowly, so a decision that agrees with the previous one (same kind and batch
+        size, total within ±25 %) doubles the number of steps it stands for, up to ``every``;
+        one that differs stands for one step (the next step decides again)."""
+        last = self._decision
+        same = (
+            last is not None
+            and last[0] == kind
+            and last[1] == batch_size
+            and 0.8 * last[2] <= total <= 1.25 * last[2]
+        )
+        self._interval = min(2 * self._interval, every) if same else 1
         self._decision = (kind, batch_size, total, cycle_s)
         self._reused = 0
 

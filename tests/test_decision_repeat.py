@@ -54,27 +54,54 @@ def _steps(policy: LearningPolicy, learner: LearnedCostModel, batches: list[int]
     return out
 
 
-def test_decisions_repeat_between_every_kth_step() -> None:
-    learner = LearnedCostModel(FlatPrior(), explore_every=0)
-    steps = _steps(LearningPolicy(64, decide_every=3), learner, [1] * 7)
-    repeated = [bool(c.diagnostics.repeated) for c, _ in steps]
-    assert repeated == [False, True, True, False, True, True, False]
+def test_agreeing_decisions_stand_longer_up_to_every() -> None:
+    learner = LearnedCostModel(FlatPrior())
+
+    def stands() -> int:  # steps the last decision is repeated for before a new one
+        n = 0
+        while learner.repeat_decision(1) is not None:
+            n += 1
+        return n
+
+    learner.decided("tree", 1, 64, 0.01, 8)
+    assert stands() == 0  # a first decision stands for its own step only
+    learner.decided("tree", 1, 70, 0.01, 8)  # agrees (within ±25 %): twice as long
+    assert stands() == 1
+    learner.decided("tree", 1, 64, 0.01, 8)
+    assert stands() == 3
+    learner.decided("tree", 1, 64, 0.01, 8)
+    assert stands() == 7
+    learner.decided("tree", 1, 64, 0.01, 8)  # capped at every = 8
+    assert stands() == 7
+    learner.decided("tree", 1, 96, 0.01, 8)  # differs: decide again next step
+    assert stands() == 0
+    learner.decided("chain", 1, 96, 0.01, 8)  # another kind differs too
+    assert stands() == 0
+    learner.decided("chain", 1, 96, 0.01, 8)
+    assert learner.repeat_decision(1) == ("chain", 96, 0.01)
+    assert learner.repeat_decision(2) is None  # another batch size decides afresh
+
+
+def test_decisions_repeat_only_with_every_above_one() -> None:
+    runs = {}
+    for every in (1, 8):
+        learner = LearnedCostModel(FlatPrior(), explore_every=0)
+        runs[every] = _steps(LearningPolicy(64, decide_every=every), learner, [1] * 12)
+    assert not any(c.diagnostics.repeated for c, _ in runs[1])  # negative control
+    assert sum(c.diagnostics.repeated for c, _ in runs[8]) >= 4
     decided = None
-    for choice, _ in steps:  # a repeated step keeps the decided kind and size
+    for choice, _ in runs[8]:  # a repeated step keeps the decided kind and size
         if choice.diagnostics.repeated:
             assert (choice.kind, int(choice.trees.offsets[-1])) == decided
         else:
             decided = (choice.kind, int(choice.trees.offsets[-1]))
-    # decide_every=1 (the default) never repeats: a negative control for the pattern above
-    learner = LearnedCostModel(FlatPrior(), explore_every=0)
-    steps = _steps(LearningPolicy(64), learner, [1] * 5)
-    assert not any(c.diagnostics.repeated for c, _ in steps)
 
 
 def test_a_repeated_tree_is_the_best_first_tree_of_the_decided_size() -> None:
     learner = LearnedCostModel(FlatPrior(), explore_every=0)
-    (first, _), (second, m) = _steps(LearningPolicy(64, decide_every=2), learner, [1, 1])
-    assert not first.diagnostics.repeated and second.diagnostics.repeated
+    steps = _steps(LearningPolicy(64, decide_every=4), learner, [1] * 6)
+    i = next(i for i, (c, _) in enumerate(steps) if c.diagnostics.repeated)
+    (first, _), (second, m) = steps[i - 1], steps[i]
     total = int(first.trees.offsets[-1])
     cal = learner.acceptance.calibrate(m)
     expected = best_first(cal.probs[0], total)
@@ -84,11 +111,13 @@ def test_a_repeated_tree_is_the_best_first_tree_of_the_decided_size() -> None:
 
 def test_batch_size_change_and_ar_step_force_a_decision() -> None:
     learner = LearnedCostModel(FlatPrior(), explore_every=0)
-    steps = _steps(LearningPolicy(64, decide_every=4), learner, [2, 2, 3, 3])
-    assert [bool(c.diagnostics.repeated) for c, _ in steps] == [False, True, False, True]
-    b2 = steps[1][0]
-    total = int(steps[0][0].trees.offsets[-1])
-    cal = learner.acceptance.calibrate(steps[1][1])  # g unchanged within 8 steps
+    steps = _steps(LearningPolicy(64, decide_every=4), learner, [2, 2, 2, 3, 3])
+    repeated = [bool(c.diagnostics.repeated) for c, _ in steps]
+    assert repeated[3] is False  # the batch grew: a fresh decision
+    assert repeated[2] is True  # agreeing decisions at steps 0 and 1
+    b2 = steps[2][0]
+    total = int(steps[1][0].trees.offsets[-1])
+    cal = learner.acceptance.calibrate(steps[2][1])  # g unchanged within 8 steps
     ref = forest_batch(cal, 64, total)
     for name in ("offsets", "parents", "depths", "ranks", "scores", "tokens"):
         assert np.array_equal(getattr(b2.trees, name), getattr(ref, name)), name
@@ -100,7 +129,7 @@ def test_batch_size_change_and_ar_step_force_a_decision() -> None:
         np.zeros(0, np.int64),
         0.01,
     )
-    assert learner.repeat_decision(3, 4) is None  # an AR step came between
+    assert learner.repeat_decision(3) is None  # an AR step came between
 
 
 def test_every_spec_and_its_errors() -> None:
