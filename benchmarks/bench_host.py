@@ -111,7 +111,7 @@ def controller_constants(repeats: int) -> dict[str, float]:
     controller (``controller_single_s``); above it the joint chooser, fitted as
     ``controller_step_s + B·controller_request_s`` over the batched sizes."""
     steps = max(100, 20 * repeats)
-    every = 4  # repeats measured between decisions made every 4th step (any K ≥ 2 does)
+    every = 16  # repeated steps measured between decisions standing for up to 16 steps
     cols: list[list[float]] = []
     decide: list[float] = []
     repeat: list[float] = []
@@ -125,7 +125,10 @@ def controller_constants(repeats: int) -> dict[str, float]:
             repeat.append(1e-6 * r["repeat_us"])
             cols.append([1.0, float(b)])
     step, request = fit(cols, decide)
-    step_r, request_r = fit(cols, repeat)
+    if np.isfinite(single_repeat) and all(np.isfinite(repeat)):
+        step_r, request_r = fit(cols, repeat)
+    else:  # no step repeated a decision at some batch size: not measured (charged as decisions)
+        single_repeat, step_r, request_r = -1.0, -1.0, -1.0
     return {
         "controller_single_s": single,
         "controller_step_s": step,
