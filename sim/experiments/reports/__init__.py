@@ -1,0 +1,42 @@
+"""Reports: what an experiment writes to summary.md (and its figures), chosen by name.
+
+A config names its report (``report = "budget-sweep"``); without one an experiment gets
+``generic``, a table of every setting and policy. Each report is one module with one function,
+``report(rows, out) -> str``: it receives every record of the experiment and the experiment's
+output directory (for its figures) and returns the markdown text under the summary's title.
+:data:`REPORTS` maps the names a config may give to those functions.
+
+What this module does not do: run anything, or write summary.md (:mod:`..runner` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from bastion.sim.reporting import Row
+
+from . import (
+    best_first_vs_beam,
+    budget_sweep,
+    controller_regret,
+    generic,
+    latency_model,
+    moe,
+    multi_batch,
+)
+
+__all__ = ["REPORTS", "Report"]
+
+Report = Callable[[list[Row], Path], str]
+
+REPORTS: dict[str, Report] = {
+    "generic": generic.report,
+    "budget-sweep": budget_sweep.report,
+    "best-first-vs-beam": best_first_vs_beam.report,
+    "multi-batch": multi_batch.report,
+    "moe": moe.report,
+    "latency-model": latency_model.report,
+    "controller-regret": controller_regret.report,
+}
+"""Reports a config may name (``report = "…"``); without one an experiment gets ``generic``."""
