@@ -103,6 +103,7 @@ class ExperimentConfig:
         """The runs of the grid(s), in order (the last axis varies fastest); validated."""
         out: list[Run] = []
         memo: dict[tuple[str, str], Any] = {}
+        recorded: dict[str, str] = {}  # label -> the policy spec recorded under it
         tags = {"experiment": self.name}
         for grid in self.grids:
             axes = {**grid, **(self.quick if quick else {})}
@@ -117,9 +118,21 @@ class ExperimentConfig:
                         point.get("requests", 1), per_client * point.get("concurrency", 1)
                     )
                 try:
-                    spec = SimSpec(**point).to_dict()
+                    sim_spec = SimSpec(**point)
+                    spec = sim_spec.to_dict()
+                    labels = sim_spec.labels()
                 except BastionError as exc:
                     raise ConfigError(f"{self.source}: grid point {point}: {exc}") from None
+                compared = ["ar", *[p for p in spec["policies"] if p != "ar"]]
+                for given, label in zip(compared, labels, strict=True):
+                    first = recorded.setdefault(label, given)
+                    if first != given:
+                        raise ConfigError(
+                            f"{self.source}: policies {first!r} and {given!r} are both recorded "
+                            f"as {label!r} in different runs, so the summary would merge them; "
+                            "list them in one policies list (each is then recorded by its spec) "
+                            "or give the plug-in classes distinct names"
+                        )
                 run: Run = {"spec": spec, "tags": dict(tags)}
                 if self.python_path:
                     run["python_path"] = list(self.python_path)
