@@ -16,7 +16,6 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,34 +23,13 @@ from typing import Any
 
 from bastion.errors import BastionError, ConfigError
 
+from .ray_connect import check_address, one_line
 from .runs import Row, Run, installed, is_path
 from .worker import execute
 
 __all__ = ["DATA_DIR_ENVS", "run_ray"]
 
 DATA_DIR_ENVS = ("BASTION_HWPROFILES", "BASTION_WORKLOADS", "BASTION_TRUTHS")
-
-
-def _check_address(address: str, timeout: float) -> None:
-    """Fail fast, with a clear message, when nothing answers at a Ray address."""
-    if address in ("auto", "local"):
-        return
-    hostport = address.removeprefix("ray://")
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(
-            f"--address {address!r}: expected HOST:PORT (the head node's GCS address that "
-            "`ray start --head` prints, port 6379 by default), ray://HOST:PORT (Ray Client, "
-            "port 10001 by default) or 'auto'"
-        )
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot reach a Ray cluster at {address} within {timeout:g} s ({exc}); is the head "
-            "node up (`ray status` on it), is the port open, and is this the GCS address "
-            "(HOST:6379) or a Ray Client address (ray://HOST:10001)?"
-        ) from None
 
 
 def _stage(runs: Sequence[Run], root: Path) -> tuple[dict[str, str], dict[str, str]]:
@@ -130,7 +108,7 @@ def run_ray(
     if not todo:
         return
     if address:
-        _check_address(address, connect_timeout)
+        check_address(address, connect_timeout)  # bounded: a hang or a refusal is one line
     with tempfile.TemporaryDirectory(prefix="bastion-ray-") as tmp:
         root = Path(tmp)
         remap, env = _stage(todo, root)
@@ -140,9 +118,13 @@ def run_ray(
         started = not ray.is_initialized()
         if started:
             kwargs: dict[str, Any] = {"address": address} if address else {"num_cpus": workers}
-            ray.init(
-                include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, **kwargs
-            )
+            try:
+                ray.init(
+                    include_dashboard=False, log_to_driver=False, runtime_env=runtime_env, **kwargs
+                )
+            except (ConnectionError, RuntimeError, TimeoutError) as exc:
+                where = f"at {address}" if address else "locally"
+                raise ConfigError(f"Ray could not start {where}: {one_line(str(exc))}") from None
         try:
             remote = ray.remote(num_cpus=1)(execute)
             options = {} if started else {"runtime_env": runtime_env}
