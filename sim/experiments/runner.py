@@ -28,7 +28,7 @@ from bastion.sim.results import (
 
 from .config import ExperimentConfig, resolve_config
 from .executors import run_all
-from .reports import REPORTS
+from .reports import summary as report_summary
 from .runs import Run
 
 __all__ = ["Plan", "plan", "run_experiment"]
@@ -42,19 +42,24 @@ class Plan:
     runs: list[Run]
     target: Path
     stored: int
+    quick: bool = False  # the config's [quick] grid
 
     @property
     def simulations(self) -> int:
         return sum(len(r["spec"]["policies"]) + 1 for r in self.runs)  # + AR
 
     def describe(self) -> str:
-        axes: dict[str, list[Any]] = {}
-        for grid in self.config.grids:
-            for k, v in grid.items():
-                axes.setdefault(k, []).extend(x for x in v if x not in axes.get(k, []))
-        shape = " × ".join(
-            f"{len(v)} {k}" for k, v in axes.items() if len(v) > 1 and k != "policies"
-        )
+        """One line: the runs and the axes they vary along (read from the runs themselves, so
+        ``--quick`` shows its own grid), the simulations, what is stored and where."""
+        quick = self.config.quick if self.quick else {}
+        grids = [{**g, **quick} for g in self.config.grids]
+        keys = dict.fromkeys(k for g in grids for k, v in g.items() if len(v) > 1)
+        axes = {
+            k: {repr(r["spec"].get(k)) for r in self.runs}
+            for k in keys
+            if k != "policies" and self.runs and k in self.runs[0]["spec"]
+        }
+        shape = " × ".join(f"{len(v)} {k}" for k, v in axes.items() if len(v) > 1)
         return (
             f"{self.config.name}: {len(self.runs)} runs ({shape or 'one setting'}), "
             f"{self.simulations} policy simulations (AR included); {self.stored} stored, "
@@ -67,7 +72,7 @@ def plan(config: ExperimentConfig, out: Path, quick: bool = False) -> Plan:
     runs = config.runs(quick)
     directory = target / ("runs-quick" if quick else "runs")
     stored = sum((directory / f"{r['key']}.json").is_file() for r in runs)
-    return Plan(config, runs, target, stored)
+    return Plan(config, runs, target, stored, quick)
 
 
 def _progress_bar(name: str) -> tuple[Callable[[int, int], None], Callable[[], None]]:
@@ -114,10 +119,9 @@ def run_experiment(
         p.target / "results.json", rows, experiment=config.name, config=config.source
     )
     write_csv_atomic(p.target / "requests.csv", requests)
-    report = REPORTS[config.report or "generic"]
     title = f"# {config.name}{' (quick)' if quick else ''}\n\n"
     if config.description:
         title += config.description.strip() + "\n\n"
-    summary = title + report(rows, p.target) + "\n"
+    summary = title + report_summary(config.report or "generic", rows, p.target) + "\n"
     write_text_atomic(p.target / "summary.md", summary)
     return summary

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
-from bastion.sim.reporting import Row, group, md_table
+from bastion.sim.reporting import Row, group, md_table, seed_count, spread
 from bastion.sim.results import SPEC_COLUMNS
 
 __all__ = ["GENERIC_METRICS", "report"]
@@ -31,8 +29,8 @@ GENERIC_METRICS = (
 
 
 def report(rows: list[Row], out: Path) -> str:
-    """One line per setting and policy: the spec columns that vary, then the metrics (means
-    over seeds when the seed varies)."""
+    """One line per setting and policy: the spec columns that vary, then the metrics — over
+    several seeds, mean ± standard deviation."""
     varying = [c for c in SPEC_COLUMNS if c != "seed" and len({str(r.get(c)) for r in rows}) > 1]
     keys = [*varying, "policy"]
     table = []
@@ -40,9 +38,14 @@ def report(rows: list[Row], out: Path) -> str:
         values = []
         for name, _, scale in GENERIC_METRICS:
             xs = [r[name] for r in rs if isinstance(r.get(name), int | float)]
-            values.append(scale * float(np.mean(xs)) if xs else float("nan"))
+            values.append(spread(xs, scale) if xs else float("nan"))
         table.append((*key, len(rs), *values))
     header = (*keys, "seeds", *[label for _, label, _ in GENERIC_METRICS])
     fixed = {c: rows[0].get(c) for c in SPEC_COLUMNS if c not in varying and c != "seed"}
     setting = ", ".join(f"{k} {v}" for k, v in fixed.items() if v is not None)
-    return f"Fixed: {setting}.\n\n" + md_table(header, table)
+    note = (
+        f"\n\nOver {seed_count(rows)} seeds: mean ± standard deviation (n − 1) across seeds."
+        if seed_count(rows) > 1
+        else ""
+    )
+    return f"Fixed: {setting}.\n\n" + md_table(header, table) + note
