@@ -14,8 +14,10 @@ requests:
   accepted nodes concatenated in request order.
 
 Each has a per-request view (``row(i)``, ``tree(i)``, ``result(i)``) returning the single-request
-types of :mod:`bastion.interfaces`, and a constructor from those (``from_rows``, ``from_trees``,
-``from_results``), which is how single-request drafters, policies and verifiers are adapted.
+types (``DraftMarginals`` and ``DraftTree`` of :mod:`bastion.tree`, and :class:`VerifyResult`,
+defined here and re-exported by :mod:`bastion.interfaces`), and a constructor from those
+(``from_rows``, ``from_trees``, ``from_results``), which is how single-request drafters,
+policies and verifiers are adapted.
 
 What this module does not do: choose or verify anything (see :mod:`bastion.engine`).
 """
@@ -30,10 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.errors import MarginalsError
-from bastion.interfaces import VerifyResult
 from bastion.tree import DraftMarginals, DraftTree
 
-__all__ = ["BatchMarginals", "BatchVerifyResult", "StepRequests", "TreeBatch"]
+__all__ = ["BatchMarginals", "BatchVerifyResult", "StepRequests", "TreeBatch", "VerifyResult"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -223,6 +224,25 @@ def _root_batch(batch_size: int) -> TreeBatch:
     scores = np.ones(batch_size)
     scores.flags.writeable = False
     return TreeBatch(arrays[0], arrays[1], arrays[2], arrays[3], scores, arrays[1])
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The outcome of verifying one tree.
+
+    Accepted tokens are draft tokens the target agreed with; the bonus token is the target's own
+    token at the deepest accepted node (always emitted). Committed length = len(accepted_tokens)
+    + 1, so τ counts the bonus token.
+    """
+
+    accepted_nodes: tuple[int, ...]  # tree node indices on the accepted path, root (0) first
+    accepted_tokens: tuple[int, ...]  # tokens of accepted_nodes[1:]
+    bonus_token: int
+    feedback: object | None = None  # what the drafter needs next step (opaque to the engine)
+
+    @property
+    def committed_len(self) -> int:
+        return len(self.accepted_tokens) + 1
 
 
 @dataclass(frozen=True, eq=False)

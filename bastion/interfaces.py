@@ -10,8 +10,10 @@ simulator implement the same protocols, so the engine loop, the policies and the
 never know which one runs. Plain fakes satisfy them too, which is how the tests drive the core.
 
 What this module does not do: any computation. It holds types only; ``DraftMarginals`` and
-``DraftTree`` live in :mod:`bastion.tree` with their validation and helpers and are re-exported
-here for convenience.
+``DraftTree`` live in :mod:`bastion.tree` with their validation and helpers, and
+``VerifyResult`` in :mod:`bastion.batch` beside its batched form (which converts to and from
+it); all three are re-exported here, so ``bastion.interfaces`` names every type that crosses
+the protocols.
 
 Units: seconds for time, tokens for sizes and lengths. A tree of size N counts its root.
 """
@@ -20,16 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
+from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch, VerifyResult
 from bastion.errors import CostModelError
 from bastion.tree import DraftMarginals, DraftTree
-
-if TYPE_CHECKING:
-    from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
 
 __all__ = [
     "BatchChoice",
@@ -259,25 +259,6 @@ class Drafter(Protocol):
     """Proposes per-position marginals for the positions after the bonus token."""
 
     def draft(self, context: DraftContext) -> DraftMarginals: ...
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    """The outcome of verifying one tree.
-
-    Accepted tokens are draft tokens the target agreed with; the bonus token is the target's own
-    token at the deepest accepted node (always emitted). Committed length = len(accepted_tokens)
-    + 1, so τ counts the bonus token.
-    """
-
-    accepted_nodes: tuple[int, ...]  # tree node indices on the accepted path, root (0) first
-    accepted_tokens: tuple[int, ...]  # tokens of accepted_nodes[1:]
-    bonus_token: int
-    feedback: object | None = None  # what the drafter needs next step (opaque to the engine)
-
-    @property
-    def committed_len(self) -> int:
-        return len(self.accepted_tokens) + 1
 
 
 @runtime_checkable

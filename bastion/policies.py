@@ -35,6 +35,7 @@ What this module does not do: price trees or draft; policies are pure functions 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,7 @@ from bastion.batch import BatchMarginals, TreeBatch
 from bastion.bestfirst import best_first_flat
 from bastion.budget import ControllerMode, choose_tree
 from bastion.engine import PerRequestPolicy
-from bastion.errors import BudgetError, UnknownNameError
+from bastion.errors import BudgetError, ConfigError, UnknownNameError
 from bastion.interfaces import (
     BatchChoice,
     BatchPolicyContext,
@@ -64,6 +65,7 @@ __all__ = [
     "EaglePolicy",
     "FixedPolicy",
     "make_policy",
+    "policy_labels",
 ]
 
 
@@ -458,6 +460,36 @@ def policy_label(policy: object) -> str:
         return policy
     cls = type(policy)
     return f"{getattr(policy, 'name', '?')} [{cls.__module__}:{cls.__qualname__}]"
+
+
+def policy_labels(policies: Sequence[str | object]) -> list[str]:
+    """The labels results record for policies compared together (one run's list, AR included).
+
+    Each policy is labelled by its display ``name``, unless two of them would share one (two
+    plug-in specs of one class, ``bastion`` beside ``bastion:512``, a plug-in named ``fixed:16``
+    beside the built-in, or one named ``ar`` beside the AR baseline): then each of those is
+    labelled by its spec string (:func:`policy_label` for an object), so no two rows of a
+    comparison carry the same label. The same spec given twice is refused
+    (:class:`~bastion.errors.ConfigError` naming it); a spec that is not a policy raises as
+    :func:`make_policy` does.
+    """
+    specs = [policy_label(p) for p in policies]
+    seen: set[str] = set()
+    for spec in specs:
+        if spec in seen:
+            raise ConfigError(f"policy {spec!r} is given twice; give each policy once")
+        seen.add(spec)
+    names = [str(make_policy(p).name) for p in policies]  # type: ignore[arg-type]
+    shared = {n for n in names if names.count(n) > 1}
+    labels = [spec if name in shared else name for spec, name in zip(specs, names, strict=True)]
+    clash = sorted({label for label in labels if labels.count(label) > 1})
+    if clash:
+        named = [s for s, label in zip(specs, labels, strict=True) if label in clash]
+        raise ConfigError(
+            f"policies {', '.join(map(repr, named))} would all be recorded as {clash[0]!r}; "
+            "give the plug-in classes distinct names"
+        )
+    return labels
 
 
 def make_policy(spec: str | TreePolicy | BatchTreePolicy, *, n_max: int | None = None) -> Any:

@@ -371,11 +371,11 @@ class SimulatedGPU:
         pricer = LinearPricer(self.model, self.device, self.options, masked=True)
         names = pricer.names
         self._ops = len(names)
-        self._peak, self._bw = pricer._peak, pricer._bw
+        self._peak, self._bw = pricer.flop_rate, pricer.byte_rate
         self._matrix = np.hstack(
             (
-                np.vstack((pricer._f0, pricer._f)) / self._peak,
-                np.vstack((pricer._b0, pricer._b)) / self._bw,
+                np.vstack(pricer.flops) / self._peak,
+                np.vstack(pricer.nbytes) / self._bw,
             )
         )
         self._attention = np.array([n in _ATTENTION_OPS for n in names], dtype=np.float64)

@@ -120,9 +120,9 @@ def regret_report(rows: list[Row], out: Path) -> str:
 
 
 def _figure(varying: list[str], table: list[tuple[Any, ...]], out: Path) -> None:
-    from bastion.sim.experiments import _plt, _savefig
+    from bastion.sim.reporting import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     if plt is None:
         return
     order = np.argsort([t[-2] for t in table])
@@ -137,4 +137,4 @@ def _figure(varying: list[str], table: list[tuple[Any, ...]], out: Path) -> None
     ax.set_title("Controller regret: " + " × ".join(varying))
     ax.legend(fontsize=8)
     fig.tight_layout()
-    _savefig(fig, out / "regret.png")
+    save_figure(fig, out / "regret.png")

@@ -32,7 +32,7 @@ from bastion.cost.profiled import cost_model_from_spec, split_profiled
 from bastion.errors import ConfigError
 from bastion.interfaces import CostModel
 from bastion.learned import LearnedCostModel
-from bastion.policies import make_policy, policy_label
+from bastion.policies import make_policy, policy_label, policy_labels
 from bastion.sim.arrivals import Arrival, poisson_arrivals, read_arrivals
 from bastion.sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
 from bastion.sim.latency import latency_summary
@@ -122,10 +122,19 @@ class SimSpec:
         if not self.policies:
             raise ConfigError("at least one policy is needed")
         object.__setattr__(self, "policies", tuple(self.policies))
-        for p in self.policies:
-            make_policy(p)  # raises on unknown or malformed specs and on non-policies
+        # raises on unknown or malformed specs, non-policies, a spec given twice
+        self.labels()
         get_truth(self.truth)  # raises on an unknown truth name or a bad truth file
         _check_cost_mode(self.cost_mode)
+
+    def compared(self) -> tuple[Any, ...]:
+        """What :func:`simulate` serves, in order: AR (the baseline), then every other policy."""
+        return ("ar", *[p for p in self.policies if p != "ar"])
+
+    def labels(self) -> list[str]:
+        """The label each policy of :meth:`compared` is recorded under: its display name, or
+        its spec where two would share a name (:func:`bastion.policies.policy_labels`)."""
+        return policy_labels(self.compared())
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (JSON-ready); a policy object is recorded by :func:`policy_label`."""
@@ -360,9 +369,8 @@ def simulate(
     arrivals = arrivals_of(spec)
     n_requests = None if arrivals is not None else spec.requests
     results: list[tuple[ServingResult, float]] = []
-    for given in ("ar", *[p for p in spec.policies if p != "ar"]):
+    for given, name in zip(spec.compared(), spec.labels(), strict=True):
         policy = make_policy(given, n_max=spec.n_max)
-        name = policy.name
         cm: CostModel | None = None
         if getattr(policy, "uses_cost_model", False):
             cm = cost_model
@@ -402,6 +410,7 @@ def simulate(
             arrivals=arrivals,
             prefill_chunk=spec.prefill_chunk,
         )
+        served.policy = name  # its display name, or its spec where two would share one
         results.append((served, time.perf_counter() - t0))
     ar_tpot = results[0][0].tpot_s
     rows = tuple(PolicyResult.of(r, ar_tpot, wall) for r, wall in results)

@@ -178,3 +178,23 @@ def test_linear_pricer_equals_price_pass(
     np.testing.assert_allclose(compute, [op.compute_s for op in ref.operators], rtol=1e-12)
     np.testing.assert_allclose(memory, [op.memory_s for op in ref.operators], rtol=1e-12)
     assert pricer.names == tuple(op.name for op in ref.operators)
+
+
+def test_linear_pricer_public_coefficients_give_its_branches() -> None:
+    """flops / nbytes / flop_rate / byte_rate (what the simulated GPU and the cost model read)
+    reproduce branches(), and the shared coefficient arrays cannot be written through."""
+    from bastion.cost.roofline import LinearPricer, PassShape
+
+    spec, hw = get_model("qwen3-coder-30b-a3b"), get_profile("h100-sxm")
+    pricer = LinearPricer(spec, hw, RooflineOptions(tile_tokens=64), masked=True)
+    shape = PassShape.of([(61, 900), (16, 40)], masked=True)
+    x = pricer.features(shape)
+    (f0, f), (b0, b) = pricer.flops, pricer.nbytes
+    compute, memory = pricer.branches(shape)
+    np.testing.assert_allclose((f0 + x @ f) / pricer.flop_rate, compute, rtol=1e-12)
+    np.testing.assert_allclose((b0 + x @ b) / pricer.byte_rate, memory, rtol=1e-12)
+    assert f.shape == b.shape == (6, len(pricer.names))
+    assert pricer.flop_rate == hw.peak_flops("bf16") * hw.compute_efficiency
+    for array in (f0, f, b0, b):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 0.0

@@ -47,8 +47,10 @@ def test_no_top_level_sim_module(wheel_names: list[str]) -> None:
 
 def test_simulator_and_its_data_ship_inside_bastion(wheel_names: list[str]) -> None:
     names = set(wheel_names)
-    for module in ("simulate", "gpu", "serving", "experiments", "truth", "workloads"):
+    for module in ("simulate", "gpu", "serving", "truth", "workloads"):
         assert f"bastion/sim/{module}.py" in names
+    for module in ("__init__", "config", "executors", "reports/__init__", "reports/generic"):
+        assert f"bastion/sim/experiments/{module}.py" in names  # a package since issue 19
     for data in (
         "sim/truths/hf-eager.toml",
         "workloads/qwen3-8b-math.toml",

@@ -210,13 +210,13 @@ def test_interrupted_experiment_resumes_without_recomputing(
             raise KeyboardInterrupt  # the second run is interrupted
         return real(run)
 
-    monkeypatch.setattr(experiments, "execute", flaky)
+    monkeypatch.setattr(experiments.worker, "execute", flaky)  # where the executors look it up
     with pytest.raises(KeyboardInterrupt):
         experiments.run_all(runs, store, "serial")
     assert len(list(tmp_path.glob("*.json"))) == 1  # the finished run; nothing half-written
     assert not list(tmp_path.glob(".*"))
     calls.clear()
-    monkeypatch.setattr(experiments, "execute", real)
+    monkeypatch.setattr(experiments.worker, "execute", real)
     rows = experiments.run_all(runs, store, "serial")
     assert len(rows) == 3 * 2  # AR + chain per run
     reference = experiments.run_all(runs, RunStore(tmp_path / "fresh"), "serial")

@@ -17,7 +17,7 @@ MAX_BATCH = 4096  # requests in one priced pass (`cost --batch`)
 MAX_REPEATS = 1000
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     if text.count(",") > 2 * MAX_LIST:
         raise argparse.ArgumentTypeError(f"expected at most {MAX_LIST} integers, got {text[:80]!r}")
     try:
@@ -46,7 +46,7 @@ def _common(p: argparse.ArgumentParser, required: bool = True) -> None:
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("cost", help="predicted verification latency and its breakdown")
     _common(p)
-    p.add_argument("--tokens", type=_int_list, default=[1, 16, 64, 256], help="e.g. 1,16,64")
+    p.add_argument("--tokens", type=int_list, default=[1, 16, 64, 256], help="e.g. 1,16,64")
     p.add_argument("--context", type=int, default=1024, help="tokens already cached")
     p.add_argument("--batch", type=int, default=1, help="requests in the pass (same s, c)")
     p.add_argument(
@@ -73,10 +73,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--target", help="Hugging Face model directory: calibrate on the real device")
     p.add_argument("--device", default="cpu", help="with --target: cpu | cuda | cuda:N")
     p.add_argument("--backend", default="synthetic", help="verification backend to time")
-    p.add_argument("--tokens", type=_int_list, help="token grid (default: the paper's 14)")
-    p.add_argument("--contexts", type=_int_list, help="context grid (default: 64,256,1024)")
+    p.add_argument("--tokens", type=int_list, help="token grid (default: the paper's 14)")
+    p.add_argument("--contexts", type=int_list, help="context grid (default: 64,256,1024)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--tiles", type=_int_list, default=None, help="tile candidates, e.g. 64,128")
+    p.add_argument("--tiles", type=int_list, default=None, help="tile candidates, e.g. 64,128")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--refit", action="store_true", help="ignore a stored record")
     p.add_argument("--json", action="store_true")

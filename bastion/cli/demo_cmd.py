@@ -70,7 +70,7 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
     if args.record_traces:
         check_output_dir(args.record_traces, "--record-trace")
     from bastion.demo.run import DEMO_POLICIES  # torch-free at import
-    from bastion.policies import make_policy, split_policy_specs
+    from bastion.policies import policy_labels, split_policy_specs
 
     policies = tuple(p for group in args.policy for p in split_policy_specs(group))
     if args.policy and not policies:
@@ -78,8 +78,7 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
     policies = policies or DEMO_POLICIES
     if policies[0] != "ar":
         policies = ("ar", *[p for p in policies if p != "ar"])
-    for spec in policies:
-        make_policy(spec)  # an unknown or malformed spec fails here, before any model loads
+    policy_labels(policies)  # an unknown, malformed or repeated spec fails here, before loading
     _need_torch()
     from bastion.demo.run import load_prompts, run_demo
 

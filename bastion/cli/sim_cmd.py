@@ -164,8 +164,10 @@ def run_experiment(args: argparse.Namespace) -> int:
     config = experiments.resolve_config(args.config or args.name)
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers must be ≥ 1; got {args.workers}")
-    if not args.connect_timeout > 0:
-        raise ConfigError(f"--connect-timeout must be > 0 seconds; got {args.connect_timeout}")
+    if not 0 < args.connect_timeout < float("inf"):
+        raise ConfigError(
+            f"--connect-timeout must be a finite number > 0 (seconds); got {args.connect_timeout}"
+        )
     if args.address and args.executor != "ray":
         raise ConfigError("--address is for --executor ray (a Ray cluster)")
     out = Path(args.out)

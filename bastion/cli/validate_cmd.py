@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from bastion.cli.cost_cmd import MAX_VALUE, _int_list
+from bastion.cli.cost_cmd import MAX_VALUE, int_list
 
 
 def register(subparsers: Any) -> None:
@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gpu", required=True, help="hardware profile name or path to a .toml")
     p.add_argument(
         "--calibrate-on",
-        type=_int_list,
+        type=int_list,
         default=None,
         help="token counts to calibrate on (default 1,16,64,128,256,512,1024)",
     )

@@ -418,11 +418,13 @@ class RooflineCostModel:
             # The calibration reads only Σ_op of each branch, affine in the features: one
             # matrix-vector product each instead of the [len, ops] per-operator matrices.
             x = pricer.features(shape)
-            memory_s = (pricer._b0.sum() + x @ pricer._b.sum(axis=1)) / pricer._bw
+            b0, b = pricer.nbytes
+            memory_s = (b0.sum() + x @ b.sum(axis=1)) / pricer.byte_rate
             if self._tiled is not None:
                 pricer = self._pricer(masked, tiled=True)
                 x = pricer.features(shape)
-            compute_s = (pricer._f0.sum() + x @ pricer._f.sum(axis=1)) / pricer._peak
+            f0, f = pricer.flops
+            compute_s = (f0.sum() + x @ f.sum(axis=1)) / pricer.flop_rate
             cal_s = np.asarray(self.calibration.predict(compute_s, memory_s), dtype=np.float64)
             return self._correct(cal_s, cal_s)  # these modes never read the bare branch
 
@@ -470,27 +472,30 @@ class RooflineCostModel:
         """
         inc = np.array([1.0, 0.0, c_min + 3.0, 1.0, c_min + 3.0, 0.0])  # the feature order
         pricer = self._pricer(True, tiled=False)
-        if np.any(pricer._f < 0) or np.any(pricer._b < 0):
+        (f0, f), (b0, b) = pricer.flops, pricer.nbytes
+        peak, bw = pricer.flop_rate, pricer.byte_rate
+        if np.any(f < 0) or np.any(b < 0):
             return 0.0
         x = pricer.features(end)[0]
         if self.mode in ("bare", "ema") or self.calibration is None:
-            compute = (pricer._f0 + x @ pricer._f) / pricer._peak  # per operator
-            memory = (pricer._b0 + x @ pricer._b) / pricer._bw
-            op_rise_c, op_rise_m = inc @ pricer._f / pricer._peak, inc @ pricer._b / pricer._bw
+            compute = (f0 + x @ f) / peak  # per operator
+            memory = (b0 + x @ b) / bw
+            op_rise_c, op_rise_m = inc @ f / peak, inc @ b / bw
             step = float(np.where(compute >= memory, op_rise_c, op_rise_m).sum())
         else:
             cal = self.calibration
             if cal.compute.alpha < 0 or cal.memory.alpha < 0:
                 return 0.0
-            memory_s = float(pricer._b0.sum() + x @ pricer._b.sum(axis=1)) / pricer._bw
-            rise_m = float(inc @ pricer._b.sum(axis=1)) / pricer._bw
+            memory_s = float(b0.sum() + x @ b.sum(axis=1)) / bw
+            rise_m = float(inc @ b.sum(axis=1)) / bw
             if self._tiled is not None:
                 pricer = self._pricer(True, tiled=True)
-                if np.any(pricer._f < 0):
+                (f0, f), peak = pricer.flops, pricer.flop_rate
+                if np.any(f < 0):
                     return 0.0
                 x = pricer.features(end)[0]
-            compute_s = float(pricer._f0.sum() + x @ pricer._f.sum(axis=1)) / pricer._peak
-            rise_c = float(inc @ pricer._f.sum(axis=1)) / pricer._peak
+            compute_s = float(f0.sum() + x @ f.sum(axis=1)) / peak
+            rise_c = float(inc @ f.sum(axis=1)) / peak
             branch_c = float(cal.compute.alpha * compute_s + cal.compute.beta)
             branch_m = float(cal.memory.alpha * memory_s + cal.memory.beta)
             rises: list[float] = []

@@ -64,7 +64,7 @@ import numpy.typing as npt
 
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
-from bastion.cost.roofline import RooflineOptions, _gemm_dims, verify_pass
+from bastion.cost.roofline import RooflineOptions, gemm_dims, verify_pass
 from bastion.errors import ConfigError
 
 __all__ = [
@@ -314,7 +314,7 @@ class KernelPricer:
         self.device = KernelDevice.of(hw, opt.dtype)
         self.tokens = t = np.asarray(tokens, dtype=np.float64)
         self._roof = verify_pass(model, hw, [(t, context)], opt)
-        self._dims = _gemm_dims(model, opt)
+        self._dims = gemm_dims(model, opt)
         self.names = tuple(op.name for op in self._roof.operators)
 
     def seconds(

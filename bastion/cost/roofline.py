@@ -45,6 +45,7 @@ __all__ = [
     "ar_step",
     "drafter_pass",
     "experts_touched",
+    "gemm_dims",
     "price_pass",
     "verify_pass",
     "weight_bytes",
@@ -428,7 +429,7 @@ def _price(
     return tuple(out)
 
 
-def _gemm_dims(model: ModelSpec, opt: RooflineOptions) -> dict[str, tuple[int, int]]:
+def gemm_dims(model: ModelSpec, opt: RooflineOptions) -> dict[str, tuple[int, int]]:
     """(k_in, n_out) of every dense GEMM of a target pass, by operator name."""
     h, hq, hkv = model.hidden, model.h_q, model.h_kv
     dims = {"o_proj": (hq, h), "lm_head": (h, model.vocab)}
@@ -479,7 +480,7 @@ def price_pass(
     _check_layers(model)
     raws = _pass_raws(model, shape, opt, masked)
     tokens = _pad(shape.tokens, opt.tile_tokens)
-    priced = _price(raws, hw, opt, tokens, _gemm_dims(model, opt))
+    priced = _price(raws, hw, opt, tokens, gemm_dims(model, opt))
     return RooflineBreakdown(priced, meta={"layers": float(model.layers)})
 
 
@@ -557,9 +558,32 @@ class LinearPricer:
         self.names = tuple(r[0][0] for r in raws)
         self._f0, self._f = f_mat[:, 0], (f_mat[:, 1:] - f_mat[:, :1]).T  # [ops], [6, ops]
         self._b0, self._b = b_mat[:, 0], (b_mat[:, 1:] - b_mat[:, :1]).T
+        for a in (self._f0, self._f, self._b0, self._b):
+            a.flags.writeable = False  # shared with readers of .flops / .nbytes
         self._peak = hw.peak_flops(opt.dtype) * hw.compute_efficiency
         self._bw = hw.memory_bandwidth * hw.memory_efficiency
         self.launch_s = np.array(kernels, dtype=np.float64) * hw.launch_overhead_s  # [ops]
+
+    @property
+    def flops(self) -> tuple[Array, Array]:
+        """Per-operator FLOPs as (constant [ops], per feature [6, ops]): a pass of features x
+        (:meth:`features`) does ``constant + x @ per_feature`` FLOPs per operator. Read-only."""
+        return self._f0, self._f
+
+    @property
+    def nbytes(self) -> tuple[Array, Array]:
+        """Per-operator bytes moved, as :attr:`flops` (constant, per feature). Read-only."""
+        return self._b0, self._b
+
+    @property
+    def flop_rate(self) -> float:
+        """The FLOP/s a pass achieves: the profile's peak at the dtype × compute efficiency."""
+        return float(self._peak)
+
+    @property
+    def byte_rate(self) -> float:
+        """The bytes/s a pass achieves: memory bandwidth × memory efficiency."""
+        return float(self._bw)
 
     def features(self, shape: PassShape) -> Array:
         """[..., 6] features of ``shape`` (whose fields may be arrays over N)."""

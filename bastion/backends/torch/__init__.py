@@ -5,7 +5,8 @@
                         per-request acceptance and KV compaction in a batched cache
 - :mod:`.dflash_format` the DFlash checkpoint format: config layouts, key names, read/write
 - :mod:`.drafter`       the DFlash block-diffusion drafter, every request of a step in one pass
-- :mod:`.timing`        device-synchronised clock, the timing hooks, the real-run cost models
+- :mod:`.clock`         the device-synchronised wall clock
+- :mod:`.timing`        the timing hooks (timers of real passes), the real-run cost models
 - :mod:`.calibrate`     calibration records of the target (roofline) and the drafter (T_draft)
 - :mod:`.runner`        loading models; continuous batching over :meth:`SpecEngine.step`
 - :mod:`.hf`            ``speculative_generate``: a drop-in for ``model.generate``

@@ -1,7 +1,7 @@
-"""Device-synchronised wall clock, the calibration hooks, and the small real-backend cost models.
+"""The calibration hooks (timers of real passes) and the small real-backend cost models.
 
-``device_clock(device)`` returns a clock that waits for the device's queued work before reading
-``time.perf_counter`` (a no-op on CPU), so stage times measure work, not kernel launches.
+``Clock`` and ``device_clock`` (the device-synchronised wall clock) live in :mod:`.clock` and
+are re-exported here.
 
 ``verify_timer(model)(s, c)`` times one real tree-verification pass of ``s`` tokens over a
 context of ``c`` tokens: the cost model's profiling sweep (``bastion.cost``) consumes it as its
@@ -24,7 +24,6 @@ What this module does not do: fit the roofline cost model or cache records (see
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,9 @@ import torch
 from bastion.cost.costmodel import check_tree_size
 from bastion.errors import BudgetError, ConfigError
 from bastion.interfaces import CostCurve, CostModel, StepCost, StepLoad
+
+from .clock import Clock, device_clock
+from .verifier import TargetFeedback, TorchVerifier
 
 __all__ = [
     "AffineCostModel",
@@ -51,21 +53,6 @@ __all__ = [
     "with_draft_timing",
 ]
 
-Clock = Callable[[], float]
-
-
-def device_clock(device: torch.device | str) -> Clock:
-    """A clock in seconds that synchronises ``device`` first (CUDA); plain perf_counter on CPU."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-
-        def clock() -> float:
-            torch.cuda.synchronize(dev)
-            return time.perf_counter()
-
-        return clock
-    return time.perf_counter
-
 
 def verify_timer(
     model: Any, *, repeats: int = 3, warmup: int = 1, seed: int = 0
@@ -75,8 +62,6 @@ def verify_timer(
     from transformers import DynamicCache
 
     from bastion.tree import DraftTree
-
-    from .verifier import TorchVerifier
 
     verifier = TorchVerifier(model)
     vocab = int(model.config.vocab_size)
@@ -92,12 +77,12 @@ def verify_timer(
         times = []
         with torch.no_grad():
             cache = DynamicCache(config=model.config)
-            verifier._forward(ctx, cache)
+            verifier.forward(ctx, cache)
             mask, pos = verifier.tree_mask(tree, c)
             ids = torch.from_numpy(tree.tokens.copy()).to(device)[None]
             for i in range(warmup + repeats):
                 t0 = verifier.clock()
-                verifier._forward(ids, cache, pos, mask)
+                verifier.forward(ids, cache, pos, mask)
                 t1 = verifier.clock()
                 cache.crop(-s)
                 if i >= warmup:
@@ -239,8 +224,6 @@ def drafter_timer(
     with ``c`` context tokens each (random features; each timed pass also appends two tokens of
     feedback per request, as a decoding step does). Uses request ids < 0 and releases them."""
     from bastion.batch import StepRequests
-
-    from .verifier import TargetFeedback
 
     gen = torch.Generator().manual_seed(seed)
     width = len(drafter.cfg.target_layer_ids) * drafter.cfg.hidden_size

@@ -54,8 +54,8 @@ from bastion.errors import BackendError, BudgetError, ConfigError
 from bastion.interfaces import VerifyResult
 from bastion.tree import DraftTree, ancestor_matrix
 
+from .clock import Clock, device_clock
 from .sampling import SamplingParams, sample_token
-from .timing import Clock, device_clock
 
 __all__ = ["TargetFeedback", "TorchVerifier", "VerifyTiming", "check_croppable"]
 
@@ -197,13 +197,16 @@ class TorchVerifier:
 
     # ---------------------------------------------------------------- model access
 
-    def _forward(
+    def forward(
         self,
         input_ids: torch.Tensor,
         cache: Any,
         position_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> Any:
+        """One target forward pass over ``input_ids`` appended to ``cache`` (the model's output,
+        hidden states of the tapped layers included). No bookkeeping: what the verifier and the
+        timers (:mod:`.timing`) build on."""
         kwargs: dict[str, Any] = {self._cache_kw: cache}
         return self.model(
             input_ids=input_ids,
@@ -294,7 +297,7 @@ class TorchVerifier:
         self.release(request_id)
         cache = DynamicCache(config=self.config)
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.device)
-        out = self._forward(ids, cache)
+        out = self.forward(ids, cache)
         check_croppable(cache)
         self._admit(request_id, cache, len(prompt_ids))
         first = self._choose(out.logits[0, -1])
@@ -396,7 +399,7 @@ class TorchVerifier:
         length = self.cache_length()
         tokens, mask, positions = self.batch_mask(rows, tree_list)
         t1 = self.clock()
-        out = self._forward(tokens, self._cache, positions, mask)
+        out = self.forward(tokens, self._cache, positions, mask)
         t2 = self.clock()
         logits = out.logits
         if self.sampling.greedy and type(self).accept is TorchVerifier.accept:

@@ -1,0 +1,32 @@
+"""The device-synchronised wall clock every real-backend timing reads.
+
+``device_clock(device)`` returns a clock that waits for the device's queued work before reading
+``time.perf_counter`` (a no-op on CPU), so stage times measure work, not kernel launches.
+
+What this module does not do: time anything itself (the verifier, the runner and
+:mod:`.timing` do).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["Clock", "device_clock"]
+
+Clock = Callable[[], float]
+
+
+def device_clock(device: torch.device | str) -> Clock:
+    """A clock in seconds that synchronises ``device`` first (CUDA); plain perf_counter on CPU."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+
+        def clock() -> float:
+            torch.cuda.synchronize(dev)
+            return time.perf_counter()
+
+        return clock
+    return time.perf_counter

@@ -1,0 +1,155 @@
+"""What a run is, and its key: a hash of everything that determines its numbers.
+
+A *run* is one :class:`bastion.sim.simulate.SimSpec` as a JSON-able dict (``run["spec"]``), the
+tags it is recorded with (``run["tags"]``: the experiment's name), and its *key*
+(``run["key"]``, :func:`run_key`): a hash of the spec, the tags and :func:`fingerprint` — the
+*contents* behind every name the spec gives (hardware profile, model, workload, truth and
+arrivals files, plug-in policy sources, a profiled cost model's table) and the bastion version.
+The run store (:class:`bastion.sim.results.RunStore`) files finished runs by this key, so an
+interrupted experiment resumes where it stopped and a changed input is never served from a stale
+record.
+
+What this module does not do: execute runs (:mod:`.executors`) or read configs (:mod:`.config`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from bastion.sim.results import package_version, spec_key
+from bastion.sim.simulate import SimSpec
+
+__all__ = [
+    "Row",
+    "Run",
+    "file_digest",
+    "fingerprint",
+    "installed",
+    "is_path",
+    "make_run",
+    "run_key",
+]
+
+Run = dict[str, Any]
+Row = dict[str, Any]
+
+REPO = Path(__file__).resolve().parents[2]  # a checkout's root (sim/experiments/ is two below)
+
+
+def _data(obj: Any) -> Any:
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return asdict(obj)
+    return repr(obj)
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, or of every file under a directory (names and bytes)."""
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for p in files:
+        h.update(str(p.relative_to(path) if path.is_dir() else p.name).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def is_path(value: str) -> bool:
+    """A grid value that names a file (a separator, or a .toml/.json/.py suffix), not a name."""
+    return os.sep in value or "/" in value or value.endswith((".toml", ".json", ".py"))
+
+
+def _policy_source(spec: str) -> str | None:
+    """The digest of a plug-in policy's source file (None for built-ins and installed code)."""
+    from bastion.policies import make_policy
+
+    path, sep, _ = spec.partition(".py:")
+    if sep:
+        return file_digest(Path(path + ".py"))
+    if ":" not in spec:
+        return None
+    module = sys.modules.get(type(make_policy(spec)).__module__)
+    file = getattr(module, "__file__", None)
+    if file is None or installed(Path(file)):
+        return None
+    return file_digest(Path(file))
+
+
+def installed(path: Path) -> bool:
+    """Code that ships with an installation (the bastion package, site-packages)."""
+    parts = set(path.resolve().parts)
+    inside = path.resolve().is_relative_to(REPO / "bastion") or path.resolve().is_relative_to(
+        REPO / "sim"
+    )
+    return inside or "site-packages" in parts or "dist-packages" in parts
+
+
+def _source_of(policy: str) -> Callable[[], str | None]:
+    return lambda: _policy_source(policy)
+
+
+def fingerprint(spec: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None = None) -> Any:
+    """What a run reads besides its spec: the contents behind every name it gives."""
+    from bastion.cost.hardware import get_profile, profile_to_dict
+    from bastion.cost.models import get_model
+    from bastion.sim.truth import get_truth
+    from bastion.sim.workloads import get_workload
+
+    memo = {} if memo is None else memo
+
+    def once(kind: str, value: str, make: Callable[[], Any]) -> Any:
+        if (kind, value) not in memo:
+            memo[(kind, value)] = make()
+        return memo[(kind, value)]
+
+    def workload() -> Any:
+        path = Path(spec["workload"])
+        if path.suffix == ".json" or path.is_dir():
+            return file_digest(path)
+        return _data(get_workload(spec["workload"]))
+
+    return {
+        "bastion_version": package_version(),
+        "gpu": once("gpu", spec["gpu"], lambda: profile_to_dict(get_profile(spec["gpu"]))),
+        "model": once("model", spec["model"], lambda: _data(get_model(spec["model"]))),
+        "workload": once("workload", spec["workload"], workload),
+        "truth": once("truth", str(spec["truth"]), lambda: _data(get_truth(spec["truth"]))),
+        "arrivals": (
+            once("arrivals", spec["arrivals"], lambda: file_digest(Path(spec["arrivals"])))
+            if spec.get("arrivals")
+            else None
+        ),
+        "policies": [once("policy", p, _source_of(p)) for p in spec["policies"]],
+        "cost_table": (  # a profiled cost model's measured table
+            once("cost", spec["cost_mode"], lambda: file_digest(Path(_table_of(spec))))
+            if str(spec.get("cost_mode", "")).startswith("profiled:")
+            else None
+        ),
+    }
+
+
+def _table_of(spec: Mapping[str, Any]) -> str:
+    from bastion.cost.profiled import split_profiled
+
+    profiled = split_profiled(str(spec["cost_mode"]))
+    assert profiled is not None
+    return profiled[1]
+
+
+def run_key(run: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None = None) -> str:
+    """The run's cache key: a hash of its spec, tags and :func:`fingerprint`."""
+    return spec_key(
+        {"spec": run["spec"], "tags": run.get("tags", {}), "inputs": fingerprint(run["spec"], memo)}
+    )
+
+
+def make_run(tags: Mapping[str, Any] | None = None, **spec: Any) -> Run:
+    """A run: the SimSpec fields (defaults filled in) as a JSON-able dict, with its key."""
+    base = SimSpec(**spec).to_dict()
+    run: Run = {"spec": base, "tags": dict(tags or {})}
+    run["key"] = run_key(run)
+    return run

@@ -1,0 +1,76 @@
+"""Executing one run: top-level and picklable, so process pools and Ray workers can call it.
+
+:func:`execute` simulates one run (shipped paths remapped and its ``python_path`` put on
+``sys.path`` first, as a Ray worker needs) and returns its records; :func:`records_of` tags a
+simulation's records with the run's spec as the user wrote it, its key, its tags and the
+bastion version.
+
+What this module does not do: schedule runs (:mod:`.executors`) or store them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from bastion.sim.results import SPEC_COLUMNS, package_version
+from bastion.sim.simulate import SimSpec, SimulationResult, simulate
+
+from .runs import Row, Run
+
+__all__ = ["execute", "records_of"]
+
+
+def _spec(spec: Mapping[str, Any]) -> SimSpec:
+    """A run's spec (a JSON-able dict) as a SimSpec."""
+    d = dict(spec)
+    d["policies"] = tuple(d["policies"])
+    return SimSpec(**d)
+
+
+def _remapped(spec: Mapping[str, Any], remap: Mapping[str, str]) -> dict[str, Any]:
+    """``spec`` with its file paths replaced by their shipped copies (Ray workers)."""
+    d = dict(spec)
+    for key in ("model", "gpu", "workload", "truth", "arrivals"):
+        if isinstance(d.get(key), str) and d[key] in remap:
+            d[key] = remap[d[key]]
+    policies = []
+    for p in d["policies"]:
+        path, sep, rest = p.partition(".py:")
+        policies.append(remap[path + ".py"] + ":" + rest if sep and path + ".py" in remap else p)
+    d["policies"] = policies
+    return d
+
+
+def execute(run: Run) -> tuple[list[Row], list[Row]]:
+    """Run one spec: (one record per policy, one row per policy and request), each tagged with
+    the run's spec, key, experiment and the bastion version that computed it."""
+    for entry in run.get("python_path", ()):
+        path = os.path.abspath(entry)
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    spec = _spec(_remapped(run["spec"], run.get("remap", {})))
+    return records_of(simulate(spec), run)
+
+
+def records_of(result: SimulationResult, run: Mapping[str, Any]) -> tuple[list[Row], list[Row]]:
+    """A simulation's records (:data:`sim.results.RECORD_COLUMNS`) and per-request rows, with
+    the run's spec as given (``run["spec"]``), its key, tags and the bastion version."""
+    given = run["spec"]  # recorded as the user wrote it, not as shipped to a worker
+    tags = run.get("tags", {})
+    head = {"experiment": tags.get("experiment", ""), **{c: given.get(c) for c in SPEC_COLUMNS}}
+    tail = {
+        "run_key": run.get("key", ""),
+        "bastion_version": package_version(),
+        **{k: v for k, v in tags.items() if k != "experiment"},
+    }
+    calib = {
+        "calib_rmse_bare_ms": result.calibration_rmse_bare_s * 1e3,
+        "calib_rmse_ms": result.calibration_rmse_calibrated_s * 1e3,
+    }
+    rows = [{**head, **asdict(r), **calib, **tail} for r in result.rows]
+    requests = [{**head, **q, **tail} for q in result.request_rows()]
+    return rows, requests
