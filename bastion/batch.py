@@ -34,7 +34,14 @@ import numpy.typing as npt
 from bastion.errors import MarginalsError
 from bastion.tree import DraftMarginals, DraftTree
 
-__all__ = ["BatchMarginals", "BatchVerifyResult", "StepRequests", "TreeBatch", "VerifyResult"]
+__all__ = [
+    "BatchMarginals",
+    "BatchVerifyResult",
+    "StepRequests",
+    "TreeBatch",
+    "VerifyResult",
+    "chain_batch",
+]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -280,3 +287,39 @@ class BatchVerifyResult:
         tokens = [t for r in results for t in (*r.accepted_tokens, r.bonus_token)]
         nodes = [n for r in results for n in r.accepted_nodes[1:]]
         return cls(lens, _ints(tokens), _ints(nodes), tuple(r.feedback for r in results) or None)
+
+
+def chain_batch(marginals: BatchMarginals, depth: int | None = None) -> TreeBatch:
+    """Every request's top-1 path (the chain) of at most ``depth`` positions (all if None), each
+    stopping at its first zero marginal; root tokens −1."""
+    full = marginals.probs.shape[1]
+    d = full if depth is None else min(depth, full)
+    p = marginals.probs[:, :d, 0]
+    b = p.shape[0]
+    scores = np.empty((b, d + 1))
+    scores[:, 0] = 1.0
+    np.cumprod(p, axis=1, out=scores[:, 1:])
+    tokens = np.empty((b, d + 1), np.int64)
+    tokens[:, 0] = -1
+    tokens[:, 1:] = marginals.token_ids[:, :d, 0]
+    if p.all():  # no zero marginal: every chain is full length, one shape
+        offsets, parents, depths, ranks = _chain_shape(b, d)
+        return TreeBatch(offsets, parents, tokens.ravel(), depths, scores.ravel(), ranks)
+    keep = np.ones((b, d + 1), bool)  # a chain stops at its first zero marginal
+    np.cumprod(p > 0.0, axis=1, out=keep[:, 1:])
+    depths = np.broadcast_to(np.arange(d + 1), keep.shape)[keep]
+    offsets = np.zeros(b + 1, np.int64)
+    np.cumsum(keep.sum(axis=1), out=offsets[1:])
+    ranks = np.where(depths == 0, -1, 0)
+    return TreeBatch(offsets, depths - 1, tokens[keep], depths, scores[keep], ranks)
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_shape(batch: int, depth: int) -> tuple[npt.NDArray[np.int64], ...]:
+    """(offsets, parents, depths, ranks) of ``batch`` full chains of ``depth`` nodes + root."""
+    offsets = np.arange(0, batch * (depth + 1) + 1, depth + 1, dtype=np.int64)
+    depths = np.tile(np.arange(depth + 1, dtype=np.int64), batch)
+    arrays = (offsets, depths - 1, depths, np.where(depths == 0, -1, 0))
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from bastion.batch import BatchMarginals, TreeBatch
+from bastion.batch import BatchMarginals, TreeBatch, chain_batch
 from bastion.bestfirst import best_first
 from bastion.errors import BudgetError
 from bastion.interfaces import BatchChoice, BatchPolicyContext, CostCurve, CostModel
@@ -243,9 +243,7 @@ class LearningPolicy:
         c_chain = learner.mode_cycle("chain", contexts, depth)
         s_chain = a_chain * ar_s / c_chain
         if s_chain > s_tree and not explore:  # an exploring step keeps its tree
-            from bastion.policies import ChainPolicy
-
-            chain = ChainPolicy().choose_batch(cal, context).trees
+            chain = chain_batch(cal)
             learner.decided("chain", b, int(chain.offsets[-1]), c_chain, self.decide_every)
             why = ControllerChoice("chain", s_chain, s_tree, s_chain, c_chain, diag)
             return BatchChoice(chain, why, kind="chain")
@@ -265,9 +263,7 @@ class LearningPolicy:
         kind, total, cycle = again
         nan = float("nan")
         if kind == "chain":
-            from bastion.policies import ChainPolicy
-
-            trees = ChainPolicy().choose_batch(cal, context).trees
+            trees = chain_batch(cal)
         elif cal.probs.shape[0] == 1:
             row = cal.row(0)
             trees = TreeBatch.from_trees([tree_from_arrays(best_first(row.probs, total), row)])

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bastion.batch import BatchMarginals, TreeBatch
+from bastion.batch import BatchMarginals, TreeBatch, chain_batch
 from bastion.bestfirst import best_first_flat
 from bastion.budget import ControllerMode, choose_tree
 from bastion.engine import PerRequestPolicy
@@ -188,40 +188,7 @@ class ChainPolicy:
 
     def choose_batch(self, marginals: BatchMarginals, context: BatchPolicyContext) -> BatchChoice:
         """Every request's top-1 path at once (each stops at its first zero marginal)."""
-        full = marginals.probs.shape[1]
-        d = full if self.depth is None else min(self.depth, full)
-        p = marginals.probs[:, :d, 0]
-        b = p.shape[0]
-        scores = np.empty((b, d + 1))
-        scores[:, 0] = 1.0
-        np.cumprod(p, axis=1, out=scores[:, 1:])
-        tokens = np.empty((b, d + 1), np.int64)
-        tokens[:, 0] = -1
-        tokens[:, 1:] = marginals.token_ids[:, :d, 0]
-        if p.all():  # no zero marginal: every chain is full length, one shape
-            offsets, parents, depths, ranks = _chain_shape(b, d)
-            return BatchChoice(
-                TreeBatch(offsets, parents, tokens.ravel(), depths, scores.ravel(), ranks)
-            )
-        keep = np.ones((b, d + 1), bool)  # a chain stops at its first zero marginal
-        np.cumprod(p > 0.0, axis=1, out=keep[:, 1:])
-        depths = np.broadcast_to(np.arange(d + 1), keep.shape)[keep]
-        offsets = np.zeros(b + 1, np.int64)
-        np.cumsum(keep.sum(axis=1), out=offsets[1:])
-        ranks = np.where(depths == 0, -1, 0)
-        trees = TreeBatch(offsets, depths - 1, tokens[keep], depths, scores[keep], ranks)
-        return BatchChoice(trees)
-
-
-@functools.lru_cache(maxsize=64)
-def _chain_shape(batch: int, depth: int) -> tuple[npt.NDArray[np.int64], ...]:
-    """(offsets, parents, depths, ranks) of ``batch`` full chains of ``depth`` nodes + root."""
-    offsets = np.arange(0, batch * (depth + 1) + 1, depth + 1, dtype=np.int64)
-    depths = np.tile(np.arange(depth + 1, dtype=np.int64), batch)
-    arrays = (offsets, depths - 1, depths, np.where(depths == 0, -1, 0))
-    for a in arrays:
-        a.flags.writeable = False
-    return arrays
+        return BatchChoice(chain_batch(marginals, self.depth))
 
 
 @dataclass(frozen=True)
