@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 EXPLORE_COST = 1.5  # an exploring step verifies the largest size at most this many times as dear
-DECIDE_EVERY = 1  # the default: a full decision every drafted step
+DECIDE_EVERY = 8  # the default: an agreeing batched decision stands for up to 8 steps
 
 
 def _flat_until(added: int) -> Callable[[npt.NDArray[np.int64]], CostCurve]:
@@ -173,7 +173,7 @@ class LearningPolicy:
     """``bastion``: AR, the chain or a best-first tree, whichever the measured cycles favour."""
 
     n_max: int = 1024
-    decide_every: int = DECIDE_EVERY  # a decision stands for at most so many drafted steps
+    decide_every: int = DECIDE_EVERY  # a batched decision stands for at most so many steps
     uses_cost_model = True
     learns = True  # the engine gives it a LearnedCostModel and reports every step to it
 
@@ -203,7 +203,8 @@ class LearningPolicy:
         cal = learner.acceptance.calibrate(marginals)
         contexts = req.context_lens
         explore = learner.explore_now()
-        again = None if explore else learner.repeat_decision(b)
+        # at batch 1 every step decides: the decision is cheap and the step's own Â matters most
+        again = None if explore or b == 1 else learner.repeat_decision(b)
         if again is not None:
             return self._repeat(again, cal, context)
         if b == 1:

@@ -125,10 +125,9 @@ def controller_constants(repeats: int) -> dict[str, float]:
             repeat.append(1e-6 * r["repeat_us"])
             cols.append([1.0, float(b)])
     step, request = fit(cols, decide)
-    if np.isfinite(single_repeat) and all(np.isfinite(repeat)):
-        step_r, request_r = fit(cols, repeat)
-    else:  # no step repeated a decision at some batch size: not measured (charged as decisions)
-        single_repeat, step_r, request_r = -1.0, -1.0, -1.0
+    # −1: not measured (no step repeated a decision — at batch 1 none does): charged as one
+    single_repeat = single_repeat if np.isfinite(single_repeat) else -1.0
+    step_r, request_r = fit(cols, repeat) if all(np.isfinite(repeat)) else (-1.0, -1.0)
     return {
         "controller_single_s": single,
         "controller_step_s": step,

@@ -148,7 +148,7 @@ def chi_square_p(samples: np.ndarray, probs: np.ndarray) -> float:
         ("fixed:10", 1),
         ("fixed:10", 4),
         ("bastion:paper,32", 4),
-        ("bastion:32,every=3", 1),
+        ("bastion:32", 4),  # the learning controller, decisions repeated between (every=8)
     ],
 )
 def test_sampling_matches_target_distribution(target, policy, batch) -> None:
