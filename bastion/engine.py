@@ -50,6 +50,7 @@ from bastion.interfaces import (
     Verifier,
     VerifyResult,
 )
+from bastion.records import delivered_counts
 from bastion.tree import DraftMarginals, DraftTree
 
 __all__ = [
@@ -140,10 +141,14 @@ class GenerationResult:
     output_ids: list[int]  # generated tokens only (prompt excluded), EOS included if produced
     steps: list[StepRecord] = field(default_factory=list)
     decode_s: float = 0.0  # time from the first draft to the last commit
+    # per step: tokens received (bonus included; a step cut by max_new_tokens or EOS counts only
+    # what it delivered, see bastion.records) and the draft tokens among them
+    delivered: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
 
     @property
     def acceptance_lengths(self) -> list[int]:
-        return [s.committed_len for s in self.steps]
+        return list(self.delivered)
 
     @property
     def tau(self) -> float:
@@ -398,6 +403,9 @@ class SpecEngine:
             if eos_token_id is not None and eos_token_id in new:
                 new = new[: new.index(eos_token_id) + 1]
             new = new[: max_new_tokens - len(out)]
+            delivered, accepted = delivered_counts(rec.committed_len, len(new))
+            result.delivered.append(delivered)
+            result.accepted.append(accepted)
             out.extend(new)
             committed.extend(new)
             feedback = rec.result.feedback

@@ -33,6 +33,7 @@ from bastion.errors import ConfigError
 from bastion.interfaces import CostModel
 from bastion.learned import LearnedCostModel
 from bastion.policies import make_policy, policy_label
+from bastion.records import acceptance_stats
 from bastion.sim.arrivals import Arrival, poisson_arrivals, read_arrivals
 from bastion.sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
 from bastion.sim.latency import latency_summary
@@ -204,21 +205,11 @@ class PolicyResult:
 
 
 def acceptance(r: ServingResult) -> dict[str, Any]:
-    """Draft acceptance of a run: the rate (accepted draft tokens / drafted nodes, the root — the
-    previous step's bonus token — not counted, over every step with a draft) and, per draft
-    position d = 1, 2, …, the share of those steps whose accepted path reached depth d (position
-    1's share is the first draft token's acceptance rate). NaN and () for AR (no draft)."""
-    committed = np.array([c for q in r.requests for c in q.committed], dtype=np.int64)
-    sizes = np.array([s for q in r.requests for s in q.tree_sizes], dtype=np.int64)
-    drafted = sizes > 1  # a tree of N nodes counts its root
-    if committed.size != sizes.size or not drafted.any():
-        return {"acceptance_rate": float("nan"), "acceptance_by_position": ()}
-    accepted = committed[drafted] - 1  # the bonus token is not a draft token
-    depth = int(accepted.max())
-    return {
-        "acceptance_rate": float(accepted.sum() / (sizes[drafted] - 1).sum()),
-        "acceptance_by_position": tuple(float(np.mean(accepted >= d)) for d in range(1, depth + 1)),
-    }
+    """Draft acceptance of a run (:func:`bastion.records.acceptance_stats` over every request's
+    steps: accepted draft tokens delivered, tree sizes)."""
+    return acceptance_stats(
+        [a for q in r.requests for a in q.accepted], [s for q in r.requests for s in q.tree_sizes]
+    )
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from bastion.interfaces import (
     TreePolicy,
 )
 from bastion.policies import make_policy
+from bastion.records import delivered_counts
 from bastion.trace import Trace, TraceStep, write_trace
 from bastion.tree import DraftMarginals
 
@@ -121,9 +122,12 @@ class GenerationReport:
     num_output_tokens: int
     time_to_first_token: float  # submission (the run's start) to the first token
     time_per_output_token: float  # decode time after the first token ÷ output tokens
-    acceptance_lengths: list[int]  # committed per step, bonus included
+    # tokens received per step, bonus included; a step cut by max_new_tokens or EOS counts only
+    # what it delivered (bastion.records)
+    acceptance_lengths: list[int]
     stage_times: dict[str, float]  # draft, build, mask, verify, commit (its steps, shared)
     trees: list[dict[str, Any]] = field(default_factory=list)  # per step
+    accepted: list[int] = field(default_factory=list)  # per step: draft tokens delivered
     policy: str = ""
     prefill_s: float = 0.0  # its own prefill
     queue_s: float = 0.0  # waiting for a free slot before the prefill
@@ -352,6 +356,8 @@ class _Live:
     expected: float = 0.0
     end_at: float = 0.0
     timings: list[VerifyTiming] = field(default_factory=list)
+    delivered: list[int] = field(default_factory=list)  # per step: tokens it received
+    accepted: list[int] = field(default_factory=list)  # per step: draft tokens among them
 
 
 _Cycle = tuple[list[int], list[int], float, float, float]  # sizes, contexts, draft, build, verify
@@ -458,6 +464,9 @@ def _run(
             new = new[: max_new_tokens - len(live.out)]
             live.out.extend(new)
             live.committed.extend(new)
+            delivered, accepted = delivered_counts(rec.committed_len, len(new))
+            live.delivered.append(delivered)
+            live.accepted.append(accepted)
             if step.kind == "ar" and learns and hasattr(live.feedback, "then"):
                 live.feedback = live.feedback.then(rec.result.feedback)  # not drafted: keep
             else:
@@ -674,7 +683,8 @@ def _report(live: _Live, policy: str, n_in: int) -> GenerationReport:
         num_output_tokens=len(live.out),
         time_to_first_token=live.queue_s + live.prefill_s,
         time_per_output_token=decode / len(live.out) if live.out else 0.0,
-        acceptance_lengths=[s.committed_len for s in steps],
+        acceptance_lengths=list(live.delivered),
+        accepted=list(live.accepted),
         stage_times=stage_times,
         trees=[
             {
