@@ -27,6 +27,7 @@ admission of requests into batches (the simulator's serving layer, or the caller
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
+from bastion.errors import PolicyError
 from bastion.interfaces import (
     BatchChoice,
     BatchDrafter,
@@ -240,9 +242,30 @@ class PerRequestPolicy:
                 tree = choice.tree
                 loads[j] = RequestLoad(tree.size, contexts[j], float(tree.scores.sum()))
                 choices.append(choice)
+        for c in choices:
+            if not isinstance(getattr(c, "tree", None), DraftTree):
+                raise PolicyError(
+                    f"policy {_describe(policy)}: choose() returned {_kind(c)}; it must "
+                    "return a bastion.interfaces.TreeChoice whose tree is a DraftTree"
+                )
         trees = TreeBatch.from_trees([c.tree for c in choices])
         diagnostics = [c.diagnostics for c in choices]
         return BatchChoice(trees, diagnostics if any(d is not None for d in diagnostics) else None)
+
+
+def _kind(value: object) -> str:
+    """A wrong answer as an error message names it: its type, and the value when short."""
+    text = repr(value)
+    return f"{type(value).__name__} {text}" if len(text) <= 60 else type(value).__name__
+
+
+def _describe(policy: object) -> str:
+    """A policy for an error message: its name, its class and the file that class is in (the
+    user's own file for a ``file.py:Name`` plug-in)."""
+    cls = type(policy)
+    module = sys.modules.get(cls.__module__)
+    where = getattr(module, "__file__", None) or cls.__module__
+    return f"{getattr(policy, 'name', '?')!r} ({cls.__qualname__} in {where})"
 
 
 def batch_policy(policy: TreePolicy | BatchTreePolicy) -> BatchTreePolicy:
@@ -334,6 +357,11 @@ class SpecEngine:
         marginals = self._draft(requests) if drafts else BatchMarginals.empty(requests.size)
         t1 = clock()
         choice = self._policy.choose_batch(marginals, BatchPolicyContext(requests, self.cost_model))
+        if not isinstance(getattr(choice, "trees", None), TreeBatch):
+            raise PolicyError(
+                f"policy {_describe(self.policy)}: choose_batch() returned {_kind(choice)}; "
+                "it must return a bastion.interfaces.BatchChoice whose trees are a TreeBatch"
+            )
         trees = choice.trees.with_root_tokens(requests.bonus_tokens)
         kind = "ar" if not drafts else (choice.kind or self._static_kind)
         t2 = clock()
