@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -145,17 +146,23 @@ class GenerationResult:
     decode_s: float = 0.0  # time from the first draft to the last commit
     # per step: tokens received (bonus included; a step cut by max_new_tokens or EOS counts only
     # what it delivered, see bastion.records) and the draft tokens among them
-    delivered: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
+    committed_per_step: list[int] = field(default_factory=list)
+    accepted_per_step: list[int] = field(default_factory=list)
 
     @property
     def acceptance_lengths(self) -> list[int]:
-        return list(self.delivered)
+        """The previous release's name of :attr:`committed_per_step` (deprecated)."""
+        warnings.warn(
+            "GenerationResult.acceptance_lengths is renamed committed_per_step (bastion.records)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.committed_per_step
 
     @property
     def tau(self) -> float:
         """Mean committed tokens per step, bonus included."""
-        lens = self.acceptance_lengths
+        lens = self.committed_per_step
         return sum(lens) / len(lens) if lens else 0.0
 
     @property
@@ -163,8 +170,20 @@ class GenerationResult:
         return sum(s.tree.size for s in self.steps) / len(self.steps) if self.steps else 0.0
 
     @property
+    def tpot_s(self) -> float:
+        """Decode time ÷ the output tokens after the first (the serving benchmarks' TPOT)."""
+        n = len(self.output_ids) - 1
+        return self.decode_s / n if n > 0 else 0.0
+
+    @property
     def time_per_output_token(self) -> float:
-        return self.decode_s / len(self.output_ids) if self.output_ids else 0.0
+        """The previous release's name of :attr:`tpot_s` (deprecated)."""
+        warnings.warn(
+            "GenerationResult.time_per_output_token is renamed tpot_s (bastion.records)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.tpot_s
 
     def stage_times(self) -> dict[str, float]:
         return {
@@ -432,8 +451,8 @@ class SpecEngine:
                 new = new[: new.index(eos_token_id) + 1]
             new = new[: max_new_tokens - len(out)]
             delivered, accepted = delivered_counts(rec.committed_len, len(new))
-            result.delivered.append(delivered)
-            result.accepted.append(accepted)
+            result.committed_per_step.append(delivered)
+            result.accepted_per_step.append(accepted)
             out.extend(new)
             committed.extend(new)
             feedback = rec.result.feedback

@@ -146,6 +146,7 @@ class PolicyResult:
     """One row of the comparison."""
 
     policy: str
+    policy_spec: str  # the spec it was made from (bastion.policies.policy_label)
     speedup: float  # AR TPOT / this TPOT
     tau: float
     mean_tree_size: float
@@ -175,9 +176,12 @@ class PolicyResult:
     cycle_observed_s: float = float("nan")
 
     @classmethod
-    def of(cls, r: ServingResult, ar_tpot_s: float, wall_s: float) -> PolicyResult:
+    def of(
+        cls, r: ServingResult, ar_tpot_s: float, wall_s: float, spec: str | None = None
+    ) -> PolicyResult:
         return cls(
             policy=r.policy,
+            policy_spec=r.policy if spec is None else spec,
             speedup=ar_tpot_s / r.tpot_s if r.tpot_s > 0 else float("nan"),
             tau=r.tau,
             mean_tree_size=r.mean_tree_size,
@@ -228,11 +232,12 @@ class SimulationResult:
         return [
             {
                 "policy": r.policy,
+                "policy_spec": row.policy_spec,
                 **q.latency().row(),
                 "tau": q.tau,
                 "mean_tree_size": float(np.mean(q.tree_sizes)) if q.tree_sizes else 0.0,
             }
-            for r in self.served
+            for r, row in zip(self.served, self.rows, strict=True)
             for q in r.requests
         ]
 
@@ -351,7 +356,8 @@ def simulate(
     arrivals = arrivals_of(spec)
     n_requests = None if arrivals is not None else spec.requests
     results: list[tuple[ServingResult, float]] = []
-    for given in ("ar", *[p for p in spec.policies if p != "ar"]):
+    givens = ("ar", *[p for p in spec.policies if p != "ar"])
+    for given in givens:
         policy = make_policy(given, n_max=spec.n_max)
         name = policy.name
         cm: CostModel | None = None
@@ -395,7 +401,10 @@ def simulate(
         )
         results.append((served, time.perf_counter() - t0))
     ar_tpot = results[0][0].tpot_s
-    rows = tuple(PolicyResult.of(r, ar_tpot, wall) for r, wall in results)
+    rows = tuple(
+        PolicyResult.of(r, ar_tpot, wall, policy_label(given))
+        for (r, wall), given in zip(results, givens, strict=True)
+    )
     return SimulationResult(
         spec=spec,
         rows=rows,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -19,6 +20,7 @@ from bastion.cost.models import DrafterSpec, ModelSpec  # noqa: E402
 from bastion.demo import DRAFTER_DIR, TARGET_DIR  # noqa: E402
 from bastion.demo.run import load_prompts, run_demo  # noqa: E402
 from bastion.policies import make_policy  # noqa: E402
+from bastion.records import shipped_schema  # noqa: E402
 from bastion.sim.gpu import SimulatedGPU  # noqa: E402
 from bastion.sim.replay import trace_source  # noqa: E402
 from bastion.sim.serving import serve  # noqa: E402
@@ -124,22 +126,24 @@ def test_short_outputs_count_the_same_on_both_backends(tmp_path: Path) -> None:
         record_traces=paths,
         batch_size=2,
     )
-    real = [r.acceptance_lengths for r in rep.records]
+    real = [r.committed_per_step for r in rep.records]
     for r in rep.records:
-        assert r.num_output_tokens == 5 and sum(r.acceptance_lengths) == 4
-        assert all(0 <= a <= c for a, c in zip(r.accepted, r.acceptance_lengths, strict=True))
+        assert r.output_len == 5 and sum(r.committed_per_step) == 4
+        assert all(
+            0 <= a <= c for a, c in zip(r.accepted_per_step, r.committed_per_step, strict=True)
+        )
     spec = ModelSpec.from_hf_config(TARGET_DIR / "config.json", name="demo")
     gpu = SimulatedGPU(get_profile("h100-sxm"), spec, DrafterSpec.dflash_for(spec, layers=2))
     served = [serve(make_policy("fixed:32"), gpu, trace_source(p), 1).requests[0] for p in paths]
     assert [q.committed for q in served] == real
-    assert [q.accepted for q in served] == [r.accepted for r in rep.records]
+    assert [q.accepted for q in served] == [r.accepted_per_step for r in rep.records]
     assert np.mean([q.tau for q in served]) == pytest.approx(np.mean([r.tau for r in rep.records]))
     # the cut is exercised: some step committed (accepted path, root as the bonus's place)
     # more tokens than its request received
     assert any(
         len(t["accepted_path"]) > c
         for r in rep.records
-        for t, c in zip(r.trees, r.acceptance_lengths, strict=True)
+        for t, c in zip(r.trees, r.committed_per_step, strict=True)
     )
 
 
@@ -226,6 +230,7 @@ def test_demo_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
         ]
     )
     out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, shipped_schema())  # the record vocabulary (bastion.records)
     assert code == 0 and out["identical"] is True
     assert [(p["policy"], p["batch_size"]) for p in out["records"]] == [
         (name, b) for b in (1, 2) for name in ("ar", "chain", "fixed:16")
@@ -233,6 +238,10 @@ def test_demo_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     for p in out["records"]:
         assert {"policy", "tau", "mean_tree_size", "tpot_s", "throughput_tok_s"} <= set(p)
         assert p["tpot_min_s"] <= p["tpot_s"] <= p["tpot_max_s"]
+        assert p["policy_spec"] == p["policy"] and p["ttft_p50_s"] > 0
+        drafted = p["policy"] != "ar"
+        assert (p["acceptance_rate"] is not None) == drafted
+        assert bool(p["acceptance_by_position"]) == drafted
 
 
 def test_shipped_drafter_matches_the_format(tmp_path: Path) -> None:
