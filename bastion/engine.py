@@ -27,13 +27,16 @@ admission of requests into batches (the simulator's serving layer, or the caller
 from __future__ import annotations
 
 import logging
+import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
+from bastion.errors import PolicyError
 from bastion.interfaces import (
     BatchChoice,
     BatchDrafter,
@@ -50,6 +53,7 @@ from bastion.interfaces import (
     Verifier,
     VerifyResult,
 )
+from bastion.records import delivered_counts
 from bastion.tree import DraftMarginals, DraftTree
 
 __all__ = [
@@ -140,15 +144,25 @@ class GenerationResult:
     output_ids: list[int]  # generated tokens only (prompt excluded), EOS included if produced
     steps: list[StepRecord] = field(default_factory=list)
     decode_s: float = 0.0  # time from the first draft to the last commit
+    # per step: tokens received (bonus included; a step cut by max_new_tokens or EOS counts only
+    # what it delivered, see bastion.records) and the draft tokens among them
+    committed_per_step: list[int] = field(default_factory=list)
+    accepted_per_step: list[int] = field(default_factory=list)
 
     @property
     def acceptance_lengths(self) -> list[int]:
-        return [s.committed_len for s in self.steps]
+        """The previous release's name of :attr:`committed_per_step` (deprecated)."""
+        warnings.warn(
+            "GenerationResult.acceptance_lengths is renamed committed_per_step (bastion.records)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.committed_per_step
 
     @property
     def tau(self) -> float:
         """Mean committed tokens per step, bonus included."""
-        lens = self.acceptance_lengths
+        lens = self.committed_per_step
         return sum(lens) / len(lens) if lens else 0.0
 
     @property
@@ -156,8 +170,20 @@ class GenerationResult:
         return sum(s.tree.size for s in self.steps) / len(self.steps) if self.steps else 0.0
 
     @property
+    def tpot_s(self) -> float:
+        """Decode time ÷ the output tokens after the first (the serving benchmarks' TPOT)."""
+        n = len(self.output_ids) - 1
+        return self.decode_s / n if n > 0 else 0.0
+
+    @property
     def time_per_output_token(self) -> float:
-        return self.decode_s / len(self.output_ids) if self.output_ids else 0.0
+        """The previous release's name of :attr:`tpot_s` (deprecated)."""
+        warnings.warn(
+            "GenerationResult.time_per_output_token is renamed tpot_s (bastion.records)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.tpot_s
 
     def stage_times(self) -> dict[str, float]:
         return {
@@ -235,9 +261,30 @@ class PerRequestPolicy:
                 tree = choice.tree
                 loads[j] = RequestLoad(tree.size, contexts[j], float(tree.scores.sum()))
                 choices.append(choice)
+        for c in choices:
+            if not isinstance(getattr(c, "tree", None), DraftTree):
+                raise PolicyError(
+                    f"policy {_describe(policy)}: choose() returned {_kind(c)}; it must "
+                    "return a bastion.interfaces.TreeChoice whose tree is a DraftTree"
+                )
         trees = TreeBatch.from_trees([c.tree for c in choices])
         diagnostics = [c.diagnostics for c in choices]
         return BatchChoice(trees, diagnostics if any(d is not None for d in diagnostics) else None)
+
+
+def _kind(value: object) -> str:
+    """A wrong answer as an error message names it: its type, and the value when short."""
+    text = repr(value)
+    return f"{type(value).__name__} {text}" if len(text) <= 60 else type(value).__name__
+
+
+def _describe(policy: object) -> str:
+    """A policy for an error message: its name, its class and the file that class is in (the
+    user's own file for a ``file.py:Name`` plug-in)."""
+    cls = type(policy)
+    module = sys.modules.get(cls.__module__)
+    where = getattr(module, "__file__", None) or cls.__module__
+    return f"{getattr(policy, 'name', '?')!r} ({cls.__qualname__} in {where})"
 
 
 def batch_policy(policy: TreePolicy | BatchTreePolicy) -> BatchTreePolicy:
@@ -329,6 +376,11 @@ class SpecEngine:
         marginals = self._draft(requests) if drafts else BatchMarginals.empty(requests.size)
         t1 = clock()
         choice = self._policy.choose_batch(marginals, BatchPolicyContext(requests, self.cost_model))
+        if not isinstance(getattr(choice, "trees", None), TreeBatch):
+            raise PolicyError(
+                f"policy {_describe(self.policy)}: choose_batch() returned {_kind(choice)}; "
+                "it must return a bastion.interfaces.BatchChoice whose trees are a TreeBatch"
+            )
         trees = choice.trees.with_root_tokens(requests.bonus_tokens)
         kind = "ar" if not drafts else (choice.kind or self._static_kind)
         t2 = clock()
@@ -398,6 +450,9 @@ class SpecEngine:
             if eos_token_id is not None and eos_token_id in new:
                 new = new[: new.index(eos_token_id) + 1]
             new = new[: max_new_tokens - len(out)]
+            delivered, accepted = delivered_counts(rec.committed_len, len(new))
+            result.committed_per_step.append(delivered)
+            result.accepted_per_step.append(accepted)
             out.extend(new)
             committed.extend(new)
             feedback = rec.result.feedback

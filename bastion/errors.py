@@ -15,6 +15,7 @@ __all__ = [
     "ConfigError",
     "CostModelError",
     "MarginalsError",
+    "PolicyError",
     "UnknownNameError",
 ]
 
@@ -44,6 +45,11 @@ class UnknownNameError(BastionError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message; show it as written
         return str(self.args[0]) if self.args else ""
+
+
+class PolicyError(BastionError, TypeError):
+    """A tree policy that answered with the wrong type (``choose`` returning no ``TreeChoice``,
+    ``choose_batch`` no ``BatchChoice``); the message names the policy."""
 
 
 class CheckpointError(BastionError, ValueError):

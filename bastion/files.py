@@ -26,6 +26,7 @@ __all__ = [
     "atomic_directory",
     "check_output_dir",
     "check_output_file",
+    "config_kind",
     "read_json_file",
     "read_text_file",
     "read_toml_file",
@@ -90,6 +91,25 @@ def read_toml_file(path: str | os.PathLike[str], what: str = "TOML file") -> dic
         raise ConfigError(f"{what} {path} is not valid TOML ({exc})") from None
     except RecursionError:
         raise ConfigError(f"{what} {path} is nested too deeply to be a valid file") from None
+
+
+#: The kinds of configuration file a directory may hold, for the ``kind`` key.
+CONFIG_KINDS = ("hardware-profile", "workload")
+
+
+def config_kind(data: Mapping[str, Any], origin: str) -> str:
+    """What a parsed configuration file is: its ``kind`` key when it has one (one of
+    :data:`CONFIG_KINDS`), else by shape — a hardware profile has a ``[peak]`` table, a
+    workload has none. Lets one directory hold both (``$BASTION_HWPROFILES`` and
+    ``$BASTION_WORKLOADS`` naming the same one)."""
+    kind = data.get("kind")
+    if kind is None:
+        return "hardware-profile" if isinstance(data.get("peak"), dict) else "workload"
+    if kind not in CONFIG_KINDS:
+        raise ConfigError(
+            f"{origin}: key 'kind' is {kind!r}; accepted: {', '.join(map(repr, CONFIG_KINDS))}"
+        )
+    return str(kind)
 
 
 def _umask() -> int:

@@ -24,6 +24,7 @@ What this module does not do: check what it loaded against a protocol; the calle
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import os
@@ -190,16 +191,34 @@ def _load_file(path: str, spec: str) -> ModuleType:
     return module
 
 
-def _attribute(module: ModuleType, attr: str, spec: str) -> Any:
+def _attribute(module: ModuleType, attr: str, spec: str, where: str) -> Any:
+    """``module.attr``; ``where`` names the module for the user (its file, or its name)."""
     obj: Any = module
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
+            names = (
+                [n for n in vars(obj) if not n.startswith("_")] if hasattr(obj, "__dict__") else []
+            )
+            close = difflib.get_close_matches(part, names, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            public = ", ".join(sorted(n for n in names if callable(getattr(obj, n, None))))
             raise ConfigError(
-                f"plug-in spec {spec!r}: {module.__name__} has no attribute {attr!r}"
+                f"plug-in spec {spec!r}: {where} has no attribute {attr!r}{hint} "
+                f"(it defines: {public or 'nothing callable'})"
             ) from None
     return obj
+
+
+def _origin(spec: PluginSpec, entry_point: str | None = None) -> str:
+    """Where a spec's object comes from, for error messages: the user's file, module or entry
+    point (never the internal name a file is loaded under)."""
+    if entry_point is not None:
+        return f"entry point {spec.source!r} = {entry_point!r}"
+    if spec.source.endswith(".py"):
+        return f"{spec.attr} in {Path(spec.source).expanduser().resolve()}"
+    return f"{spec.source}:{spec.attr}"
 
 
 def load(
@@ -229,25 +248,32 @@ def load(
                 f"{what} {spec.source!r} (entry point {eps[spec.source].value!r}) failed to "
                 f"load: {type(exc).__name__}: {exc}"
             ) from exc
+        origin = _origin(spec, eps[spec.source].value)
     elif spec.source.endswith(".py"):
-        obj = _attribute(_load_file(spec.source, text), spec.attr, text)
+        file = Path(spec.source).expanduser().resolve()
+        obj = _attribute(_load_file(spec.source, text), spec.attr, text, str(file))
+        origin = _origin(spec)
     else:
-        obj = _attribute(_import_module(spec.source, text), spec.attr, text)
-    return _construct(obj, spec, what, ready)
+        obj = _attribute(_import_module(spec.source, text), spec.attr, text, spec.source)
+        origin = _origin(spec)
+    return _construct(obj, spec, what, ready, origin)
 
 
-def _construct(obj: Any, spec: PluginSpec, what: str, ready: Callable[[Any], bool]) -> Any:
+def _construct(
+    obj: Any, spec: PluginSpec, what: str, ready: Callable[[Any], bool], origin: str
+) -> Any:
     if (ready(obj) and not isinstance(obj, type)) or not callable(obj):
         if spec.args or spec.kwargs:
             raise ConfigError(
-                f"{what} spec {spec.text!r} passes arguments, but it names a ready object, not a "
-                "class or factory"
+                f"{what} spec {spec.text!r} ({origin}) passes arguments, but it names a ready "
+                "object, not a class or factory"
             )
         return obj
     try:
         return obj(*spec.args, **spec.kwargs)
     except Exception as exc:
+        given = ", ".join([*map(repr, spec.args), *(f"{k}={v!r}" for k, v in spec.kwargs.items())])
         raise ConfigError(
-            f"{what} spec {spec.text!r}: {getattr(obj, '__qualname__', obj)!r} raised "
-            f"{type(exc).__name__}: {exc}"
+            f"{what} spec {spec.text!r} ({origin}): {getattr(obj, '__qualname__', obj)}"
+            f"({given}) raised {type(exc).__name__}: {exc}"
         ) from exc

@@ -60,7 +60,7 @@ def main() -> None:
                 f"| {r.policy} | {r.tau:.2f} | {r.mean_tree_size:.1f} | "
                 f"{r.tpot_s * 1e3:.2f} ({r.tpot_min_s * 1e3:.2f}–{r.tpot_max_s * 1e3:.2f}) | "
                 f"{r.speedup:.2f}× | {r.cycle_predicted_s * 1e3:.2f} | "
-                f"{r.cycle_measured_s * 1e3:.2f} |"
+                f"{r.cycle_observed_s * 1e3:.2f} |"
             )
         spec = ModelSpec.from_hf_config(TARGET_DIR / "config.json", name="demo")
         gpu = SimulatedGPU(get_profile("h100-sxm"), spec, DrafterSpec.dflash_for(spec, layers=2))

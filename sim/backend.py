@@ -170,7 +170,10 @@ class SimBatch:
                 counts, tokens, nodes = _committed_numpy(trees, target)
             committed = counts + 1
         self.context_len[slots] += committed
-        self.generated[slots] += committed
+        # tokens past a request's output length are never delivered (the serving layer counts
+        # only what is); the verifier's own result stays uncut for a learning cost model
+        wanted = self.output_len[slots]
+        self.generated[slots] = np.minimum(self.generated[slots] + committed, wanted)
         return BatchVerifyResult(committed, tokens, nodes)
 
 

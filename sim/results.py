@@ -30,12 +30,13 @@ import hashlib
 import io
 import json
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from bastion.files import write_json_atomic, write_text_atomic
+from bastion.records import json_safe as _json_safe
+from bastion.records import upgrade
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -73,6 +74,7 @@ SPEC_COLUMNS = (
 
 METRIC_COLUMNS = (
     "policy",  # the policy's label (ar: target-only autoregressive decoding)
+    "policy_spec",  # the full spec it was made from
     "speedup",  # AR's mean TPOT / this mean TPOT (same requests)
     "tau",  # τ: committed tokens per step (bonus included), mean over requests
     "mean_tree_size",  # drafted nodes per step
@@ -110,7 +112,8 @@ RECORD_COLUMNS = (
     "run_key",  # the run's cache key (bastion.sim.experiments.run_key)
     "bastion_version",  # the package version that computed the record
 )
-"""Every record's columns, in the order CSV files write them."""
+"""Every record's columns, in the order CSV files write them (each defined, with its unit and
+meaning, in :data:`bastion.records.FIELDS`)."""
 
 
 def ordered_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -140,17 +143,6 @@ def write_csv_atomic(
     writer.writeheader()
     writer.writerows({k: _cell(row.get(k)) for k in fields} for row in rows)
     write_text_atomic(path, buf.getvalue())
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN and infinities as null (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    return value
 
 
 def write_records_json(path: Path, records: Sequence[Mapping[str, Any]], **meta: Any) -> None:
@@ -237,6 +229,10 @@ class RunStore:
             raise KeyError(f"run {self.key(run)} is not stored in {self.directory}")
         if self.key(run) not in self._written:
             self.reused += 1
+        # a run stored by the previous release: its names read as this release's
+        for part in ("rows", "requests"):
+            if isinstance(data.get(part), list):
+                data[part] = [upgrade(r, f"run file {path}") for r in data[part]]
         return data
 
     def load(self, run: Mapping[str, Any]) -> list[dict[str, Any]]:

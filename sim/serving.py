@@ -21,9 +21,15 @@ sizes comes from two declared attributes: ``uses_topk`` (False for the chain: to
 preparation and a causal verification pass instead of top-K, tree building and a tree mask) and
 ``uses_cost_model`` (the adaptive controller's host time is charged in preparation).
 
-Measured per request: arrival, first token, finish, tokens, steps, committed lengths (τ) and tree
-sizes; TTFT = first token − arrival, TPOT = (finish − first token) / (tokens − 1), end-to-end =
-finish − arrival. Per step: draft, preparation and verification seconds, and the batch size.
+A request stops at its output length, as the real backend does: a step that would commit past
+it delivers only the tokens still wanted (its bonus token first to go, then the deepest accepted
+draft tokens), and only delivered tokens are counted — in τ (the cut step counts what it
+delivered, at least 1), in the accepted draft tokens behind the acceptance rate and in throughput.
+
+Measured per request: arrival, first token, finish, tokens, steps, delivered lengths (τ),
+accepted draft tokens and tree sizes; TTFT = first token − arrival, TPOT = (finish − first
+token) / (tokens − 1), end-to-end = finish − arrival. Per step: draft, preparation and
+verification seconds, and the batch size.
 
 What this module does not do: decide trees (the engine and its policy do), price passes (the
 simulated GPU does), or compare policies (see :mod:`bastion.sim.simulate`).
@@ -71,7 +77,9 @@ class RequestStats:
 
     request_id: int
     tokens: int = 0  # generated tokens (prefill's first token included)
-    committed: list[int] = field(default_factory=list)  # per step, bonus included
+    # per step: tokens delivered (bonus included), cut at the output length (see the module doc)
+    committed: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)  # per step: draft tokens among them
     tree_sizes: list[int] = field(default_factory=list)
     arrival_s: float = 0.0
     start_s: float = 0.0  # its first token (end of its prefill)
@@ -225,7 +233,8 @@ def serve(
     output_len = np.zeros(n, np.int64)
     prev_size = np.zeros(n, np.int64)  # by request id: last tree size, Â
     prev_expected = np.zeros(n)
-    logs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per step: ids, committed, N
+    # per step: ids, delivered, accepted draft tokens delivered, N
+    logs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
     waiting: deque[int] = deque()
     prefilling: list[list[int]] = []  # [request, tokens done, prompt_len]
@@ -332,6 +341,7 @@ def serve(
                 requests = StepRequests(ids, contexts, zeros, prev_size[ids], prev_expected[ids])
             else:  # static policies ignore last step's trees
                 requests = StepRequests(ids, contexts, zeros, zeros, nothing)
+            wanted = pool.output_len[slots] - pool.generated[slots]  # ≥ 1 while decoding
             rec = engine.step(requests)
             sizes = rec.trees.sizes
             charge: bool | str = controller
@@ -357,7 +367,9 @@ def serve(
             if observe:
                 assert cost_model is not None
                 cost_model.observe(*observed_load(requests, rec.trees), t_verify)
-            logs.append((ids, rec.result.committed_lens, sizes))
+            committed = rec.result.committed_lens
+            delivered = np.minimum(committed, wanted)  # nothing past the output length counts
+            logs.append((ids, delivered, np.minimum(committed - 1, delivered), sizes))
             if history:
                 prev_size[ids] = sizes
                 prev_expected[ids] = rec.trees.expected_tokens()
@@ -379,20 +391,22 @@ def serve(
 
 
 def _attach_steps(
-    stats: dict[int, RequestStats], logs: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    stats: dict[int, RequestStats],
+    logs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
 ) -> None:
-    """Per-request committed lengths and tree sizes, from the per-step logs (in step order)."""
+    """Per-request delivered lengths, accepted draft tokens and tree sizes, from the per-step
+    logs (in step order)."""
     if not logs:
         return
     ids = np.concatenate([x[0] for x in logs])
-    committed = np.concatenate([x[1] for x in logs])
-    sizes = np.concatenate([x[2] for x in logs])
     order = np.argsort(ids, kind="stable")
-    ids, committed, sizes = ids[order], committed[order], sizes[order]
+    ids = ids[order]
     bounds = np.flatnonzero(np.diff(ids)) + 1
-    for c, s, i in zip(
-        np.split(committed, bounds), np.split(sizes, bounds), ids[np.r_[0, bounds]], strict=True
-    ):
+    committed, accepted, sizes = (
+        np.split(np.concatenate([x[k] for x in logs])[order], bounds) for k in (1, 2, 3)
+    )
+    for c, a, s, i in zip(committed, accepted, sizes, ids[np.r_[0, bounds]], strict=True):
         st = stats[int(i)]
         st.committed = c.tolist()
+        st.accepted = a.tolist()
         st.tree_sizes = s.tolist()

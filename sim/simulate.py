@@ -33,6 +33,7 @@ from bastion.errors import ConfigError
 from bastion.interfaces import CostModel
 from bastion.learned import LearnedCostModel
 from bastion.policies import make_policy, policy_label, policy_labels
+from bastion.records import acceptance_stats
 from bastion.sim.arrivals import Arrival, poisson_arrivals, read_arrivals
 from bastion.sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
 from bastion.sim.latency import latency_summary
@@ -154,6 +155,7 @@ class PolicyResult:
     """One row of the comparison."""
 
     policy: str
+    policy_spec: str  # the spec it was made from (bastion.policies.policy_label)
     speedup: float  # AR TPOT / this TPOT
     tau: float
     mean_tree_size: float
@@ -183,9 +185,12 @@ class PolicyResult:
     cycle_observed_s: float = float("nan")
 
     @classmethod
-    def of(cls, r: ServingResult, ar_tpot_s: float, wall_s: float) -> PolicyResult:
+    def of(
+        cls, r: ServingResult, ar_tpot_s: float, wall_s: float, spec: str | None = None
+    ) -> PolicyResult:
         return cls(
             policy=r.policy,
+            policy_spec=r.policy if spec is None else spec,
             speedup=ar_tpot_s / r.tpot_s if r.tpot_s > 0 else float("nan"),
             tau=r.tau,
             mean_tree_size=r.mean_tree_size,
@@ -213,21 +218,11 @@ class PolicyResult:
 
 
 def acceptance(r: ServingResult) -> dict[str, Any]:
-    """Draft acceptance of a run: the rate (accepted draft tokens / drafted nodes, the root — the
-    previous step's bonus token — not counted, over every step with a draft) and, per draft
-    position d = 1, 2, …, the share of those steps whose accepted path reached depth d (position
-    1's share is the first draft token's acceptance rate). NaN and () for AR (no draft)."""
-    committed = np.array([c for q in r.requests for c in q.committed], dtype=np.int64)
-    sizes = np.array([s for q in r.requests for s in q.tree_sizes], dtype=np.int64)
-    drafted = sizes > 1  # a tree of N nodes counts its root
-    if committed.size != sizes.size or not drafted.any():
-        return {"acceptance_rate": float("nan"), "acceptance_by_position": ()}
-    accepted = committed[drafted] - 1  # the bonus token is not a draft token
-    depth = int(accepted.max())
-    return {
-        "acceptance_rate": float(accepted.sum() / (sizes[drafted] - 1).sum()),
-        "acceptance_by_position": tuple(float(np.mean(accepted >= d)) for d in range(1, depth + 1)),
-    }
+    """Draft acceptance of a run (:func:`bastion.records.acceptance_stats` over every request's
+    steps: accepted draft tokens delivered, tree sizes)."""
+    return acceptance_stats(
+        [a for q in r.requests for a in q.accepted], [s for q in r.requests for s in q.tree_sizes]
+    )
 
 
 @dataclass(frozen=True)
@@ -246,11 +241,12 @@ class SimulationResult:
         return [
             {
                 "policy": r.policy,
+                "policy_spec": row.policy_spec,
                 **q.latency().row(),
                 "tau": q.tau,
                 "mean_tree_size": float(np.mean(q.tree_sizes)) if q.tree_sizes else 0.0,
             }
-            for r in self.served
+            for r, row in zip(self.served, self.rows, strict=True)
             for q in r.requests
         ]
 
@@ -369,7 +365,8 @@ def simulate(
     arrivals = arrivals_of(spec)
     n_requests = None if arrivals is not None else spec.requests
     results: list[tuple[ServingResult, float]] = []
-    for given, name in zip(spec.compared(), spec.labels(), strict=True):
+    givens = spec.compared()
+    for given, name in zip(givens, spec.labels(), strict=True):
         policy = make_policy(given, n_max=spec.n_max)
         cm: CostModel | None = None
         if getattr(policy, "uses_cost_model", False):
@@ -413,7 +410,10 @@ def simulate(
         served.policy = name  # its display name, or its spec where two would share one
         results.append((served, time.perf_counter() - t0))
     ar_tpot = results[0][0].tpot_s
-    rows = tuple(PolicyResult.of(r, ar_tpot, wall) for r, wall in results)
+    rows = tuple(
+        PolicyResult.of(r, ar_tpot, wall, policy_label(given))
+        for (r, wall), given in zip(results, givens, strict=True)
+    )
     return SimulationResult(
         spec=spec,
         rows=rows,

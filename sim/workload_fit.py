@@ -123,7 +123,8 @@ def replay_tau(traces: Sequence[Trace], sizes: Sequence[Size] = FIT_SIZES) -> di
     """τ at each size replayed on dense traces (T = 0: exact), macro-averaged over traces.
 
     Each request starts at its first output token, commits accepted + 1 tokens per step and
-    stops once it has its recorded output length — as in ``bastion simulate --trace``."""
+    stops at its recorded output length, its last step counting only the tokens still wanted
+    — as in ``bastion simulate --trace``."""
     _check_sizes(sizes)
     if not traces:
         raise ConfigError("replay_tau needs at least one trace")
@@ -146,7 +147,7 @@ def replay_tau(traces: Sequence[Trace], sizes: Sequence[Size] = FIT_SIZES) -> di
                 cont = seq[root + 1 : root + 2 + depth]
                 target[0, : cont.shape[0]] = cont
                 c = int(_accepted(m.probs[None], m.token_ids[None], target, n)[0]) + 1
-                committed.append(c)
+                committed.append(min(c, out - generated))  # delivered tokens only
                 root += c
                 generated += c
             if committed:

@@ -47,6 +47,7 @@ fit workloads (sim.workload_fit), time anything (sim.gpu) or run policies (the e
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -60,7 +61,9 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.errors import ConfigError, UnknownNameError
-from bastion.files import checked_table, write_text_atomic
+from bastion.files import checked_table, config_kind, read_toml_file, write_text_atomic
+
+log = logging.getLogger(__name__)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -283,7 +286,7 @@ _TABLES: dict[str, tuple[str, ...]] = {
         "output_len_max",
     ),
 }
-_TOP_KEYS = ("name", "description", "aliases", "fit", *_TABLES)
+_TOP_KEYS = ("name", "kind", "description", "aliases", "fit", *_TABLES)
 _REQUIRED = ("top1", "decay", "concentration", "alignment")
 
 
@@ -308,6 +311,11 @@ def _workload_from_dict(data: Mapping[str, Any], origin: str) -> WorkloadFile:
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{origin}: key 'name' must be a non-empty string; got {name!r}")
+    if data.get("kind", "workload") != "workload":
+        raise ConfigError(
+            f"{origin}: key 'kind' is {data['kind']!r}; a workload has kind = \"workload\" "
+            "(or no kind key)"
+        )
     aliases = data.get("aliases", [])
     if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
         raise ConfigError(f"{origin}: key 'aliases' must be a list of names; got {aliases!r}")
@@ -340,10 +348,13 @@ def _workload_from_dict(data: Mapping[str, Any], origin: str) -> WorkloadFile:
 
 def read_workload_file(path: str | os.PathLike[str]) -> WorkloadFile:
     """Read and validate one workload file (errors name the file and the key)."""
-    from bastion.files import read_toml_file
-
     p = Path(path)
     data = read_toml_file(p, "workload file")  # missing, directory, binary, invalid: ConfigError
+    if config_kind(data, str(p)) != "workload":
+        raise ConfigError(
+            f'{p} is a hardware profile (a [peak] table or kind = "hardware-profile"), not a '
+            "workload; use it as --gpu"
+        )
     return _workload_from_dict(data, str(p))
 
 
@@ -449,7 +460,12 @@ def _index(dirs: list[Path]) -> dict[str, WorkloadFile]:
     for d in dirs:
         here: dict[str, Path] = {}
         for p in sorted(d.glob("*.toml")):
-            wf = read_workload_file(p)
+            data = read_toml_file(p, "workload file")
+            kind = config_kind(data, str(p))
+            if kind != "workload":  # a directory may hold hardware profiles too
+                log.info("%s is a %s, not a workload: skipped", p, kind)
+                continue
+            wf = _workload_from_dict(data, str(p))
             if wf.workload.name != p.stem:
                 raise ConfigError(
                     f"{p}: key 'name' is {wf.workload.name!r}; a workload file's name must be "

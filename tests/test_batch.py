@@ -181,7 +181,7 @@ def test_engine_generate_is_the_batched_step_with_one_request() -> None:
     engine = SpecEngine(EchoDrafter(), make_policy("chain"), FirstChildVerifier())
     result = engine.generate(0, [1, 2, 3], first_token=9, max_new_tokens=7)
     assert result.output_ids == [9, 1, 100, 1, 100, 1, 100]
-    assert result.acceptance_lengths == [2, 2, 2]
+    assert result.committed_per_step == [2, 2, 2]
 
 
 @given(rows=batches(max_batch=3), data=st.data())

@@ -153,3 +153,24 @@ def test_validate_cli_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixtu
     bad = _write(tmp_path / "bad.csv", ["num_tokens", "qkv_proj_ms"], [[1, "x"]])
     assert main([*args[:1], "--measured", str(bad), *args[3:]]) == 2
     assert f"{bad}, row 2, column 'qkv_proj_ms'" in capsys.readouterr().err
+
+
+def test_a_byte_order_mark_loads_and_the_sizes_named_are_the_sizes_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CSV saved with a UTF-8 byte-order mark (Excel's "CSV UTF-8") reads as without one; the
+    calibration sizes reported are those the file has, and the asked-for ones it lacks are said."""
+    path = _synthetic(tmp_path, "vidur")
+    rows = [r for r in path.read_text().splitlines(keepends=True) if not r.startswith("16,")]
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes("".join(rows).encode("utf-8-sig"))
+    table = load_measured(bom, "vidur")
+    assert 16 not in table.tokens and table.tokens[0] == 1
+    report = validate(table, MODEL, HW)
+    assert 16 not in report.train_tokens and report.missing_train_tokens == (16,)
+    assert report.train_tokens == (1, 64, 128, 256, 512, 1024)
+    args = ["validate", "--measured", str(bom), "--format", "vidur"]
+    args += ["--model", "llama-3.1-8b", "--gpu", "a100-sxm-80gb"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "calibrated on s ∈ {1, 64, 128, 256, 512, 1024} (not in the file: 16)" in out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -19,6 +20,7 @@ from bastion.cost.models import DrafterSpec, ModelSpec  # noqa: E402
 from bastion.demo import DRAFTER_DIR, TARGET_DIR  # noqa: E402
 from bastion.demo.run import load_prompts, run_demo  # noqa: E402
 from bastion.policies import make_policy  # noqa: E402
+from bastion.records import shipped_schema  # noqa: E402
 from bastion.sim.gpu import SimulatedGPU  # noqa: E402
 from bastion.sim.replay import trace_source  # noqa: E402
 from bastion.sim.serving import serve  # noqa: E402
@@ -93,16 +95,56 @@ def replay(trace_dir: Path, recorded: str, policy: str, n: int) -> list[list[int
 
 @pytest.mark.parametrize("policy", ["chain", "fixed:32"])
 def test_replay_of_the_recorded_policy_is_exact(demo, policy: str) -> None:  # type: ignore[no-untyped-def]
-    """At T = 0 the simulator's per-step acceptance equals the real run's (DESIGN decision 2).
-
-    The last step may commit drafts past the requested length in the real run; the trace stops
-    at the output, so that step can only be shorter in the replay."""
+    """At T = 0 the simulator's per-step acceptance equals the real run's (DESIGN decision 2),
+    the last step included: both count only the tokens a request receives."""
     result, traces = demo
     real = result.acceptance[policy]
     sim = replay(traces, policy, policy, len(real))
-    for r, s in zip(real, sim, strict=True):
-        assert s[:-1] == r[:-1]
-        assert s[-1] <= r[-1]
+    assert sim == real
+
+
+def test_short_outputs_count_the_same_on_both_backends(tmp_path: Path) -> None:
+    """With 5 new tokens a 32-node tree of the trained drafter often accepts more than is still
+    wanted. The real backend and the simulator replaying its traces then cut the step alike: per
+    step the same counts, which sum to the tokens after the first, and the same τ."""
+    from transformers import AutoTokenizer
+
+    from bastion.backends.torch import DFlashDrafter, generate_batch, load_target
+
+    target = load_target(TARGET_DIR, "cpu")
+    drafter = DFlashDrafter.from_pretrained(DRAFTER_DIR, target)
+    tokenizer = AutoTokenizer.from_pretrained(TARGET_DIR)
+    prompts = [list(tokenizer(t)["input_ids"])[:40] for t in load_prompts()[:4]]
+    paths = [tmp_path / f"t{i}.json" for i in range(len(prompts))]
+    rep = generate_batch(
+        target,
+        drafter,
+        "fixed:32",
+        prompts,
+        max_new_tokens=5,
+        eos_token_id=None,
+        record_traces=paths,
+        batch_size=2,
+    )
+    real = [r.committed_per_step for r in rep.records]
+    for r in rep.records:
+        assert r.output_len == 5 and sum(r.committed_per_step) == 4
+        assert all(
+            0 <= a <= c for a, c in zip(r.accepted_per_step, r.committed_per_step, strict=True)
+        )
+    spec = ModelSpec.from_hf_config(TARGET_DIR / "config.json", name="demo")
+    gpu = SimulatedGPU(get_profile("h100-sxm"), spec, DrafterSpec.dflash_for(spec, layers=2))
+    served = [serve(make_policy("fixed:32"), gpu, trace_source(p), 1).requests[0] for p in paths]
+    assert [q.committed for q in served] == real
+    assert [q.accepted for q in served] == [r.accepted_per_step for r in rep.records]
+    assert np.mean([q.tau for q in served]) == pytest.approx(np.mean([r.tau for r in rep.records]))
+    # the cut is exercised: some step committed (accepted path, root as the bonus's place)
+    # more tokens than its request received
+    assert any(
+        len(t["accepted_path"]) > c
+        for r in rep.records
+        for t, c in zip(r.trees, r.committed_per_step, strict=True)
+    )
 
 
 @pytest.mark.parametrize(("recorded", "other"), [("chain", "fixed:32"), ("fixed:32", "beam:4x15")])
@@ -188,6 +230,7 @@ def test_demo_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
         ]
     )
     out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, shipped_schema())  # the record vocabulary (bastion.records)
     assert code == 0 and out["identical"] is True
     assert [(p["policy"], p["batch_size"]) for p in out["records"]] == [
         (name, b) for b in (1, 2) for name in ("ar", "chain", "fixed:16")
@@ -195,6 +238,10 @@ def test_demo_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     for p in out["records"]:
         assert {"policy", "tau", "mean_tree_size", "tpot_s", "throughput_tok_s"} <= set(p)
         assert p["tpot_min_s"] <= p["tpot_s"] <= p["tpot_max_s"]
+        assert p["policy_spec"] == p["policy"] and p["ttft_p50_s"] > 0
+        drafted = p["policy"] != "ar"
+        assert (p["acceptance_rate"] is not None) == drafted
+        assert bool(p["acceptance_by_position"]) == drafted
 
 
 def test_shipped_drafter_matches_the_format(tmp_path: Path) -> None:

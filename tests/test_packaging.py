@@ -56,5 +56,6 @@ def test_simulator_and_its_data_ship_inside_bastion(wheel_names: list[str]) -> N
         "workloads/qwen3-8b-math.toml",
         "experiments/budget-sweep.toml",
         "hwprofiles/h100-sxm.toml",
+        "schemas/records.schema.json",  # the records' JSON Schema (bastion.records)
     ):
         assert f"bastion/{data}" in names, data

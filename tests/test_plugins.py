@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bastion.errors import BastionError, BudgetError, ConfigError, UnknownNameError
+from bastion.cli import main
+from bastion.errors import BastionError, BudgetError, ConfigError, PolicyError, UnknownNameError
 from bastion.plugins import parse_args, parse_spec
 from bastion.policies import make_policy, policy_label, split_policy_specs
 from bastion.sim.simulate import SimSpec, simulate
@@ -50,6 +51,22 @@ PLUGIN = textwrap.dedent(
 
     def broken():
         raise RuntimeError("boom")
+
+    class Careless:
+        """Forgets to return its choice."""
+
+        name = "careless"
+
+        def choose(self, marginals, context):
+            best_first_tree(marginals, 4)
+
+    class CarelessBatch:
+        """Answers a batch with a plain list instead of a BatchChoice."""
+
+        name = "careless-batch"
+
+        def choose_batch(self, marginals, context):
+            return []
     '''
 )
 
@@ -103,6 +120,41 @@ def test_bad_specs_name_the_problem(plugin_dir: Path, spec: str, error: type, sa
     assert says in str(info.value)
 
 
+def test_errors_name_the_spec_and_the_users_file(plugin_dir: Path) -> None:
+    """A typo in a file spec names the user's file (not the module name it is loaded under)
+    and the close matches; a constructor's error names the spec and where the class lives."""
+    path = plugin_dir / "myplugins.py"
+    with pytest.raises(ConfigError) as info:
+        make_policy(f"{path}:Gredy")
+    message = str(info.value)
+    assert str(path.resolve()) in message and "did you mean Greedy" in message
+    assert "bastion_plugin" not in message
+    with pytest.raises(ConfigError) as info:
+        make_policy(f"{path}:Greedy:abc")
+    message = str(info.value)
+    assert f"{path}:Greedy:abc" in message and str(path.resolve()) in message
+    assert "Greedy('abc') raised ValueError" in message
+
+
+@pytest.mark.parametrize("name", ["Careless", "CarelessBatch"])
+def test_a_policy_answering_the_wrong_type_is_a_policy_error(plugin_dir: Path, name: str) -> None:
+    policy = make_policy(f"myplugins:{name}")
+    with pytest.raises(PolicyError) as info:
+        simulate(SimSpec(policies=(policy,), requests=1, output_len=8, warmup_steps=0))
+    message = str(info.value)
+    assert repr(policy.name) in message and "myplugins.py" in message
+    assert ("TreeChoice" if name == "Careless" else "BatchChoice") in message
+
+
+def test_the_cli_reports_a_wrong_answer_in_one_line(
+    plugin_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["simulate", "--requests", "1", "--output-len", "8", "--policy", "myplugins:Careless"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'careless'" in err and "TreeChoice" in err
+
+
 def test_non_policy_objects_are_refused() -> None:
     with pytest.raises(BudgetError, match="choose"):
         make_policy(42)  # type: ignore[arg-type]
@@ -140,6 +192,9 @@ def test_entry_point_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         assert make_policy("greedy:12").name == "greedy:12"
         with pytest.raises(UnknownNameError, match="registered: greedy"):
             make_policy("greedier")
+        with pytest.raises(ConfigError) as info:  # a bad argument names the spec and its origin
+            make_policy("greedy:abc")
+        assert "'greedy:abc'" in str(info.value) and "epplugins:Greedy" in str(info.value)
     finally:
         sys.modules.pop("epplugins", None)
 

@@ -66,6 +66,27 @@ def test_queueing_raises_time_to_first_token() -> None:
     assert ttft["rush"] > 10 * ttft["calm"]
 
 
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_requests_stop_at_their_output_length(concurrency: int) -> None:
+    """Nothing past a request's output length is committed or counted: every step's count is
+    what the request received, so the counts sum to its tokens after the first, τ is their mean
+    and the accepted draft tokens never exceed them. With 6-token outputs a 64-node tree on the
+    math workload often accepts more than the 5 tokens still wanted (negative control below)."""
+    arrivals = [Arrival(0.0, 64, 6) for _ in range(6)]
+    r = serve(make_policy("fixed:64"), gpu(), source(), arrivals=arrivals, concurrency=concurrency)
+    for q in r.requests:
+        assert q.tokens == 6
+        assert sum(q.committed) == q.tokens - 1
+        assert q.latency().committed_tokens == q.tokens - 1
+        assert q.tau == pytest.approx(np.mean(q.committed))
+        assert all(0 <= a <= c for a, c in zip(q.accepted, q.committed, strict=True))
+    assert r.tau <= 5.0
+    assert r.throughput == pytest.approx(6 * 6 / r.elapsed_s)
+    # the control: the same requests with long outputs do commit more than 5 tokens in a step
+    long = serve(make_policy("fixed:64"), gpu(), source(), arrivals=[Arrival(0.0, 64, 200)] * 6)
+    assert max(c for q in long.requests for c in q.committed) > 5
+
+
 def test_closed_loop_arrival_is_admission() -> None:
     r = serve(make_policy("ar"), gpu(), source(), n_requests=4, concurrency=2)
     starts = sorted(q.arrival_s for q in r.requests)

@@ -163,7 +163,7 @@ def test_batched_runs_match_generate_with_joins_leaves_and_eos(
         assert [r.output_ids for r in rep.records] == refs, (policy, type(drafter).__name__)
         assert 1 < rep.mean_batch <= 3
     if policy != "ar":
-        assert max(n for r in rep.records for n in r.acceptance_lengths) >= 3
+        assert max(n for r in rep.records for n in r.committed_per_step) >= 3
     no_eos = generate_batch(
         target,
         oracle,
@@ -256,12 +256,12 @@ def test_report_and_repeats(target, dflash) -> None:
     d = rep.to_dict()
     assert len(d["records"]) == len(PROMPTS) and d["batch_size"] == 2
     for r in d["records"]:
-        assert {"output_ids", "acceptance_lengths", "time_per_output_token"} <= r.keys()
-        assert r["time_to_first_token"] >= r["prefill_s"] > 0
+        assert {"output_ids", "committed_per_step", "tpot_s"} <= r.keys()
+        assert r["ttft_s"] >= r["prefill_s"] > 0
     assert d["repeats"]["runs"] == 2 and len(d["repeats"]["wall_s"]) == 2
     s = d["repeats"]["tpot_s"]
     assert s["min"] <= s["median"] <= s["max"]
-    assert d["throughput_tok_s"] > 0 and d["num_output_tokens"] == 6 * len(PROMPTS)
+    assert d["throughput_tok_s"] > 0 and d["tokens"] == 6 * len(PROMPTS)
     assert d["cycle"]["predicted_s"] > 0 and d["cycle"]["measured_s"] > 0
     # later requests waited for a slot: their TTFT includes the queue
     assert rep.records[-1].queue_s > rep.records[0].queue_s

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import jsonschema
 import pytest
 
 from bastion.trace import read_trace
@@ -26,6 +27,7 @@ pytest.importorskip("transformers")
 from bastion.backends.torch import DFlashDrafter, generate  # noqa: E402
 from bastion.backends.torch.timing import fit_affine_cost_model, verify_timer  # noqa: E402
 from bastion.cli import main  # noqa: E402
+from bastion.records import shipped_schema  # noqa: E402
 from tests.torch_models import greedy_reference, tiny_target  # noqa: E402
 
 
@@ -59,15 +61,17 @@ def test_generate_json_matches_reference(dirs, policy, capsys, tmp_path) -> None
         str(trace),
     ]
     assert main(argv) == 0
-    out = json.loads(capsys.readouterr().out)["records"][0]
+    document = json.loads(capsys.readouterr().out)
+    jsonschema.validate(document, shipped_schema())
+    out = document["records"][0]
     assert out["output_ids"] == greedy_reference(target, [3, 1, 4, 1, 5], 10)
-    assert {"acceptance_lengths", "time_per_output_token", "stage_times"} <= out.keys()
+    assert {"committed_per_step", "tpot_s", "stage_times"} <= out.keys()
     tr = read_trace(trace)
     assert list(tr.output_ids) == out["output_ids"]
     if policy == "ar":  # target-only decoding never drafts: nothing to replay
         assert tr.steps == ()
     else:
-        assert len(tr.steps) == len(out["acceptance_lengths"])
+        assert len(tr.steps) == len(out["committed_per_step"])
         assert tr.steps[0].position == 5
     assert tr.metadata["temperature"] == 0.0
 
@@ -88,11 +92,13 @@ def test_generate_batched_json_matches_each_prompt_alone(dirs, policy, capsys, t
     argv += ["--max-new-tokens", "12", "--batch-size", "4", "--repeats", "2", "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, shipped_schema())  # the record vocabulary (bastion.records)
+    assert out["policy_spec"] == policy and out["tpot_s"] > 0
     assert len(out["records"]) == len(PROMPTS) and out["batch_size"] == 4
     for ids, rec, trace in zip(PROMPTS, out["records"], traces, strict=True):
         prompt = [int(x) for x in ids.split(",")]
         assert rec["output_ids"] == greedy_reference(target, prompt, 12)
-        assert {"acceptance_lengths", "time_per_output_token", "time_to_first_token"} <= set(rec)
+        assert {"committed_per_step", "tpot_s", "ttft_s"} <= set(rec)
         assert list(read_trace(trace).output_ids) == rec["output_ids"]
         assert read_trace(trace).metadata["batch_size"] == 4
     assert out["throughput_tok_s"] > 0 and out["repeats"]["runs"] == 2
@@ -226,4 +232,4 @@ def test_generate_runs_a_plugin_policy_losslessly(dirs, capsys, tmp_path) -> Non
     out = json.loads(capsys.readouterr().out)["records"][0]
     assert out["policy"] == "greedy:12"
     assert out["output_ids"] == greedy_reference(target, [3, 1, 4, 1, 5], 10)
-    assert max(out["acceptance_lengths"]) <= 13  # at most the tree's 12 nodes and the bonus
+    assert max(out["committed_per_step"]) <= 13  # at most the tree's 12 nodes and the bonus

@@ -125,9 +125,9 @@ def test_real_drafter_through_the_verifier_keeps_in_step(target, drafter, monkey
     monkeypatch.setattr(drafter, "release", spy)
     rep = generate(target, drafter, "fixed:12", [4, 5, 6], max_new_tokens=15, eos_token_id=None)
     # the drafter's context ends where the last step began: prompt + all earlier commits
-    assert held[-1] == 3 + sum(rep.acceptance_lengths[:-1])
+    assert held[-1] == 3 + sum(rep.committed_per_step[:-1])
     assert drafter.context_len(0) == 0
-    assert rep.num_output_tokens == 15
+    assert rep.output_len == 15
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -49,8 +49,8 @@ def test_dflash_drafter_matches_generate(target, dflash, policy) -> None:
             target, dflash, policy, prompt, max_new_tokens=n, eos_token_id=None, cost_model=COST
         )
         assert rep.output_ids == ref, (policy, prompt)
-        assert rep.num_output_tokens == n
-        assert sum(rep.acceptance_lengths) >= n - 1  # the first token comes from prefill
+        assert rep.output_len == n
+        assert sum(rep.committed_per_step) >= n - 1  # the first token comes from prefill
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -65,7 +65,7 @@ def test_deep_acceptance_matches_generate(target, policy) -> None:
     )
     assert rep.output_ids == ref
     if policy != "ar":
-        assert max(rep.acceptance_lengths) >= 3
+        assert max(rep.committed_per_step) >= 3
     if policy in ("fixed:32", "bastion:64"):
         gathered = [
             t for t in rep.trees if t["accepted_path"] != list(range(len(t["accepted_path"])))
@@ -92,16 +92,16 @@ def test_report_fields(target, dflash) -> None:
     d = rep.to_dict()
     for key in (
         "output_ids",
-        "num_input_tokens",
-        "num_output_tokens",
-        "time_to_first_token",
-        "time_per_output_token",
-        "acceptance_lengths",
+        "prompt_len",
+        "output_len",
+        "ttft_s",
+        "tpot_s",
+        "committed_per_step",
         "stage_times",
         "trees",
     ):
         assert key in d
     assert set(rep.stage_times) == {"draft", "build", "mask", "verify", "commit"}
     assert all(v >= 0 for v in rep.stage_times.values())
-    assert len(rep.trees) == len(rep.acceptance_lengths)
-    assert rep.num_input_tokens == 3 and rep.time_per_output_token > 0
+    assert len(rep.trees) == len(rep.committed_per_step)
+    assert rep.prompt_len == 3 and rep.tpot_s > 0

@@ -123,7 +123,7 @@ def sample_tokens(model, policy: str, runs: int, wrong: bool = False, batch: int
         )
         for i, r in enumerate(rep.records):
             out[seed * copies + i] = r.output_ids
-            accepted.append(sum(r.acceptance_lengths) - len(r.acceptance_lengths))
+            accepted.append(sum(r.accepted_per_step))  # draft tokens delivered
     assert sum(accepted) > runs // 4  # draft tokens were accepted, not only bonus tokens
     return out
 

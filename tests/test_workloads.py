@@ -157,6 +157,38 @@ def test_a_name_claimed_twice_in_one_directory(
         get_workload("a")
 
 
+def test_one_directory_holds_profiles_and_workloads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$BASTION_WORKLOADS`` and ``$BASTION_HWPROFILES`` naming one directory: each lookup
+    skips the other kind's files (by their ``[peak]`` table, or an explicit ``kind`` key)."""
+    from bastion.cost.hardware import PROFILE_DIR_ENV, get_profile, known_profiles
+
+    shipped = Path(__file__).resolve().parents[1] / "hwprofiles" / "h100-sxm.toml"
+    (tmp_path / "mygpu.toml").write_text(shipped.read_text().replace('"h100-sxm"', '"mygpu"'))
+    write_workload(tmp_path / "mine.toml", get_workload("math").with_(name="mine"))
+    labelled = (tmp_path / "mine.toml").read_text()
+    (tmp_path / "tagged.toml").write_text(
+        'kind = "workload"\n' + labelled.replace('name = "mine"', 'name = "tagged"')
+    )
+    monkeypatch.setenv(WORKLOAD_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(PROFILE_DIR_ENV, str(tmp_path))
+    assert get_workload("mine").name == "mine" and get_workload("tagged").name == "tagged"
+    assert "mygpu" not in known_workloads()
+    assert get_profile("mygpu").name == "mygpu"
+    assert "mine" not in known_profiles() and "tagged" not in known_profiles()
+    assert cli_main(["hw", "list"]) == 0 and cli_main(["workload", "list"]) == 0
+    # an explicit kind must be a known one, and a file of the other kind is refused by path
+    (tmp_path / "odd.toml").write_text('kind = "recipe"\n' + labelled)
+    with pytest.raises(ConfigError, match="key 'kind' is 'recipe'"):
+        get_workload("mine")
+    (tmp_path / "odd.toml").unlink()
+    with pytest.raises(ConfigError, match="is a hardware profile"):
+        get_workload(str(tmp_path / "mygpu.toml"))
+    with pytest.raises(ConfigError, match="is a workload"):
+        get_profile(str(tmp_path / "mine.toml"))
+
+
 # -- the structured model --------------------------------------------------------------------------
 
 

@@ -3,8 +3,8 @@
 ``--prompt`` / ``--prompt-ids`` may be repeated; up to ``--batch-size`` requests decode together
 (continuous batching: a finished request leaves the batch and the next prompt joins after its
 prefill). Prints each generated text (or ids) and the step statistics; ``--json`` prints one
-JSON object with a ``records`` list (one per prompt: output_ids, acceptance_lengths,
-time_per_output_token, time_to_first_token …) and the aggregates (throughput, repeats). Torch
+JSON object with a ``records`` list (one per prompt: output_ids, committed_per_step, ttft_s,
+tpot_s … — the vocabulary of :mod:`bastion.records`) and the aggregates (throughput, repeats). Torch
 is imported only when the command runs, so ``bastion --help`` stays light.
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 from bastion.cli import _checks as checks
 from bastion.errors import BudgetError, CheckpointError
 from bastion.files import check_output_file
+from bastion.records import json_safe as _json_safe
 
 #: Most new tokens one request may ask for.
 MAX_NEW_TOKENS = 1 << 20
@@ -156,9 +157,10 @@ def run(args: argparse.Namespace) -> int:
         dense_trace=args.dense_trace,
         repeats=args.repeats,
         warmup=args.warmup,
+        policy_spec=args.policy.strip(),
     )
     if args.json:
-        print(json.dumps(report.to_dict(with_trees=False)))
+        print(json.dumps(_json_safe(report.to_dict(with_trees=False))))
         return 0
     for rec in report.records:
         if tokenizer is not None:
@@ -167,16 +169,16 @@ def run(args: argparse.Namespace) -> int:
             print(" ".join(map(str, rec.output_ids)))
         stages = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in rec.stage_times.items())
         print(
-            f"policy {rec.policy}: {rec.num_output_tokens} tokens in "
-            f"{len(rec.acceptance_lengths)} steps, τ {rec.tau:.2f}, "
-            f"TTFT {rec.time_to_first_token * 1e3:.2f} ms, "
-            f"TPOT {rec.time_per_output_token * 1e3:.2f} ms; stages: {stages}"
+            f"policy {rec.policy}: {rec.output_len} tokens in "
+            f"{len(rec.committed_per_step)} steps, τ {rec.tau:.2f}, "
+            f"TTFT {rec.ttft_s * 1e3:.2f} ms, "
+            f"TPOT {rec.tpot_s * 1e3:.2f} ms; stages: {stages}"
         )
     d = report.to_dict()
     tpot = d["repeats"]["tpot_s"]
     print(
         f"{len(report.records)} prompts, batch {report.batch_size}: "
-        f"{report.num_output_tokens} tokens, {report.throughput_tok_s:.1f} tokens/s, "
+        f"{report.tokens} tokens, {report.throughput_tok_s:.1f} tokens/s, "
         f"TPOT median {tpot['median'] * 1e3:.2f} ms (min {tpot['min'] * 1e3:.2f}, "
         f"max {tpot['max'] * 1e3:.2f}) over {len(report.runs)} run(s)"
     )

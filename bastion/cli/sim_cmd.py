@@ -99,8 +99,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         result = simulate(spec, progress=report)
     finally:
         close()
+    from bastion.records import json_safe as _json_safe
     from bastion.sim.experiments import records_of
-    from bastion.sim.results import _json_safe, write_csv_atomic, write_records_json
+    from bastion.sim.results import write_csv_atomic, write_records_json
 
     rows, requests = records_of(result, {"spec": spec.to_dict()})
     if out is not None:

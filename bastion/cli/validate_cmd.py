@@ -116,7 +116,11 @@ def _validate(args: argparse.Namespace) -> int:
         return 0
     scope = f"s ≤ {report.max_tokens}" if report.max_tokens else "all s"
     print(f"{report.path} ({report.format}): {report.model} on {report.gpu}, {scope}")
-    print(f"calibrated on s ∈ {{{', '.join(map(str, report.train_tokens))}}}; held-out errors")
+    missing = report.missing_train_tokens
+    lacks = f" (not in the file: {', '.join(map(str, missing))})" if missing else ""
+    print(
+        f"calibrated on s ∈ {{{', '.join(map(str, report.train_tokens))}}}{lacks}; held-out errors"
+    )
     for column, what in report.mapped.items():
         print(f"  mapped   {column}: {what}")
     for column in report.unmapped:

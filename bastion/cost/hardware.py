@@ -11,6 +11,7 @@ or measure a machine (see :mod:`bastion.cost.probe`).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import ConfigError, UnknownNameError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "PROFILE_DIR_ENV",
@@ -113,6 +116,11 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{origin}: missing field 'name' (a non-empty string)")
+    if data.get("kind", "hardware-profile") != "hardware-profile":
+        raise ConfigError(
+            f"{origin}: key 'kind' is {data['kind']!r}; a hardware profile has "
+            'kind = "hardware-profile" (or no kind key)'
+        )
     peak = _table(data, "peak", origin)
     eff = _table(data, "efficiency", origin)
     sources = _table(data, "sources", origin)
@@ -231,10 +239,15 @@ def profile_to_toml(profile: HardwareProfile) -> str:
 
 def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     """Read and validate one profile file."""
-    from bastion.files import read_toml_file
+    from bastion.files import config_kind, read_toml_file
 
     p = Path(path)
     data = read_toml_file(p, "hardware profile file")
+    if isinstance(data, dict) and config_kind(data, str(p)) != "hardware-profile":
+        raise ConfigError(
+            f'{p} is a workload (no [peak] table, or kind = "workload"), not a hardware '
+            "profile; use it as --workload"
+        )
     return profile_from_dict(data, origin=str(p))
 
 
@@ -255,11 +268,27 @@ def profile_dirs() -> list[Path]:
     return dirs
 
 
+def _is_profile(path: Path) -> bool:
+    """Whether a file on the search path is a hardware profile: a workload file in the same
+    directory (``kind = "workload"``, or no ``[peak]`` table) is skipped with a note; a file
+    that cannot be read is kept, so its error shows when it is asked for by name."""
+    from bastion.files import config_kind, read_toml_file
+
+    try:
+        kind = config_kind(read_toml_file(path, "hardware profile file"), str(path))
+    except ConfigError:
+        return True
+    if kind != "hardware-profile":
+        log.info("%s is a %s, not a hardware profile: skipped", path, kind)
+    return kind == "hardware-profile"
+
+
 def _index() -> dict[str, Path]:
     found: dict[str, Path] = {}
     for d in profile_dirs():
         for p in sorted(d.glob("*.toml")):
-            found.setdefault(p.stem, p)
+            if p.stem not in found and _is_profile(p):
+                found[p.stem] = p
     return found
 
 

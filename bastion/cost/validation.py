@@ -178,7 +178,7 @@ def load_measured(path: str | os.PathLike[str], format: str = "vidur") -> Measur
     spec = FORMATS[format]
     name = os.fspath(path)
     try:
-        with open(name, newline="") as fh:
+        with open(name, newline="", encoding="utf-8-sig") as fh:  # a byte-order mark is fine
             reader = csv.DictReader(fh)
             header = list(reader.fieldnames or [])
             rows = list(reader)
@@ -408,12 +408,14 @@ class ValidationReport:
     format: str
     model: str
     gpu: str
-    train_tokens: tuple[int, ...]
+    train_tokens: tuple[int, ...]  # the calibration sizes the table has (≤ max_tokens)
     max_tokens: int | None
     results: tuple[OperatorResult, ...]
     mapped: dict[str, str]  # column → what it measures
     unmapped: tuple[str, ...]
     skipped: dict[str, str] = field(default_factory=dict)  # mapped but not scored: why
+    # calibration sizes asked for that the table lacks (or that exceed max_tokens)
+    missing_train_tokens: tuple[int, ...] = ()
 
     def records(self) -> list[dict[str, Any]]:
         return [r.to_record() for r in self.results]
@@ -532,12 +534,15 @@ def validate(
         format=table.format,
         model=model.name,
         gpu=hw.name,
-        train_tokens=tuple(int(t) for t in train_tokens),
+        train_tokens=tuple(int(t) for t in tokens[wanted & in_range]),
         max_tokens=max_tokens,
         results=tuple(results),
         mapped={c: _describe(spec[c]) for c in table.columns},
         unmapped=table.unmapped,
         skipped=skipped,
+        missing_train_tokens=tuple(
+            sorted({int(t) for t in train_tokens} - {int(t) for t in tokens[wanted & in_range]})
+        ),
     )
 
 

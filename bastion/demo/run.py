@@ -16,8 +16,10 @@ What this module does not do: train (see :mod:`bastion.demo.train`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,7 @@ import numpy as np
 
 from bastion.demo import DRAFTER_DIR, PROMPTS_FILE, TARGET_DIR
 from bastion.errors import ConfigError
+from bastion.records import json_safe
 
 __all__ = ["DEMO_POLICIES", "DemoResult", "PolicyRow", "load_prompts", "run_demo"]
 
@@ -39,6 +42,8 @@ CALIBRATION_CONTEXTS = (64, 256)
 
 @dataclass(frozen=True)
 class PolicyRow:
+    """One policy at one batch size, in the record vocabulary (:mod:`bastion.records`)."""
+
     policy: str
     tau: float  # committed tokens per step, bonus included, macro-averaged over prompts
     mean_tree_size: float
@@ -50,9 +55,31 @@ class PolicyRow:
     tpot_max_s: float = float("nan")
     throughput_tok_s: float = float("nan")  # median over timed runs, prefills included
     cycle_predicted_s: float = float("nan")  # the cost model's mean Ĉ for the steps taken
-    cycle_measured_s: float = float("nan")  # mean measured draft + build + verify
+    cycle_observed_s: float = float("nan")  # mean measured draft + build + verify
     predicted_draft_s: float = float("nan")
     measured_draft_s: float = float("nan")
+    policy_spec: str = ""
+    tokens: int = 0  # output tokens over all prompts (first timed run)
+    ttft_mean_s: float = float("nan")  # over the prompts of the first timed run
+    ttft_p50_s: float = float("nan")
+    ttft_p99_s: float = float("nan")
+    tpot_p50_s: float = float("nan")
+    tpot_p99_s: float = float("nan")
+    e2e_mean_s: float = float("nan")
+    e2e_p50_s: float = float("nan")
+    e2e_p99_s: float = float("nan")
+    acceptance_rate: float = float("nan")  # nan for AR (no draft)
+    acceptance_by_position: tuple[float, ...] = ()
+
+    @property
+    def cycle_measured_s(self) -> float:
+        """The previous release's name of :attr:`cycle_observed_s` (deprecated)."""
+        warnings.warn(
+            "PolicyRow.cycle_measured_s is renamed cycle_observed_s (bastion.records)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.cycle_observed_s
 
 
 @dataclass
@@ -66,9 +93,10 @@ class DemoResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "records": [r.__dict__ for r in self.rows],  # one per policy and batch size
+            # one per policy and batch size
+            "records": [json_safe(dataclasses.asdict(r)) for r in self.rows],
             "identical": self.identical,
-            "calibration": self.calibration,
+            "calibration": json_safe(self.calibration),
         }
 
 
@@ -205,7 +233,7 @@ def run_demo(
             )
             batched.setdefault(b, {})[name] = [list(r.output_ids) for r in report.records]
             if b_i == 0:
-                acceptance[name] = [list(r.acceptance_lengths) for r in report.records]
+                acceptance[name] = [list(r.committed_per_step) for r in report.records]
             tpot: dict[str, float] = report.to_dict()["repeats"]["tpot_s"]
             if name == "ar":
                 ar_tpot = tpot["median"]
@@ -224,9 +252,13 @@ def run_demo(
                     tpot_max_s=tpot["max"],
                     throughput_tok_s=report.throughput_tok_s,
                     cycle_predicted_s=cycle.get("predicted_s", nan),
-                    cycle_measured_s=cycle.get("measured_s", nan),
+                    cycle_observed_s=cycle.get("measured_s", nan),
                     predicted_draft_s=cycle.get("predicted_draft_s", nan),
                     measured_draft_s=cycle.get("measured_draft_s", nan),
+                    policy_spec=report.policy_spec,
+                    tokens=report.tokens,
+                    **report.latency(),  # type: ignore[arg-type]  # floats, by name
+                    **report.acceptance(),
                 )
             )
     first = batched[batch_sizes[0]]

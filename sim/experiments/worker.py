@@ -73,4 +73,13 @@ def records_of(result: SimulationResult, run: Mapping[str, Any]) -> tuple[list[R
     }
     rows = [{**head, **asdict(r), **calib, **tail} for r in result.rows]
     requests = [{**head, **q, **tail} for q in result.request_rows()]
+    # policy specs as the user wrote them (a worker's are remapped to shipped file paths)
+    specs = dict(zip([r.policy_spec for r in result.rows], _given_policies(given), strict=False))
+    for row in (*rows, *requests):
+        row["policy_spec"] = specs.get(row["policy_spec"], row["policy_spec"])
     return rows, requests
+
+
+def _given_policies(spec: Mapping[str, Any]) -> list[str]:
+    """The policy specs of a run as written, in the order simulate serves them (AR first)."""
+    return ["ar", *[str(p) for p in spec.get("policies", ()) if p != "ar"]]

@@ -47,12 +47,12 @@ class SpeculativeGenerateOutput:
     """``sequences`` as ``model.generate`` returns them; per-request statistics alongside."""
 
     sequences: torch.Tensor  # [B, input length + most new tokens of any row]
-    records: list[GenerationReport]  # per row: output_ids, acceptance_lengths, TTFT, TPOT …
+    records: list[GenerationReport]  # per row: output_ids, committed_per_step, ttft_s, tpot_s …
     report: BatchGenerationReport  # the run: throughput, steps, stage times, cycle
 
     @property
     def num_new_tokens(self) -> list[int]:
-        return [r.num_output_tokens for r in self.records]
+        return [r.output_len for r in self.records]
 
 
 def _gen_default(model: Any, name: str, given: Any) -> Any:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import statistics
+import warnings
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +47,8 @@ from bastion.interfaces import (
     StepLoad,
     TreePolicy,
 )
-from bastion.policies import make_policy
+from bastion.policies import make_policy, policy_label
+from bastion.records import RENAMED, acceptance_stats, delivered_counts
 from bastion.trace import Trace, TraceStep, write_trace
 from bastion.tree import DraftMarginals
 
@@ -114,46 +116,99 @@ def load_target(
 
 @dataclass
 class GenerationReport:
-    """One request's result, with the reference benchmarks' fields (times in seconds)."""
+    """One request's result, with the record vocabulary's fields (:mod:`bastion.records`;
+    times in seconds). The previous release's names (``time_to_first_token``,
+    ``time_per_output_token``, ``acceptance_lengths``, ``num_input_tokens``,
+    ``num_output_tokens``) still read, with a ``DeprecationWarning``."""
 
     output_ids: list[int]
-    num_input_tokens: int
-    num_output_tokens: int
-    time_to_first_token: float  # submission (the run's start) to the first token
-    time_per_output_token: float  # decode time after the first token ÷ output tokens
-    acceptance_lengths: list[int]  # committed per step, bonus included
+    prompt_len: int
+    output_len: int
+    ttft_s: float  # submission (the run's start) to the first token
+    tpot_s: float  # decode time after the first token ÷ (output_len − 1); 0 for one token
+    # tokens received per step, bonus included; a step cut by max_new_tokens or EOS counts only
+    # what it delivered (bastion.records)
+    committed_per_step: list[int]
     stage_times: dict[str, float]  # draft, build, mask, verify, commit (its steps, shared)
     trees: list[dict[str, Any]] = field(default_factory=list)  # per step
     policy: str = ""
     prefill_s: float = 0.0  # its own prefill
     queue_s: float = 0.0  # waiting for a free slot before the prefill
+    accepted_per_step: list[int] = field(default_factory=list)  # draft tokens delivered
+    policy_spec: str = ""  # the spec the policy was made from
+    e2e_s: float = 0.0  # submission to the last token
 
     @property
     def tau(self) -> float:
-        lens = self.acceptance_lengths
+        lens = self.committed_per_step
         return sum(lens) / len(lens) if lens else 0.0
 
     @property
     def mean_tree_size(self) -> float:
         return float(np.mean([t["size"] for t in self.trees])) if self.trees else 1.0
 
+    def acceptance(self) -> dict[str, Any]:
+        """``acceptance_rate`` and ``acceptance_by_position`` of its steps."""
+        return acceptance_stats(self.accepted_per_step, [t["size"] for t in self.trees])
+
+    # the previous release's names, readable for one more release
+    @property
+    def time_to_first_token(self) -> float:
+        _renamed("time_to_first_token")
+        return self.ttft_s
+
+    @property
+    def time_per_output_token(self) -> float:
+        _renamed("time_per_output_token")
+        return self.tpot_s
+
+    @property
+    def acceptance_lengths(self) -> list[int]:
+        _renamed("acceptance_lengths")
+        return self.committed_per_step
+
+    @property
+    def num_input_tokens(self) -> int:
+        _renamed("num_input_tokens")
+        return self.prompt_len
+
+    @property
+    def num_output_tokens(self) -> int:
+        _renamed("num_output_tokens")
+        return self.output_len
+
     def to_dict(self, with_trees: bool = True) -> dict[str, Any]:
         d = {
+            "policy": self.policy,
+            "policy_spec": self.policy_spec or self.policy,
             "output_ids": self.output_ids,
-            "num_input_tokens": self.num_input_tokens,
-            "num_output_tokens": self.num_output_tokens,
-            "time_to_first_token": self.time_to_first_token,
-            "time_per_output_token": self.time_per_output_token,
+            "prompt_len": self.prompt_len,
+            "output_len": self.output_len,
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "e2e_s": self.e2e_s,
             "prefill_s": self.prefill_s,
             "queue_s": self.queue_s,
-            "acceptance_lengths": self.acceptance_lengths,
+            "committed_per_step": self.committed_per_step,
+            "accepted_per_step": self.accepted_per_step,
             "tau": self.tau,
+            **self.acceptance(),
+            "mean_tree_size": self.mean_tree_size,
+            "steps": len(self.committed_per_step),
             "stage_times": self.stage_times,
-            "policy": self.policy,
         }
         if with_trees:
             d["trees"] = self.trees
         return d
+
+
+def _renamed(old: str) -> None:
+    warnings.warn(
+        f"GenerationReport.{old} is renamed {RENAMED[old]} (bastion.records); the old name is "
+        "read for one release more",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 @dataclass(frozen=True)
@@ -199,9 +254,17 @@ class BatchGenerationReport:
     # (draft + build + verify, seconds) and of the cost model's Ĉ for the step's trees and
     # batch, with its T_draft and T_verify parts next to the measured draft and verify times.
 
+    policy_spec: str = ""  # the spec the policy was made from
+
+    @property
+    def tokens(self) -> int:
+        """Output tokens of the first timed run, over all requests."""
+        return sum(r.output_len for r in self.records)
+
     @property
     def num_output_tokens(self) -> int:
-        return sum(r.num_output_tokens for r in self.records)
+        _renamed("num_output_tokens")
+        return self.tokens
 
     @property
     def throughput_tok_s(self) -> float:
@@ -209,15 +272,38 @@ class BatchGenerationReport:
         return float(statistics.median(r.throughput_tok_s for r in self.runs))
 
     @property
-    def time_per_output_token(self) -> float:
+    def tpot_s(self) -> float:
         """Median over timed runs of the requests' mean TPOT."""
         return float(statistics.median(r.tpot_s for r in self.runs))
 
     @property
+    def time_per_output_token(self) -> float:
+        _renamed("time_per_output_token")
+        return self.tpot_s
+
+    @property
     def tau(self) -> float:
         """Committed tokens per step over every request's steps, bonus included."""
-        lens = [n for r in self.records for n in r.acceptance_lengths]
+        lens = [n for r in self.records for n in r.committed_per_step]
         return sum(lens) / len(lens) if lens else 0.0
+
+    def acceptance(self) -> dict[str, Any]:
+        """``acceptance_rate`` and ``acceptance_by_position`` over every request's steps."""
+        return acceptance_stats(
+            [a for r in self.records for a in r.accepted_per_step],
+            [t["size"] for r in self.records for t in r.trees],
+        )
+
+    def latency(self) -> dict[str, float]:
+        """Mean and p50 / p99 of TTFT, TPOT and end-to-end over the requests (first run)."""
+        ttft = [r.ttft_s for r in self.records]
+        tpot = [r.tpot_s for r in self.records if r.output_len > 1]
+        e2e = [r.e2e_s for r in self.records]
+        out = {"ttft_mean_s": float(np.mean(ttft)), "e2e_mean_s": float(np.mean(e2e))}
+        for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
+            p50, p99 = np.percentile(values, [50.0, 99.0]) if values else (0.0, 0.0)
+            out[f"{name}_p50_s"], out[f"{name}_p99_s"] = float(p50), float(p99)
+        return out
 
     @property
     def mean_tree_size(self) -> float:
@@ -228,11 +314,14 @@ class BatchGenerationReport:
         return {
             "records": [r.to_dict(with_trees) for r in self.records],
             "policy": self.policy,
+            "policy_spec": self.policy_spec or self.policy,
             "batch_size": self.batch_size,
-            "num_output_tokens": self.num_output_tokens,
+            "tokens": self.tokens,
             "throughput_tok_s": self.throughput_tok_s,
-            "time_per_output_token": self.time_per_output_token,
+            "tpot_s": self.tpot_s,
+            **self.latency(),
             "tau": self.tau,
+            **self.acceptance(),
             "mean_tree_size": self.mean_tree_size,
             "steps": self.steps,
             "mean_batch": self.mean_batch,
@@ -352,6 +441,8 @@ class _Live:
     expected: float = 0.0
     end_at: float = 0.0
     timings: list[VerifyTiming] = field(default_factory=list)
+    delivered: list[int] = field(default_factory=list)  # per step: tokens it received
+    accepted: list[int] = field(default_factory=list)  # per step: draft tokens among them
 
 
 _Cycle = tuple[list[int], list[int], float, float, float]  # sizes, contexts, draft, build, verify
@@ -458,6 +549,9 @@ def _run(
             new = new[: max_new_tokens - len(live.out)]
             live.out.extend(new)
             live.committed.extend(new)
+            delivered, accepted = delivered_counts(rec.committed_len, len(new))
+            live.delivered.append(delivered)
+            live.accepted.append(accepted)
             if step.kind == "ar" and learns and hasattr(live.feedback, "then"):
                 live.feedback = live.feedback.then(rec.result.feedback)  # not drafted: keep
             else:
@@ -546,6 +640,7 @@ def generate_batch(
     repeats: int = 1,
     warmup: int = 0,
     predict_cycles: CostModel | None = None,
+    policy_spec: str | None = None,
 ) -> BatchGenerationReport:
     """Generate up to ``max_new_tokens`` tokens after each prompt, ``batch_size`` at a time.
 
@@ -554,6 +649,8 @@ def generate_batch(
     trace path per prompt, written after a successful run (never a partial one).
     ``predict_cycles`` prices the run's steps with that cost model for the report's ``cycle``
     when the policy's own cost model is not one (e.g. to compare static policies).
+    ``policy_spec`` is the spec the records name (default: ``policy`` when it is a string, else
+    :func:`~bastion.policies.policy_label` of the object).
     """
     pol = make_policy(policy)  # a spec string (built-in or plug-in) or a policy object
     is_ar = not getattr(pol, "uses_drafter", True)
@@ -619,12 +716,13 @@ def generate_batch(
         if [x.out for x in other.lives] != [x.out for x in first_run.lives]:
             log.warning("repeats of the same seeded run produced different outputs")
             break
-    records = [_report(x, pol.name, len(prompts[x.index])) for x in first_run.lives]
+    spec = policy_spec or (policy if isinstance(policy, str) else policy_label(pol))
+    records = [_report(x, pol.name, spec, len(prompts[x.index])) for x in first_run.lives]
     timings = [
         RunTiming(
             run.wall_s,
             sum(len(x.out) for x in run.lives),
-            float(np.mean([(x.end_at - x.first_at) / len(x.out) for x in run.lives])),
+            float(np.mean([_tpot(x) for x in run.lives])),
         )
         for run in runs
     ]
@@ -639,6 +737,7 @@ def generate_batch(
         stage_times=first_run.stage_times,
         cycle=_cycle_report(pricer, first_run.cycles, not is_ar),
         warmup=warmup,
+        policy_spec=spec,
     )
     if recorder is not None and record_traces is not None:
         _write_traces(
@@ -657,7 +756,12 @@ def generate_batch(
     return report
 
 
-def _report(live: _Live, policy: str, n_in: int) -> GenerationReport:
+def _tpot(live: _Live) -> float:
+    """Decode time after the first token ÷ the tokens after it (the serving benchmarks' TPOT)."""
+    return (live.end_at - live.first_at) / (len(live.out) - 1) if len(live.out) > 1 else 0.0
+
+
+def _report(live: _Live, policy: str, spec: str, n_in: int) -> GenerationReport:
     steps = live.steps
     timings = live.timings
     stage_times = {
@@ -667,14 +771,17 @@ def _report(live: _Live, policy: str, n_in: int) -> GenerationReport:
         "verify": sum(t.forward_s + t.accept_s for t in timings),
         "commit": sum(t.commit_s for t in timings),
     }
-    decode = live.end_at - live.first_at
+    ttft = live.queue_s + live.prefill_s
     return GenerationReport(
         output_ids=list(live.out),
-        num_input_tokens=n_in,
-        num_output_tokens=len(live.out),
-        time_to_first_token=live.queue_s + live.prefill_s,
-        time_per_output_token=decode / len(live.out) if live.out else 0.0,
-        acceptance_lengths=[s.committed_len for s in steps],
+        prompt_len=n_in,
+        output_len=len(live.out),
+        ttft_s=ttft,
+        tpot_s=_tpot(live),
+        e2e_s=ttft + (live.end_at - live.first_at),
+        committed_per_step=list(live.delivered),
+        accepted_per_step=list(live.accepted),
+        policy_spec=spec,
         stage_times=stage_times,
         trees=[
             {
@@ -711,7 +818,7 @@ def _write_traces(
         drafted = recorder.marginals.get(i, [])
         for size, committed, marg in zip(
             [t["size"] for t in rec.trees] if drafted else [],
-            rec.acceptance_lengths if drafted else [],
+            rec.committed_per_step if drafted else [],
             drafted,
             strict=True,
         ):
