@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.errors import BudgetError
+from bastion.guard import array, integer, public
 
 __all__ = [
     "COMPILED",
@@ -70,6 +71,7 @@ refused before anything is allocated. (The paper's largest tree has 1025 nodes.)
 _SMALL_BUDGET = 1 << 14  # budgets up to this are passed on as they are (cheap to allocate)
 
 
+@public(probs=array(lo=0.0, hi=1.0), limit=integer(lo=1))
 def buildable_nodes(probs: npt.ArrayLike, limit: int = MAX_TREE_SIZE + 1) -> npt.NDArray[np.int64]:
     """Nodes with ρ > 0 in the lattice of ``probs`` ([D, K] → shape (), [B, D, K] → [B]), root
     included, counted up to ``limit`` (a bigger lattice reads as ``limit``): what a budget can
@@ -99,6 +101,7 @@ def _as_tree_arrays(
     )
 
 
+@public(probs=array(2, 0.0, 1.0))
 def best_first_heap(probs: FloatArray, budget: int) -> TreeArrays:
     """Reference lazy best-first on a binary heap (how DDTree-style implementations do it)."""
     depth_max, k = probs.shape
@@ -144,11 +147,13 @@ def _clamped(probs: FloatArray, budgets: npt.ArrayLike) -> IntArray:
     return np.ascontiguousarray(bud)
 
 
+@public(probs=array(2, 0.0, 1.0))
 def best_first(probs: FloatArray, budget: int) -> TreeArrays:
     """Best-first tree of size ``budget`` (fewer if the lattice runs out of ρ > 0 nodes)."""
     return best_first_many(probs[None], budget)[0]
 
 
+@public(probs=array(3, 0.0, 1.0), own=("budgets",))
 def best_first_many(probs: FloatArray, budgets: npt.ArrayLike) -> list[TreeArrays]:
     """Best-first trees for B requests: ``probs`` is [B, D, K], ``budgets`` an int or [B].
 

@@ -39,6 +39,7 @@ import numpy.typing as npt
 from bastion.batch import BatchMarginals, TreeBatch
 from bastion.bestfirst import best_first, buildable_nodes
 from bastion.errors import BudgetError
+from bastion.guard import integer, public
 from bastion.interfaces import BatchChoice, BatchPolicyContext, CostCurve, CostModel
 from bastion.learned import LearnedCostModel
 from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
@@ -69,6 +70,7 @@ def _flat_until(added: int) -> Callable[[npt.NDArray[np.int64]], CostCurve]:
     return curve
 
 
+@public(error=BudgetError)
 def learner_of(cost_model: CostModel | None, policy: str = "bastion") -> LearnedCostModel:
     """``cost_model`` as a :class:`LearnedCostModel` (the engine wraps a plain one)."""
     if isinstance(cost_model, LearnedCostModel):
@@ -114,6 +116,9 @@ class SizeDiagnostics:
         return float(self.c_hat[self.best])
 
 
+@public(
+    error=BudgetError, context_len=integer(lo=0), n_max=integer(1, 1 << 20), start=integer(lo=1)
+)
 def choose_size(
     marginals: DraftMarginals,
     learner: LearnedCostModel,

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.errors import BudgetError
+from bastion.guard import array, integer, public
 
 __all__ = [
     "LATTICE",
@@ -43,6 +44,7 @@ _TOP = 1 << 20  # the largest total the lattice covers (MAX_TREE_SIZE)
 REFRESH_SHIFT = 3  # every 8
 
 
+@public(error=BudgetError, hi=integer(1, _TOP))
 def token_lattice(hi: int = _TOP) -> IntArray:
     """The candidate token counts up to ``hi``: 1 … 8, then every 8 up to 256, 16 up to 512,
     32 up to 1024, 64 up to 2048, 128 up to 4096, 256 up to 8192, then doubling steps."""
@@ -66,11 +68,13 @@ LATTICE = token_lattice()
 LATTICE.flags.writeable = False
 
 
+@public(error=BudgetError, tokens=array(whole=True))
 def lattice_index(tokens: npt.ArrayLike) -> IntArray:
     """Index in :data:`LATTICE` of the smallest lattice point ≥ each token count."""
     return np.asarray(np.searchsorted(LATTICE, np.asarray(tokens, dtype=np.int64)), np.int64)
 
 
+@public(error=BudgetError, batch_size=integer(lo=1))
 def batch_bucket(batch_size: int) -> int:
     """The batch-size bucket of a step: the power of two nearest to B in log scale (≤ 1024)."""
     if batch_size < 1:
@@ -78,6 +82,7 @@ def batch_bucket(batch_size: int) -> int:
     return min(10, round(math.log2(batch_size)))
 
 
+@public(error=BudgetError, window=integer(1, 1000))
 class CycleTable:
     """Measured/predicted cycle ratios per (kind, batch bucket, lattice cell), robust to noise.
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
+from bastion.guard import public
 from bastion.interfaces import (
     BatchChoice,
     BatchDrafter,
@@ -240,6 +241,7 @@ class PerRequestPolicy:
         return BatchChoice(trees, diagnostics if any(d is not None for d in diagnostics) else None)
 
 
+@public
 def batch_policy(policy: TreePolicy | BatchTreePolicy) -> BatchTreePolicy:
     """``policy`` itself if it chooses batches, else it wrapped in :class:`PerRequestPolicy`."""
     if isinstance(policy, BatchTreePolicy):

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from bastion.batch import BatchMarginals, TreeBatch
 from bastion.cycles import LATTICE, REFRESH_SHIFT, batch_bucket
 from bastion.errors import BudgetError
+from bastion.guard import integer, public
 
 __all__ = ["AcceptanceCalibration", "SizeCalibration"]
 
@@ -26,6 +27,7 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 
+@public(error=BudgetError, depth=integer(1, 4096), ranks=integer(1, 1024))
 class AcceptanceCalibration:
     """Realised/predicted acceptance of a draft token, per (depth, rank), learned from steps.
 
@@ -128,6 +130,7 @@ class AcceptanceCalibration:
         self.steps += 1
 
 
+@public(error=BudgetError)
 class SizeCalibration:
     """What each lattice size really commits, learned from the prefixes of verified trees.
 

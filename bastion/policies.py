@@ -46,6 +46,7 @@ from bastion.bestfirst import best_first_flat
 from bastion.budget import ControllerMode, choose_tree
 from bastion.engine import PerRequestPolicy
 from bastion.errors import BudgetError, UnknownNameError
+from bastion.guard import public
 from bastion.interfaces import (
     BatchChoice,
     BatchPolicyContext,
@@ -459,6 +460,7 @@ def policy_label(policy: object) -> str:
     return f"{getattr(policy, 'name', '?')} [{cls.__module__}:{cls.__qualname__}]"
 
 
+@public
 def make_policy(spec: str | TreePolicy | BatchTreePolicy, *, n_max: int | None = None) -> Any:
     """A policy from a spec, or ``spec`` itself if it already is one.
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from bastion.errors import BastionError, ConfigError
 from bastion.files import read_toml_file
+from bastion.guard import mapping_with, public
 from bastion.sim.results import (
     SPEC_COLUMNS,
     RunStore,
@@ -110,6 +111,7 @@ def _remapped(spec: Mapping[str, Any], remap: Mapping[str, str]) -> dict[str, An
     return d
 
 
+@public(run=mapping_with("spec"))
 def execute(run: Run) -> tuple[list[Row], list[Row]]:
     """Run one spec: (one record per policy, one row per policy and request), each tagged with
     the run's spec, key, experiment and the bastion version that computed it."""
@@ -121,6 +123,7 @@ def execute(run: Run) -> tuple[list[Row], list[Row]]:
     return records_of(simulate(spec), run)
 
 
+@public
 def records_of(result: SimulationResult, run: Mapping[str, Any]) -> tuple[list[Row], list[Row]]:
     """A simulation's records (:data:`sim.results.RECORD_COLUMNS`) and per-request rows, with
     the run's spec as given (``run["spec"]``), its key, tags and the bastion version."""
@@ -244,6 +247,7 @@ def _table_of(spec: Mapping[str, Any]) -> str:
     return profiled[1]
 
 
+@public(run=mapping_with("spec"))
 def run_key(run: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None = None) -> str:
     """The run's cache key: a hash of its spec, tags and :func:`fingerprint`."""
     return spec_key(
@@ -657,6 +661,7 @@ def _check_names(source: str, grids: Mapping[str, Mapping[str, list[Any]]]) -> N
                     raise _bad(source, f"{where}.{key}", str(exc)) from None
 
 
+@public
 def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
     """Read and validate an experiment config (TOML); raises :class:`ConfigError` naming the
     file and the key for anything wrong."""
@@ -1254,6 +1259,7 @@ def _progress_bar(name: str) -> tuple[Callable[[int, int], None], Callable[[], N
     return tick, close
 
 
+@public
 def run_experiment(
     name: str | os.PathLike[str] | ExperimentConfig,
     out: Path,

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bastion.errors import ConfigError
+from bastion.guard import public
 from bastion.sim.results import write_text_atomic
 
 __all__ = ["REQUEST_COLUMNS", "RequestLatency", "latency_summary", "write_requests_csv"]
@@ -49,6 +50,7 @@ REQUEST_COLUMNS = (
 """Columns of :func:`write_requests_csv`, in order (times in seconds, floats at full precision)."""
 
 
+@public
 @dataclass(frozen=True)
 class RequestLatency:
     """The timeline of one served request (times in seconds from the start of the run)."""
@@ -108,6 +110,7 @@ def _percentiles(values: Sequence[float]) -> tuple[float, float]:
     return float(p50), float(p99)
 
 
+@public
 def latency_summary(rows: Iterable[RequestLatency]) -> dict[str, float]:
     """p50 and p99 of TTFT, TPOT (requests with output_len > 1) and end-to-end latency."""
     rows = list(rows)
@@ -123,6 +126,7 @@ def latency_summary(rows: Iterable[RequestLatency]) -> dict[str, float]:
     return out
 
 
+@public
 def write_requests_csv(path: str | os.PathLike[str], rows: Iterable[RequestLatency]) -> None:
     """One row per request with the columns of :data:`REQUEST_COLUMNS`, written atomically
     (a header alone when there is no request)."""

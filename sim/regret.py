@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bastion.guard import public
 from bastion.sim.results import SPEC_COLUMNS
 
 __all__ = ["PROMISE", "regret_report", "regret_rows"]
@@ -68,6 +69,7 @@ def _metric(row: Row) -> float:
     return float(row[key])
 
 
+@public
 def regret_rows(rows: Sequence[Row]) -> tuple[list[str], list[tuple[Any, ...]]]:
     """(setting columns, one tuple per setting): the setting's values, the best other policy,
     its metric, bastion's, bastion's ratio, bastion:paper's ratio (nan without it)."""
@@ -90,6 +92,7 @@ def regret_rows(rows: Sequence[Row]) -> tuple[list[str], list[tuple[Any, ...]]]:
     return varying, out
 
 
+@public
 def regret_report(rows: list[Row], out: Path) -> str:
     """The table, the summary line and ``regret.png`` (bastion's and the paper's ratios)."""
     varying, table = regret_rows(rows)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.files import write_json_atomic, write_text_atomic
+from bastion.guard import public
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -113,6 +114,7 @@ RECORD_COLUMNS = (
 """Every record's columns, in the order CSV files write them."""
 
 
+@public
 def ordered_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """:data:`RECORD_COLUMNS` present in ``rows`` in their order, then any others, sorted."""
     seen: set[str] = set()
@@ -130,6 +132,7 @@ def _cell(value: Any) -> Any:
     return value
 
 
+@public
 def write_csv_atomic(
     path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None
 ) -> None:
@@ -153,6 +156,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+@public
 def write_records_json(path: Path, records: Sequence[Mapping[str, Any]], **meta: Any) -> None:
     """The one JSON shape: ``{**meta, "records": [...]}``, atomically."""
     write_json_atomic(path, _json_safe({**meta, "records": [dict(r) for r in records]}))
@@ -170,6 +174,7 @@ def package_version() -> str:
         return bastion.__version__
 
 
+@public
 def spec_key(spec: Mapping[str, Any]) -> str:
     """A stable short hash of JSON-able data (its JSON with sorted keys)."""
     blob = json.dumps(spec, sort_keys=True, default=str).encode()
@@ -180,6 +185,7 @@ RUN_FORMAT = "bastion-run"
 RUN_VERSION = 2
 
 
+@public
 class RunStore:
     """One JSON file per finished run under ``directory``, named by the run's key; resumable.
 

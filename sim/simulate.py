@@ -30,6 +30,7 @@ from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.cost.profiled import cost_model_from_spec, split_profiled
 from bastion.errors import ConfigError
+from bastion.guard import public
 from bastion.interfaces import CostModel
 from bastion.learned import LearnedCostModel
 from bastion.policies import make_policy, policy_label
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 DEFAULT_POLICIES = ("chain", "fixed:64", "bastion")
 
 
+@public
 @dataclass(frozen=True)
 class SimSpec:
     """Everything that determines a simulation's result (same spec → same numbers)."""
@@ -270,6 +272,7 @@ def _check_cost_mode(mode: object) -> None:
     )
 
 
+@public
 def calibrated_cost_model(
     gpu: SimulatedGPU, mode: str = "static", seed: int = 0
 ) -> tuple[RooflineCostModel, CalibrationRecord]:
@@ -333,6 +336,7 @@ def arrivals_of(spec: SimSpec) -> list[Arrival] | None:
     return poisson_arrivals(spec.arrival_rate, spec.requests, workload, rng)
 
 
+@public
 def simulate(
     spec: SimSpec,
     progress: Callable[[str, int, int], None] | None = None,

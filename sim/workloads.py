@@ -61,6 +61,7 @@ import numpy.typing as npt
 
 from bastion.errors import ConfigError, UnknownNameError
 from bastion.files import checked_table, write_text_atomic
+from bastion.guard import public
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -83,6 +84,7 @@ __all__ = [
 WORKLOAD_DIR_ENV = "BASTION_WORKLOADS"
 
 
+@public
 @dataclass(frozen=True)
 class Workload:
     """Parameters of a synthetic drafter–target pair on one kind of task (see the module doc).
@@ -338,6 +340,7 @@ def _workload_from_dict(data: Mapping[str, Any], origin: str) -> WorkloadFile:
     return WorkloadFile(workload, tuple(aliases), Path(origin), fit)
 
 
+@public
 def read_workload_file(path: str | os.PathLike[str]) -> WorkloadFile:
     """Read and validate one workload file (errors name the file and the key)."""
     from bastion.files import read_toml_file
@@ -347,6 +350,7 @@ def read_workload_file(path: str | os.PathLike[str]) -> WorkloadFile:
     return _workload_from_dict(data, str(p))
 
 
+@public
 def load_workload(path: str | os.PathLike[str]) -> Workload:
     """The workload of one file."""
     return read_workload_file(path).workload
@@ -371,6 +375,7 @@ def _key(key: str) -> str:
     return key if key.replace("_", "").replace("-", "").isalnum() else _toml_value(key)
 
 
+@public
 def workload_to_toml(
     workload: Workload, aliases: tuple[str, ...] = (), fit: Mapping[str, Any] | None = None
 ) -> str:
@@ -404,6 +409,7 @@ def workload_to_toml(
     return "\n".join(lines) + "\n"
 
 
+@public
 def write_workload(
     path: str | os.PathLike[str],
     workload: Workload,
@@ -468,6 +474,7 @@ def known_workloads() -> dict[str, WorkloadFile]:
     return _index(workload_dirs())
 
 
+@public
 def get_workload(name_or_path: str | os.PathLike[str]) -> Workload:
     """A workload by name or alias (``math``, ``qwen3-8b-code``) or by path to a TOML file."""
     text = os.fspath(name_or_path)

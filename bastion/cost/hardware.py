@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import ConfigError, UnknownNameError
+from bastion.guard import public
 
 __all__ = [
     "PROFILE_DIR_ENV",
@@ -215,6 +216,7 @@ def _toml_value(value: Any) -> str:
     return f'"{text}"'
 
 
+@public
 def profile_to_toml(profile: HardwareProfile) -> str:
     """Serialise ``profile`` in the ``hwprofiles/*.toml`` layout."""
     data = profile_to_dict(profile)
@@ -229,6 +231,7 @@ def profile_to_toml(profile: HardwareProfile) -> str:
     return "\n".join(lines) + "\n"
 
 
+@public
 def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     """Read and validate one profile file."""
     from bastion.files import read_toml_file
@@ -268,6 +271,7 @@ def known_profiles() -> list[str]:
     return sorted(_index())
 
 
+@public
 def get_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     """A profile by name (``a100-sxm-80gb``) or by path to a TOML file."""
     if not isinstance(name_or_path, str | os.PathLike) or not os.fspath(name_or_path):

@@ -27,6 +27,7 @@ import numpy as np
 
 from bastion.demo import DRAFTER_DIR, PROMPTS_FILE, TARGET_DIR
 from bastion.errors import ConfigError
+from bastion.guard import public, readable_file
 
 __all__ = ["DEMO_POLICIES", "DemoResult", "PolicyRow", "load_prompts", "run_demo"]
 
@@ -79,6 +80,7 @@ def _learns(policy: str) -> bool:
     return bool(getattr(make_policy(policy), "learns", False))
 
 
+@public(path=readable_file)
 def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
     if not path.exists():
         raise ConfigError(f"{path} is missing; the demo models are not installed")

@@ -34,7 +34,8 @@ import numpy.typing as npt
 import torch
 
 from bastion.cost.costmodel import check_tree_size
-from bastion.errors import BudgetError, ConfigError
+from bastion.errors import ArgumentError, BudgetError, ConfigError
+from bastion.guard import has, public
 from bastion.interfaces import CostCurve, CostModel, StepCost, StepLoad
 
 __all__ = [
@@ -54,9 +55,15 @@ __all__ = [
 Clock = Callable[[], float]
 
 
+@public
 def device_clock(device: torch.device | str) -> Clock:
     """A clock in seconds that synchronises ``device`` first (CUDA); plain perf_counter on CPU."""
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ArgumentError(
+            f"device_clock: device must name a torch device; got {device!r}: {exc}"
+        ) from None
     if dev.type == "cuda":
 
         def clock() -> float:
@@ -67,6 +74,7 @@ def device_clock(device: torch.device | str) -> Clock:
     return time.perf_counter
 
 
+@public(model=has("config", "parameters"))
 def verify_timer(
     model: Any, *, repeats: int = 3, warmup: int = 1, seed: int = 0
 ) -> Callable[[int, int], float]:
@@ -107,6 +115,7 @@ def verify_timer(
     return timer
 
 
+@public
 @dataclass(frozen=True)
 class AffineCostModel:
     """T_verify = a + b·(tokens in the batched pass), constant draft and prep times;
@@ -153,6 +162,7 @@ class AffineCostModel:
         return None
 
 
+@public
 def fit_affine_cost_model(
     timer: Callable[[int, int], float],
     context_len: int,
@@ -173,6 +183,7 @@ def fit_affine_cost_model(
 # --------------------------------------------------------------------------------------------
 
 
+@public
 @dataclass(frozen=True)
 class DraftTiming:
     """T_draft(B, ΣC) = d0 + d_batch·B + d_context·ΣC seconds: one batched drafter pass over B
@@ -216,6 +227,7 @@ class DraftTiming:
             raise ConfigError(f"{origin}: not a drafter timing record ({exc!r})") from None
 
 
+@public
 def fit_draft_timing(points: Sequence[tuple[int, int, float]]) -> DraftTiming:
     """Non-negative least squares of d0 + d_B·B + d_C·ΣC to (B, ΣC, seconds) points."""
     from scipy.optimize import nnls
@@ -232,6 +244,7 @@ def fit_draft_timing(points: Sequence[tuple[int, int, float]]) -> DraftTiming:
     return DraftTiming(d0, db, dc, tuple(points), err)
 
 
+@public(drafter=has("cfg", "top_k"))
 def drafter_timer(
     drafter: Any, *, repeats: int = 3, warmup: int = 1, seed: int = 0
 ) -> Callable[[int, int], float]:
@@ -323,6 +336,7 @@ class DraftTimedJointCostModel(DraftTimedCostModel):
         return CostCurve(draft, c.prep_s, c.verify_s, c.ar_step_s)
 
 
+@public
 def with_draft_timing(inner: CostModel, timing: DraftTiming) -> DraftTimedCostModel:
     """``inner`` with T_draft from ``timing``; keeps ``joint_cost_curve`` if ``inner`` has it."""
     if callable(getattr(inner, "joint_cost_curve", None)):
