@@ -104,6 +104,7 @@ def _as_tree_arrays(
 @public(probs=array(2, 0.0, 1.0))
 def best_first_heap(probs: FloatArray, budget: int) -> TreeArrays:
     """Reference lazy best-first on a binary heap (how DDTree-style implementations do it)."""
+    probs = np.asarray(probs, dtype=np.float64)
     depth_max, k = probs.shape
     p = probs.tolist()
     parents, depths, ranks, scores = [-1], [0], [-1], [1.0]
@@ -150,7 +151,7 @@ def _clamped(probs: FloatArray, budgets: npt.ArrayLike) -> IntArray:
 @public(probs=array(2, 0.0, 1.0))
 def best_first(probs: FloatArray, budget: int) -> TreeArrays:
     """Best-first tree of size ``budget`` (fewer if the lattice runs out of ρ > 0 nodes)."""
-    return best_first_many(probs[None], budget)[0]
+    return best_first_many(np.asarray(probs, dtype=np.float64)[None], budget)[0]
 
 
 @public(probs=array(3, 0.0, 1.0), own=("budgets",))
@@ -160,6 +161,7 @@ def best_first_many(probs: FloatArray, budgets: npt.ArrayLike) -> list[TreeArray
     With the compiled kernel all B trees are built in one call without the interpreter in the
     loop; without it, this is B calls of :func:`best_first_heap`. The output is identical.
     """
+    probs = np.asarray(probs, dtype=np.float64)
     b, depth, k = probs.shape
     bud = _clamped(probs, budgets)
     if _compiled is None:
@@ -264,6 +266,7 @@ def best_first_forest(probs: FloatArray, caps: npt.ArrayLike, total: int) -> For
 def best_first_flat(probs: FloatArray, budgets: npt.ArrayLike) -> tuple[TreeArrays, IntArray]:
     """:func:`best_first_many` concatenated: the B trees' arrays one after another, and the
     B + 1 offsets into them (the layout of :class:`bastion.batch.TreeBatch`)."""
+    probs = np.asarray(probs, dtype=np.float64)
     b, depth, k = probs.shape
     bud = _clamped(probs, budgets)
     if _compiled is None:

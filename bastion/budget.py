@@ -157,7 +157,7 @@ def first_decrease(s_hat: npt.NDArray[np.float64]) -> int | None:
 CurveSource = Callable[[int], CostCurve]  # n → a curve pricing at least N = 1 … n
 
 
-@public
+@public(error=BudgetError)
 def choose_tree(
     marginals: DraftMarginals,
     curve: CostCurve | CurveSource,

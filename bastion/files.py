@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bastion.errors import ConfigError
+from bastion.errors import ArgumentError, ConfigError
 from bastion.guard import has, public, writable_file
 
 __all__ = [
@@ -256,6 +256,7 @@ def save_figure_atomic(fig: Any, path: str | os.PathLike[str], **savefig_kwargs:
     _write_atomic(target, lambda f: fig.savefig(f, **kwargs))
 
 
+@public
 @contextmanager
 def atomic_directory(path: str | os.PathLike[str], *, replace: bool = False) -> Iterator[Path]:
     """Build a directory atomically: yields a temporary sibling to fill; on success it is
@@ -291,7 +292,11 @@ def atomic_directory(path: str | os.PathLike[str], *, replace: bool = False) -> 
 
 @public(path=writable_file)
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    try:
+        text = json.dumps(data, indent=2, sort_keys=True)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ArgumentError(f"write_json_atomic: data must be JSON-serialisable: {exc}") from None
+    write_text_atomic(path, text + "\n")
 
 
 def checked_table(

@@ -58,7 +58,9 @@ __all__ = [
     "number",
     "output_path",
     "public",
+    "public_surface",
     "readable_file",
+    "rules_table",
     "same_length",
     "writable_file",
 ]
@@ -186,6 +188,17 @@ def output_path(value: object, name: str = "path") -> Path:
 # --------------------------------------------------------------------------------------------
 
 
+def _described(check: Check, what: str) -> Check:
+    """``check`` carrying ``what`` it accepts (docs/errors.md's table is made from it)."""
+    check.what = what  # type: ignore[attr-defined]
+    return check
+
+
+def describe(check: Check) -> str:
+    """What a rule accepts, in words."""
+    return str(getattr(check, "what", getattr(check, "__doc__", "") or "")).strip()
+
+
 def integer(lo: int | None = None, hi: int | None = None) -> Check:
     """An integer (not a bool) in [lo, hi], within ±2**63 when unbounded."""
     what = "an integer" + _range(lo, hi)
@@ -196,7 +209,7 @@ def integer(lo: int | None = None, hi: int | None = None) -> Check:
         v = int(value)  # type: ignore[call-overload]
         return what if (lo is not None and v < lo) or (hi is not None and v > hi) else None
 
-    return check
+    return _described(check, what)
 
 
 def number(lo: float | None = None, hi: float | None = None, *, positive: bool = False) -> Check:
@@ -211,7 +224,7 @@ def number(lo: float | None = None, hi: float | None = None, *, positive: bool =
         bad = (positive and v <= 0) or (lo is not None and v < lo) or (hi is not None and v > hi)
         return what if bad else None
 
-    return check
+    return _described(check, what)
 
 
 def array(
@@ -254,7 +267,7 @@ def array(
             return what
         return None
 
-    return check
+    return _described(check, what)
 
 
 def each(check: Check) -> Check:
@@ -270,7 +283,7 @@ def each(check: Check) -> Check:
                 return f"a sequence whose items are each {want}"
         return None
 
-    return every
+    return _described(every, f"a sequence whose items are each {describe(check)}")
 
 
 def has(*attributes: str) -> Check:
@@ -280,7 +293,7 @@ def has(*attributes: str) -> Check:
     def check(value: object) -> str | None:
         return None if all(hasattr(value, a) for a in attributes) else what
 
-    return check
+    return _described(check, what)
 
 
 def mapping_with(*keys: str) -> Check:
@@ -290,11 +303,11 @@ def mapping_with(*keys: str) -> Check:
     def check(value: object) -> str | None:
         return None if isinstance(value, cabc.Mapping) and all(k in value for k in keys) else what
 
-    return check
+    return _described(check, what)
 
 
 def readable_file(value: object) -> str | None:
-    """A path to an existing regular file."""
+    """a path to an existing regular file (not a directory)"""
     if _path_check(value) is not None:
         return "a path to an existing file"
     path = Path(value)  # type: ignore[arg-type]
@@ -302,7 +315,7 @@ def readable_file(value: object) -> str | None:
 
 
 def writable_file(value: object) -> str | None:
-    """A path a file can be written at: not a directory, not under a regular file."""
+    """a file path that can be written: not a directory, not under a regular file"""
     if _path_check(value) is not None or str(value) == "":
         return "a file path (str or os.PathLike)"
     path = Path(value)  # type: ignore[arg-type]
@@ -328,7 +341,7 @@ def _int_check(value: object) -> str | None:
 
 
 def _float_check(allow_inf: bool) -> Check:
-    what = "a real number" if allow_inf else "a finite real number"
+    what = "a number (not NaN)" if allow_inf else "a finite number"
 
     def check(value: object) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
@@ -352,7 +365,9 @@ def _instance_check(cls: type, what: str) -> Check:
 
 
 def _path_check(value: object) -> str | None:
-    return None if isinstance(value, str | os.PathLike) else "a path (str or os.PathLike)"
+    if not isinstance(value, str | os.PathLike) or "\x00" in os.fspath(value):  # type: ignore[operator]
+        return "a path (str or os.PathLike, no NUL character)"
+    return None
 
 
 def _array_check(value: object) -> str | None:
@@ -397,7 +412,9 @@ def _checker(tp: object, allow_inf: bool = False) -> Check | None:
     if origin is typing.Union or origin is types.UnionType:
         if any(_is_array_type(a) for a in args):
             return _array_check  # numpy's ArrayLike is a union of everything array-like
-        checks = [_checker(a, allow_inf) for a in args if a is not type(None)]
+        pathish = any((typing.get_origin(a) or a) in (os.PathLike, Path) for a in args)
+        members = [a for a in args if a is not type(None) and not (pathish and a is str)]
+        checks = [_checker(a, allow_inf) for a in members]  # str | PathLike: one path check
         if any(c is None for c in checks):
             return None
         none_ok = type(None) in args
@@ -475,6 +492,8 @@ def _container_check(origin: object, args: tuple[Any, ...], allow_inf: bool) -> 
     def container(value: object) -> str | None:
         if isinstance(value, str | bytes) and args and args[0] is not str:
             return "a sequence (not a string)"
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            return "a sequence (list or tuple)"
         if iterable_only:
             if not isinstance(value, cabc.Iterable):
                 return "an iterable"
@@ -598,6 +617,13 @@ def _guarded(
             return fn(*bound.args, **bound.kwargs)
         return fn(*args, **kwargs)
 
+    wrapper.__guard__ = {  # type: ignore[attr-defined]
+        "error": error.__name__,
+        "rules": {name: describe(rule) for name, rule in rules.items()},
+        "own": sorted(own),
+        "lengths": list(lengths),
+        "broadcast": list(broadcast),
+    }
     return wrapper
 
 
@@ -649,6 +675,64 @@ def public(
         )
 
     return decorate if obj is None else decorate(obj)
+
+
+def public_surface(torch: bool = True) -> dict[str, Callable[..., Any]]:
+    """Every public callable of the package: the functions and classes each module of
+    ``bastion`` (the simulator as ``bastion.sim``; the torch backend when ``torch`` is true and
+    torch is installed; not the command line) names in its ``__all__`` and defines itself,
+    protocols and exception classes left out — by qualified name. Importing is the only effect."""
+    import importlib
+    import importlib.util
+    import pkgutil
+
+    import bastion
+
+    names = ["bastion"]
+    for info in pkgutil.walk_packages(bastion.__path__, "bastion."):
+        if info.name.startswith(("bastion.cli", "bastion.__main__")):
+            continue
+        no_torch = not torch or importlib.util.find_spec("torch") is None
+        if info.name.startswith("bastion.backends.torch") and no_torch:
+            continue
+        names.append(info.name)
+    found: dict[str, Callable[..., Any]] = {}
+    for name in sorted(names):
+        module = importlib.import_module(name)
+        for attr in getattr(module, "__all__", ()):
+            obj = getattr(module, attr)
+            if not callable(obj) or getattr(obj, "__module__", None) != name:
+                continue  # constants, and names re-exported from where they are defined
+            if isinstance(obj, type) and (
+                getattr(obj, "_is_protocol", False) or issubclass(obj, BaseException)
+            ):
+                continue
+            found[f"{name}.{attr}"] = obj
+    return found
+
+
+def rules_table(surface: dict[str, Callable[..., Any]] | None = None) -> str:
+    """The rules beyond the annotations, one Markdown row per argument: what docs/errors.md
+    lists (``python docs/make_guard_table.py`` rewrites it from this)."""
+    rows = ["| callable | argument | accepts | error |", "|---|---|---|---|"]
+    for name, obj in sorted((surface or public_surface()).items()):
+        target = obj.__init__ if isinstance(obj, type) else obj
+        meta = getattr(target, "__guard__", None)
+        if meta is None:
+            continue
+        short = name.removeprefix("bastion.")
+        error = meta["error"]
+        for arg, what in meta["rules"].items():
+            rows.append(f"| `{short}` | `{arg}` | {what} | `{error}` |")
+        for arg in meta["own"]:
+            rows.append(f"| `{short}` | `{arg}` | checked by the function itself | — |")
+        if meta["lengths"]:
+            args = ", ".join(f"`{a}`" for a in meta["lengths"])
+            rows.append(f"| `{short}` | {args} | the same length | `{error}` |")
+        if meta["broadcast"]:
+            args = ", ".join(f"`{a}`" for a in meta["broadcast"])
+            rows.append(f"| `{short}` | {args} | shapes that broadcast together | `{error}` |")
+    return "\n".join(rows) + "\n"
 
 
 # the helpers are public too: their own arguments are checked when a caller outside the library

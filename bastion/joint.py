@@ -195,7 +195,7 @@ def _growth(c_hat: FloatArray, c_needed: float) -> int:
     return int(min(8.0, max(2.0, np.ceil(target / v))))
 
 
-@public
+@public(error=BudgetError)
 def choose_joint(
     marginals: Sequence[DraftMarginals] | BatchMarginals,
     curve: JointCurve,
@@ -226,7 +226,7 @@ def choose_joint(
     return trees.trees(), diag
 
 
-@public
+@public(error=BudgetError)
 def choose_joint_batch(
     marginals: BatchMarginals,
     curve: JointCurve,

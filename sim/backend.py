@@ -31,7 +31,7 @@ import numpy.typing as npt
 from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
 from bastion.bestfirst import accepted_paths
 from bastion.errors import ConfigError
-from bastion.guard import array, public
+from bastion.guard import array, integer, public
 from bastion.tree import DraftTree
 
 __all__ = ["DraftSource", "SimBatch", "accepted_counts", "accepted_path"]
@@ -96,7 +96,10 @@ def accepted_path(tree: DraftTree, target: IntArray) -> list[int]:
     return [0, *np.flatnonzero(ok).tolist()]
 
 
-@public
+MAX_REQUESTS = 1 << 24  # requests of one simulation (its slot table is allocated up front)
+
+
+@public(error=ConfigError, n_requests=integer(1, MAX_REQUESTS))
 class SimBatch:
     """The requests in flight on the simulated GPU (a ``BatchDrafter`` and ``BatchVerifier``).
 

@@ -50,7 +50,7 @@ import numpy as np
 
 from bastion.errors import BastionError, ConfigError
 from bastion.files import read_toml_file
-from bastion.guard import mapping_with, public
+from bastion.guard import each, mapping_with, public
 from bastion.sim.results import (
     SPEC_COLUMNS,
     RunStore,
@@ -287,6 +287,7 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="bastion-parent-watch", daemon=True).start()
 
 
+@public(runs=each(mapping_with("spec")))
 def run_all(
     runs: Sequence[Run],
     store: RunStore,

@@ -105,7 +105,11 @@ pass, and with the default GroundTruth for Qwen3-8B on an H100 SXM a 512-token c
 32-request verification step (trees of 16, contexts of 1000) takes it from ≈ 21 ms to ≈ 36 ms."""
 
 
-@public(new_tokens=array(lo=0), contexts=array(lo=0))
+@public(
+    new_tokens=array(lo=0, hi=2.0**53),
+    contexts=array(lo=0, hi=2.0**53),
+    broadcast=("new_tokens", "contexts"),
+)
 def causal_chunk_pairs(new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> Array:
     """(query, key) pairs a causal attention kernel computes for prefill chunks.
 

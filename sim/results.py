@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.files import write_json_atomic, write_text_atomic
-from bastion.guard import public
+from bastion.guard import public, writable_file
 
 __all__ = [
     "METRIC_COLUMNS",
@@ -132,7 +132,7 @@ def _cell(value: Any) -> Any:
     return value
 
 
-@public
+@public(path=writable_file)
 def write_csv_atomic(
     path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None
 ) -> None:
@@ -156,7 +156,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-@public
+@public(path=writable_file)
 def write_records_json(path: Path, records: Sequence[Mapping[str, Any]], **meta: Any) -> None:
     """The one JSON shape: ``{**meta, "records": [...]}``, atomically."""
     write_json_atomic(path, _json_safe({**meta, "records": [dict(r) for r in records]}))

@@ -35,6 +35,7 @@ from bastion.interfaces import CostModel
 from bastion.learned import LearnedCostModel
 from bastion.policies import make_policy, policy_label
 from bastion.sim.arrivals import Arrival, poisson_arrivals, read_arrivals
+from bastion.sim.backend import MAX_REQUESTS
 from bastion.sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
 from bastion.sim.latency import latency_summary
 from bastion.sim.serving import LengthSource, ServingResult, serve
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 DEFAULT_POLICIES = ("chain", "fixed:64", "bastion")
 
 
-@public
+@public(error=ConfigError)
 @dataclass(frozen=True)
 class SimSpec:
     """Everything that determines a simulation's result (same spec → same numbers)."""
@@ -88,9 +89,11 @@ class SimSpec:
         if (
             isinstance(self.requests, bool)
             or not isinstance(self.requests, int)
-            or self.requests < 1
+            or not 1 <= self.requests <= MAX_REQUESTS
         ):
-            raise ConfigError(f"requests must be an integer ≥ 1; got {self.requests!r}")
+            raise ConfigError(
+                f"requests must be an integer in [1, {MAX_REQUESTS}]; got {self.requests!r}"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be an integer ≥ 0; got {self.seed!r}")
         if (

@@ -61,7 +61,7 @@ import numpy.typing as npt
 
 from bastion.errors import ConfigError, UnknownNameError
 from bastion.files import checked_table, write_text_atomic
-from bastion.guard import public
+from bastion.guard import public, writable_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -84,7 +84,6 @@ __all__ = [
 WORKLOAD_DIR_ENV = "BASTION_WORKLOADS"
 
 
-@public
 @dataclass(frozen=True)
 class Workload:
     """Parameters of a synthetic drafter–target pair on one kind of task (see the module doc).
@@ -133,7 +132,10 @@ class Workload:
         for name in ("top1_by_depth", "alignment_by_depth"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
-                object.__setattr__(self, name, tuple(float(v) for v in value))
+                try:
+                    object.__setattr__(self, name, tuple(float(v) for v in value))
+                except (TypeError, ValueError, OverflowError):  # the check below names it
+                    object.__setattr__(self, name, (math.nan,))
 
         def whole(value: object, low: int, high: int) -> bool:
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
@@ -409,7 +411,7 @@ def workload_to_toml(
     return "\n".join(lines) + "\n"
 
 
-@public
+@public(path=writable_file)
 def write_workload(
     path: str | os.PathLike[str],
     workload: Workload,

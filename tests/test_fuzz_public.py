@@ -22,12 +22,9 @@ constructors). Run the whole test with ``CI=true`` for ≥ 100 examples per call
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
-import pkgutil
-import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +33,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import bastion
 from bastion.errors import BastionError
+from bastion.guard import public_surface
 from tests.guards import hang_guard
 
 CALL_GUARD_S = 20  # one call; a refusal takes milliseconds
 EXAMPLES = 100 if os.environ.get("CI") else 8
 
-# name -> why it is not fuzzed
+# name -> why it is not fuzzed (each is guarded all the same; docs/errors.md lists its rules)
 SKIPPED: dict[str, str] = {
     "bastion.cost.probe.measure_bandwidth": "measures this machine for seconds",
     "bastion.cost.probe.measure_gemm": "measures this machine for seconds",
@@ -54,41 +51,10 @@ SKIPPED: dict[str, str] = {
     "bastion.demo.train.train_target": "trains a model for minutes",
     "bastion.demo.run.run_demo": "loads and runs the demo models for minutes",
     "bastion.demo.corpus.train_tokenizer": "trains a tokenizer",
-    "bastion.sim.experiments.run_all": "runs every shipped experiment",
 }
-SKIPPED_MODULES = ("bastion.cli", "bastion.__main__")
 
 
-def _is_protocol(obj: object) -> bool:
-    return isinstance(obj, type) and bool(getattr(obj, "_is_protocol", False))
-
-
-def public_callables() -> Iterator[tuple[str, Callable[..., Any]]]:
-    """(qualified name, callable) for every function and class a module declares public."""
-    modules = ["bastion"]
-    for info in pkgutil.walk_packages(bastion.__path__, "bastion."):
-        if info.name.startswith(SKIPPED_MODULES):
-            continue
-        if info.name.startswith("bastion.backends.torch"):
-            try:
-                import torch  # noqa: F401
-            except ImportError:
-                continue
-        modules.append(info.name)
-    for name in sorted(modules):
-        module = importlib.import_module(name)
-        for attr in getattr(module, "__all__", ()):
-            obj = getattr(module, attr)
-            if not callable(obj) or getattr(obj, "__module__", None) != name:
-                continue  # constants, and names re-exported from where they are defined
-            if _is_protocol(obj) or (isinstance(obj, type) and issubclass(obj, BaseException)):
-                continue
-            qualified = f"{name}.{attr}"
-            if qualified not in SKIPPED:
-                yield qualified, obj
-
-
-PUBLIC = dict(public_callables())
+PUBLIC = {name: fn for name, fn in public_surface().items() if name not in SKIPPED}
 
 
 # ------------------------------------------------------------------------------------------
@@ -242,4 +208,19 @@ def test_an_unguarded_function_fails_the_fuzz_test(tmp_path: Path) -> None:
     assert not isinstance(caught.value, BastionError)
 
 
-_ = typing  # typing.Protocol detection relies on the _is_protocol marker
+def test_docs_list_every_rule() -> None:
+    """docs/errors.md's table of argument rules is the one the code makes (run
+    ``python docs/make_guard_table.py`` after changing a rule)."""
+    import importlib.util
+
+    pytest.importorskip("torch")  # the table lists the torch backend's rules too
+    from bastion.guard import rules_table
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "make_guard_table.py"
+    spec = importlib.util.spec_from_file_location("make_guard_table", path)
+    assert spec is not None and spec.loader is not None
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    text = make.DOC.read_text(encoding="utf-8")
+    assert make.BEGIN in text and make.END in text
+    assert make.rewritten(text, rules_table()) == text, "run python docs/make_guard_table.py"

@@ -32,6 +32,7 @@ BackendFactory = Callable[[ModelSpec, HardwareProfile, int], VerifyFn]
 _REGISTRY: dict[str, BackendFactory] = {}
 
 
+@public
 def register_backend(name: str, factory: BackendFactory, *, replace: bool = False) -> None:
     """Make ``factory`` available under ``name`` (``replace=True`` to override)."""
     if name in _REGISTRY and not replace:

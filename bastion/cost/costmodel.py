@@ -89,7 +89,7 @@ class _PricedCurve:
         self.curves: dict[int, CostCurve] = {}
 
 
-@public
+@public(error=ConfigError)
 class RooflineCostModel:
     """Hardware-aware Ĉ(N); implements :class:`bastion.interfaces.CostModel`."""
 

@@ -231,7 +231,7 @@ def profile_to_toml(profile: HardwareProfile) -> str:
     return "\n".join(lines) + "\n"
 
 
-@public
+@public(error=ConfigError)
 def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     """Read and validate one profile file."""
     from bastion.files import read_toml_file
@@ -271,7 +271,7 @@ def known_profiles() -> list[str]:
     return sorted(_index())
 
 
-@public
+@public(error=ConfigError)
 def get_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     """A profile by name (``a100-sxm-80gb``) or by path to a TOML file."""
     if not isinstance(name_or_path, str | os.PathLike) or not os.fspath(name_or_path):

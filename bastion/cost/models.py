@@ -300,7 +300,7 @@ def known_models() -> list[str]:
     return sorted(_bundled())
 
 
-@public
+@public(error=ConfigError)
 def get_model(name_or_path: str | os.PathLike[str]) -> ModelSpec:
     """A bundled model by short name (``qwen3-8b``) or any ``config.json`` path / directory."""
     if not isinstance(name_or_path, str | os.PathLike) or not os.fspath(name_or_path):

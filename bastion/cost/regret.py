@@ -112,6 +112,7 @@ def measured_sizes(tokens: npt.NDArray[np.int64], most: int) -> npt.NDArray[np.i
     of them — dense where tree sizes are decided."""
     from bastion.learned import token_lattice
 
+    tokens = np.asarray(tokens, dtype=np.int64)
     on = np.flatnonzero(np.isin(tokens, token_lattice(int(tokens.max()))))
     return on[:most]
 

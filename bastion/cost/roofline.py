@@ -259,7 +259,7 @@ class RooflineBreakdown:
         ]
 
 
-@public
+@public(error=ConfigError)
 def experts_touched(tokens: ArrayLike, experts: int, per_token: int, form: ExpertTouch) -> Array:
     """Expected distinct experts U(s) that ``tokens`` tokens route to in one layer.
 

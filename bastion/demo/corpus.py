@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import ConfigError
-from bastion.guard import public
+from bastion.guard import integer, public
 
 __all__ = ["SPECIALS", "Corpus", "heldout_prompts", "load_corpus", "train_tokenizer"]
 
@@ -83,6 +83,7 @@ def heldout_prompts(corpus: Corpus, n: int = 8, chars: int = 300) -> list[str]:
     return prompts
 
 
+@public(vocab_size=integer(len(SPECIALS) + 1, 1 << 20))
 def train_tokenizer(corpus: Corpus, vocab_size: int = 2048) -> Any:
     """A byte-level BPE tokenizer (``transformers.PreTrainedTokenizerFast``) for ``corpus``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
