@@ -134,7 +134,17 @@ def _clamped(probs: FloatArray, budgets: npt.ArrayLike) -> IntArray:
     """Budgets [B] (≥ 1) cut to what each request's lattice can build; refuses more than
     :data:`MAX_TREE_SIZE` before allocating."""
     b = probs.shape[0]
-    bud = np.broadcast_to(np.asarray(budgets, dtype=np.int64), (b,))
+    given = np.asarray(budgets)
+    try:
+        if given.dtype.kind not in "iu" or (
+            given.dtype.kind == "u" and given.size and given.max() >> 63
+        ):
+            raise TypeError("not int64 integers")
+        bud = np.broadcast_to(given.astype(np.int64), (b,))
+    except (TypeError, ValueError) as exc:
+        raise BudgetError(
+            f"budgets must be an integer ≥ 1 or one per request ({b}); got {budgets!r:.80} ({exc})"
+        ) from None
     if b and int(bud.min()) < 1:
         raise BudgetError(f"every budget must be ≥ 1 (the root counts); got {int(bud.min())}")
     if not b or int(bud.max()) <= _SMALL_BUDGET:  # the common case: nothing big to allocate

@@ -748,4 +748,6 @@ array = public(array)
 has = public(has)
 each = public(each)
 mapping_with = public(mapping_with)
+public_surface = public(public_surface)
+rules_table = public(rules_table)
 public = public(public)  # type: ignore[assignment]  # the decorator's own options, checked too

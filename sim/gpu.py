@@ -75,7 +75,7 @@ from bastion.cost.kernels import step_factors
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.roofline import DrafterPricer, LinearPricer, RooflineOptions
 from bastion.errors import ConfigError
-from bastion.guard import array, number, public
+from bastion.guard import array, integer, number, public
 
 __all__ = [
     "DEFAULT_PREFILL_CHUNK",
@@ -325,7 +325,12 @@ def routing_draws(tokens: npt.ArrayLike, requests: npt.ArrayLike, correlation: f
     return np.asarray(r + (t - r) * (1.0 - correlation), dtype=np.float64)
 
 
-@public
+@public(
+    draws=array(lo=0),
+    experts=integer(1, 1 << 20),
+    per_token=integer(1, 1 << 20),
+    popularity=array(1, lo=0.0, hi=1.0),
+)
 def expected_experts(
     draws: npt.ArrayLike, experts: int, per_token: int, popularity: npt.ArrayLike | None = None
 ) -> Array:

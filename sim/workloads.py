@@ -145,6 +145,8 @@ class Workload:
         def number(value: object, low: float, high: float, *, open_low: bool = False) -> bool:
             if isinstance(value, bool) or not isinstance(value, int | float | np.number):
                 return False
+            if isinstance(value, int) and abs(value) > 2**1000:  # beyond a float
+                return False
             v = float(value)
             return math.isfinite(v) and (v > low if open_low else v >= low) and v <= high
 

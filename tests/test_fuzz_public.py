@@ -22,6 +22,7 @@ constructors). Run the whole test with ``CI=true`` for ≥ 100 examples per call
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Callable
@@ -78,6 +79,7 @@ def _valid_objects() -> list[object]:
     ]
 
 
+@functools.cache
 def junk(directory: Path) -> st.SearchStrategy[object]:
     numbers = st.one_of(
         st.integers(-3, 70),
@@ -121,6 +123,7 @@ def junk(directory: Path) -> st.SearchStrategy[object]:
     )
 
 
+@functools.cache
 def _parameters(fn: Callable[..., Any]) -> list[inspect.Parameter]:
     try:
         sig = inspect.signature(fn)

@@ -43,9 +43,9 @@ from bastion.cost.fitting import fit_max_affine, loo_errors
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, verify_pass
-from bastion.errors import ConfigError
+from bastion.errors import ArgumentError, ConfigError
 from bastion.files import read_json_file, write_json_atomic, write_text_atomic
-from bastion.guard import array, public
+from bastion.guard import array, each, integer, public
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -349,7 +349,12 @@ class CalibrationCache:
         return path
 
 
-@public
+@public(
+    tokens=each(integer(1, 1 << 24)),
+    contexts=each(integer(0, 1 << 24)),
+    repeats=integer(1, 10_000),
+    warmup=integer(0, 10_000),
+)
 def profile_sweep(
     verify: VerifyFn,
     tokens: Sequence[int] = DEFAULT_TOKENS,
@@ -374,8 +379,14 @@ def profile_sweep(
             for _ in range(repeats):
                 start = clock()
                 reported = verify(s, c)
-                elapsed = clock() - start
-                runs.append(float(reported) if reported is not None else elapsed)
+                try:
+                    elapsed = float(clock() - start)
+                    runs.append(float(reported) if reported is not None else elapsed)
+                except (TypeError, ValueError, OverflowError) as exc:
+                    raise ArgumentError(
+                        f"profile_sweep: verify must return seconds or None and clock seconds "
+                        f"({exc})"
+                    ) from None
             out.append(Measurement(int(s), int(c), statistics.median(runs)))
     return out
 
