@@ -70,7 +70,6 @@ def _flat_until(added: int) -> Callable[[npt.NDArray[np.int64]], CostCurve]:
     return curve
 
 
-@public(error=BudgetError)
 def learner_of(cost_model: CostModel | None, policy: str = "bastion") -> LearnedCostModel:
     """``cost_model`` as a :class:`LearnedCostModel` (the engine wraps a plain one)."""
     if isinstance(cost_model, LearnedCostModel):

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.errors import BudgetError
-from bastion.guard import array, integer, public
+from bastion.guard import integer, public
 
 __all__ = [
     "LATTICE",
@@ -68,15 +68,19 @@ LATTICE = token_lattice()
 LATTICE.flags.writeable = False
 
 
-@public(error=BudgetError, tokens=array(whole=True))
 def lattice_index(tokens: npt.ArrayLike) -> IntArray:
     """Index in :data:`LATTICE` of the smallest lattice point ≥ each token count."""
-    return np.asarray(np.searchsorted(LATTICE, np.asarray(tokens, dtype=np.int64)), np.int64)
+    try:  # guarded in the body, not by @public: it runs several times per decode step
+        return np.asarray(np.searchsorted(LATTICE, np.asarray(tokens, dtype=np.int64)), np.int64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise BudgetError(f"tokens must be token counts (integers); got {tokens!r:.80}") from exc
 
 
-@public(error=BudgetError, batch_size=integer(lo=1))
 def batch_bucket(batch_size: int) -> int:
     """The batch-size bucket of a step: the power of two nearest to B in log scale (≤ 1024)."""
+    # guarded in the body, not by @public: it runs a dozen times per decode step
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
+        raise BudgetError(f"batch_size must be an integer ≥ 1; got {batch_size!r:.80}")
     if batch_size < 1:
         raise BudgetError(f"batch_size must be ≥ 1; got {batch_size}")
     return min(10, round(math.log2(batch_size)))

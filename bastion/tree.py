@@ -333,15 +333,25 @@ def _check_budget(budget: int) -> int:
     return min(int(budget), MAX_TREE_SIZE + 1)
 
 
-@public
 def tree_from_arrays(
     arrays: TreeArrays, marginals: DraftMarginals, root_token: int = -1
 ) -> DraftTree:
-    """Wrap a builder's (parents, depths, ranks, scores) arrays as a DraftTree with tokens."""
-    parents, depths, ranks, scores = arrays
-    tokens = np.empty_like(ranks)
-    tokens[0] = root_token
-    tokens[1:] = marginals.token_ids[depths[1:] - 1, ranks[1:]]
+    """Wrap a builder's (parents, depths, ranks, scores) arrays as a DraftTree with tokens.
+
+    Guarded in the body, not by ``@public`` (it runs once per request per decode step): anything
+    but a builder's arrays for these marginals is a :class:`MarginalsError`."""
+    if not isinstance(marginals, DraftMarginals):
+        raise MarginalsError(f"marginals must be a DraftMarginals; got {marginals!r:.80}")
+    try:
+        parents, depths, ranks, scores = arrays
+        tokens = np.empty_like(ranks)
+        tokens[0] = root_token
+        tokens[1:] = marginals.token_ids[depths[1:] - 1, ranks[1:]]
+    except (TypeError, ValueError, IndexError, OverflowError) as exc:
+        raise MarginalsError(
+            f"arrays must be a builder's (parents, depths, ranks, scores) for these marginals "
+            f"and root_token an int: {exc}"
+        ) from None
     return DraftTree.trusted(parents, tokens, depths, scores, ranks)
 
 
