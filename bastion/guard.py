@@ -58,6 +58,7 @@ __all__ = [
     "finite_array",
     "has",
     "integer",
+    "is_finite",
     "mapping_with",
     "number",
     "output_path",
@@ -84,6 +85,17 @@ Check = Callable[[object], str | None]  # None when the value passes, else what 
 def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def is_finite(value: object) -> bool:
+    """Whether ``value`` is a real number (not a bool) that is finite as a float: an integer
+    too large for a float is not (``math.isfinite`` would raise ``OverflowError`` on it)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def as_int(
@@ -369,7 +381,7 @@ def _instance_check(cls: type, what: str) -> Check:
 
 
 def _path_check(value: object) -> str | None:
-    if not isinstance(value, str | os.PathLike) or "\x00" in os.fspath(value):  # type: ignore[operator]
+    if not isinstance(value, str | os.PathLike) or "\x00" in os.fspath(value):
         return "a path (str or os.PathLike, no NUL character)"
     return None
 
@@ -509,7 +521,7 @@ def _container_check(origin: object, args: tuple[Any, ...], allow_inf: bool) -> 
         elif not isinstance(value, Sequence):
             return "a sequence (list or tuple)"
         if inner is not None:
-            for item in value:  # type: ignore[attr-defined]
+            for item in value:
                 if (want := inner(item)) is not None:
                     return f"a sequence whose items are each {want}"
         return None
@@ -682,7 +694,7 @@ def public(
             raise ArgumentError(f"public decorates a function or a class; got {_shown(target)}")
         skip = frozenset(own)
         if isinstance(target, type):
-            init = target.__init__
+            init = target.__init__  # type: ignore[misc]
             target.__init__ = _guarded(  # type: ignore[misc]
                 init, target.__name__, error, skip, rules, tuple(lengths), tuple(broadcast)
             )
@@ -733,7 +745,7 @@ def rules_table(surface: dict[str, Callable[..., Any]] | None = None) -> str:
     lists (``python docs/make_guard_table.py`` rewrites it from this)."""
     rows = ["| callable | argument | accepts | error |", "|---|---|---|---|"]
     for name, obj in sorted((surface or public_surface()).items()):
-        target = obj.__init__ if isinstance(obj, type) else obj
+        target = obj.__init__ if isinstance(obj, type) else obj  # type: ignore[misc]
         meta = getattr(target, "__guard__", None)
         if meta is None:
             continue
@@ -767,4 +779,4 @@ each = public(each)
 mapping_with = public(mapping_with)
 public_surface = public(public_surface)
 rules_table = public(rules_table)
-public = public(public)  # type: ignore[assignment]  # the decorator's own options, checked too
+public = public(public)  # the decorator's own options are checked too

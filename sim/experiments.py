@@ -50,7 +50,7 @@ import numpy as np
 
 from bastion.errors import BastionError, ConfigError
 from bastion.files import read_toml_file
-from bastion.guard import each, mapping_with, public
+from bastion.guard import each, is_finite, mapping_with, public
 from bastion.sim.results import (
     SPEC_COLUMNS,
     RunStore,
@@ -592,7 +592,7 @@ def _values(source: str, where: str, key: str, raw: Any, base: Path) -> list[Any
             "float": isinstance(v, int | float) and not isinstance(v, bool),
         }[spec.kind]
         if ok and spec.kind != "str":
-            ok = math.isfinite(v) and (
+            ok = is_finite(v) and (
                 spec.low is None or (v > spec.low if spec.low_open else v >= spec.low)
             )
         if ok and spec.choices:

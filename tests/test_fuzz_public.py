@@ -227,3 +227,38 @@ def test_docs_list_every_rule() -> None:
     text = make.DOC.read_text(encoding="utf-8")
     assert make.BEGIN in text and make.END in text
     assert make.rewritten(text, rules_table()) == text, "run python docs/make_guard_table.py"
+
+
+def test_the_reported_inputs_are_project_errors(tmp_path: Path) -> None:
+    """The cases the guard was written for: numbers too large for the machine, a directory as
+    the trace writer's output, lengths that disagree, None where a number is expected."""
+    import copy
+
+    from bastion.cost.hardware import get_profile, profile_from_dict, profile_to_dict
+    from bastion.errors import ArgumentError, BudgetError, ConfigError
+    from bastion.policies import make_policy
+    from bastion.sim.experiments import load_config
+    from bastion.sim.gpu import routing_draws
+    from bastion.trace import Trace, write_trace
+    from bastion.tree import DraftMarginals, best_first_tree
+
+    with pytest.raises(BudgetError, match="tree_size"):
+        make_policy("fixed:12345678901234567890")
+    data = profile_to_dict(get_profile("h100-sxm"))
+    for table in ("peak", "efficiency"):
+        bad = copy.deepcopy(data)
+        bad[table][next(iter(bad[table]))] = 10**400
+        with pytest.raises(ConfigError, match="positive finite number"):
+            profile_from_dict(bad)
+    config = tmp_path / "big.toml"
+    config.write_text('name = "big"\n[grid]\npolicies = ["chain"]\nrequests = ' + "9" * 30 + "\n")
+    with pytest.raises(ConfigError):
+        load_config(config)
+    with pytest.raises(BastionError, match="directory"):
+        write_trace(tmp_path, Trace.__new__(Trace))
+    with pytest.raises(ArgumentError, match="broadcast"):
+        routing_draws(np.ones(2), np.ones(3), 0.5)
+    m = DraftMarginals([[1, 2]], [[0.6, 0.3]])
+    with pytest.raises(ArgumentError, match="marginals"):
+        best_first_tree(None, 4)  # type: ignore[arg-type]
+    assert best_first_tree(m, 10**20).size == 3  # a huge budget is still cut, not refused

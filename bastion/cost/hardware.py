@@ -11,7 +11,6 @@ or measure a machine (see :mod:`bastion.cost.probe`).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import ConfigError, UnknownNameError
-from bastion.guard import public
+from bastion.guard import is_finite, public
 
 __all__ = [
     "PROFILE_DIR_ENV",
@@ -95,8 +94,8 @@ class HardwareProfile:
 def _positive(value: Any, where: str, origin: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{origin}: {where} must be a positive number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{origin}: {where} must be a positive finite number, got {value!r}")
+    if not is_finite(value) or value <= 0:
+        raise ConfigError(f"{origin}: {where} must be a positive finite number, got {value!r:.40}")
     return float(value)
 
 

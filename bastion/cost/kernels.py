@@ -54,7 +54,6 @@ Pure numpy, no torch, nothing runs at import.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -66,7 +65,7 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, _gemm_dims, verify_pass
 from bastion.errors import ConfigError
-from bastion.guard import public
+from bastion.guard import is_finite, public
 
 __all__ = [
     "GEMM_KINDS",
@@ -129,7 +128,7 @@ class KernelParams:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not is_finite(v):
                 raise ConfigError(f"kernel parameter {f.name} must be a finite number, got {v!r}")
             if v <= 0:
                 raise ConfigError(f"kernel parameter {f.name} must be > 0, got {v!r}")
