@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from bastion.errors import ArgumentError
+from bastion.guard import array, public
 from bastion.tree import DraftTree
 
 __all__ = ["WalkResult", "child_index", "greedy_walk", "walk"]
@@ -41,6 +43,7 @@ class WalkResult:
     bonus_token: int  # the target's token after the last accepted node
 
 
+@public
 def child_index(tree: DraftTree) -> dict[tuple[int, int], int]:
     """Map (parent node, token) → child node. Best-first trees have distinct sibling tokens;
     if a tree repeats one, the earlier child wins (either choice is lossless)."""
@@ -50,12 +53,18 @@ def child_index(tree: DraftTree) -> dict[tuple[int, int], int]:
     return index
 
 
+@public
 def walk(tree: DraftTree, next_token: Callable[[int], int]) -> WalkResult:
     """Walk from the root following the target's token at each node (sample and match)."""
     children = child_index(tree)
     path = [0]
     while True:
-        token = int(next_token(path[-1]))
+        try:
+            token = int(next_token(path[-1]))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ArgumentError(
+                f"walk: next_token must return a token id (an int): {exc}"
+            ) from None
         child = children.get((path[-1], token))
         if child is None:
             accepted = tuple(int(tree.tokens[n]) for n in path[1:])
@@ -63,7 +72,10 @@ def walk(tree: DraftTree, next_token: Callable[[int], int]) -> WalkResult:
         path.append(child)
 
 
+@public(argmax_tokens=array(1, whole=True))
 def greedy_walk(tree: DraftTree, argmax_tokens: npt.ArrayLike) -> WalkResult:
     """Greedy match: ``argmax_tokens[i]`` is the target's argmax token at node i ([N])."""
     best = np.asarray(argmax_tokens, dtype=np.int64)
+    if best.shape[0] < tree.size:
+        raise ArgumentError(f"argmax_tokens has {best.shape[0]} entries; the tree has {tree.size}")
     return walk(tree, lambda node: int(best[node]))

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.errors import MarginalsError
+from bastion.guard import public
 from bastion.tree import DraftMarginals, DraftTree
 
 __all__ = [
@@ -289,6 +290,7 @@ class BatchVerifyResult:
         return cls(lens, _ints(tokens), _ints(nodes), tuple(r.feedback for r in results) or None)
 
 
+@public
 def chain_batch(marginals: BatchMarginals, depth: int | None = None) -> TreeBatch:
     """Every request's top-1 path (the chain) of at most ``depth`` positions (all if None), each
     stopping at its first zero marginal; root tokens −1."""

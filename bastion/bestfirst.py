@@ -37,7 +37,8 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from bastion.errors import BudgetError
+from bastion.errors import BudgetError, MarginalsError
+from bastion.guard import array, public
 
 __all__ = [
     "COMPILED",
@@ -67,6 +68,19 @@ the nodes the lattice can give (:func:`buildable_nodes`), and a budget still abo
 refused before anything is allocated. (The paper's largest tree has 1025 nodes.)"""
 
 
+def _probs(probs: npt.ArrayLike, ndim: int | None) -> FloatArray:
+    """``probs`` as float64 with ``ndim`` dimensions, or a MarginalsError. The builders are
+    guarded here, in the body, not by ``@public``: they run several times per decode step, and
+    a checked array costs one ``np.asarray``."""
+    try:
+        p = np.asarray(probs, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise MarginalsError(f"probs must be an array of probabilities: {exc}") from None
+    if ndim is not None and p.ndim != ndim:
+        raise MarginalsError(f"probs must be {ndim}-D; got shape {p.shape}")
+    return p
+
+
 _SMALL_BUDGET = 1 << 14  # budgets up to this are passed on as they are (cheap to allocate)
 
 
@@ -75,7 +89,9 @@ def buildable_nodes(probs: npt.ArrayLike, limit: int = MAX_TREE_SIZE + 1) -> npt
     included, counted up to ``limit`` (a bigger lattice reads as ``limit``): what a budget can
     actually buy. Rows are sorted descending, so a row's positive entries come first and every
     path through them has ρ > 0 unless some factor underflows (then fewer are built)."""
-    p = np.asarray(probs, dtype=np.float64)
+    p = _probs(probs, None)
+    if isinstance(limit, bool) or not isinstance(limit, int | np.integer) or not 1 <= limit < 2**62:
+        raise BudgetError(f"limit must be an integer in [1, 2**62); got {limit!r:.80}")
     positive = np.sum(p > 0.0, axis=-1).astype(np.float64)  # [..., D]
     with np.errstate(divide="ignore"):  # log(0) = -inf: no node below an empty row
         log_level = np.cumsum(np.log(positive), axis=-1)  # nodes at depth 1 … D, in log space
@@ -99,8 +115,10 @@ def _as_tree_arrays(
     )
 
 
+@public(probs=array(2, 0.0, 1.0))
 def best_first_heap(probs: FloatArray, budget: int) -> TreeArrays:
     """Reference lazy best-first on a binary heap (how DDTree-style implementations do it)."""
+    probs = np.asarray(probs, dtype=np.float64)
     depth_max, k = probs.shape
     p = probs.tolist()
     parents, depths, ranks, scores = [-1], [0], [-1], [1.0]
@@ -130,7 +148,20 @@ def _clamped(probs: FloatArray, budgets: npt.ArrayLike) -> IntArray:
     """Budgets [B] (≥ 1) cut to what each request's lattice can build; refuses more than
     :data:`MAX_TREE_SIZE` before allocating."""
     b = probs.shape[0]
-    bud = np.broadcast_to(np.asarray(budgets, dtype=np.int64), (b,))
+    given = np.asarray(budgets)
+    try:
+        if given.dtype != np.int64:  # the engine's own budgets are int64 already
+            fits = given.dtype.kind == "i" or (
+                given.dtype.kind == "u" and not (given.size and int(given.max()) >> 63)
+            )
+            if not fits:
+                raise TypeError(f"dtype {given.dtype} is not int64 integers")
+            given = given.astype(np.int64)
+        bud = np.broadcast_to(given, (b,))
+    except (TypeError, ValueError) as exc:
+        raise BudgetError(
+            f"budgets must be an integer ≥ 1 or one per request ({b}); got {budgets!r:.80} ({exc})"
+        ) from None
     if b and int(bud.min()) < 1:
         raise BudgetError(f"every budget must be ≥ 1 (the root counts); got {int(bud.min())}")
     if not b or int(bud.max()) <= _SMALL_BUDGET:  # the common case: nothing big to allocate
@@ -146,9 +177,11 @@ def _clamped(probs: FloatArray, budgets: npt.ArrayLike) -> IntArray:
 
 def best_first(probs: FloatArray, budget: int) -> TreeArrays:
     """Best-first tree of size ``budget`` (fewer if the lattice runs out of ρ > 0 nodes)."""
-    if _compiled is not None and 1 <= budget <= _SMALL_BUDGET and probs.ndim == 2:
-        depth, k = probs.shape  # the batch-1 controller's hot path: straight to the kernel
-        p = np.ascontiguousarray(probs, dtype=np.float64)
+    p = _probs(probs, 2)
+    small = isinstance(budget, int | np.integer) and not isinstance(budget, bool)
+    if _compiled is not None and small and 1 <= budget <= _SMALL_BUDGET:
+        depth, k = p.shape  # the batch-1 controller's hot path: straight to the kernel
+        p = np.ascontiguousarray(p)
         par, dep, rnk, sco, _ = _compiled.build(p, depth, k, np.array([budget], np.int64))
         return (
             np.frombuffer(par, dtype=np.int64),
@@ -156,7 +189,7 @@ def best_first(probs: FloatArray, budget: int) -> TreeArrays:
             np.frombuffer(rnk, dtype=np.int64),
             np.frombuffer(sco, dtype=np.float64),
         )
-    return best_first_many(probs[None], budget)[0]
+    return best_first_many(p[None], budget)[0]
 
 
 def best_first_many(probs: FloatArray, budgets: npt.ArrayLike) -> list[TreeArrays]:
@@ -165,6 +198,7 @@ def best_first_many(probs: FloatArray, budgets: npt.ArrayLike) -> list[TreeArray
     With the compiled kernel all B trees are built in one call without the interpreter in the
     loop; without it, this is B calls of :func:`best_first_heap`. The output is identical.
     """
+    probs = _probs(probs, 3)
     b, depth, k = probs.shape
     bud = _clamped(probs, budgets)
     if _compiled is None:
@@ -269,6 +303,7 @@ def best_first_forest(probs: FloatArray, caps: npt.ArrayLike, total: int) -> For
 def best_first_flat(probs: FloatArray, budgets: npt.ArrayLike) -> tuple[TreeArrays, IntArray]:
     """:func:`best_first_many` concatenated: the B trees' arrays one after another, and the
     B + 1 offsets into them (the layout of :class:`bastion.batch.TreeBatch`)."""
+    probs = _probs(probs, 3)
     b, depth, k = probs.shape
     bud = _clamped(probs, budgets)
     if _compiled is None:

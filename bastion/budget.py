@@ -47,6 +47,7 @@ import numpy.typing as npt
 
 from bastion.bestfirst import MAX_TREE_SIZE, best_first, buildable_nodes
 from bastion.errors import BudgetError, CostModelError
+from bastion.guard import array, number, public
 from bastion.interfaces import CostCurve
 from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 
@@ -111,6 +112,7 @@ def validate_cost_curve(curve: CostCurve, n_max: int) -> npt.NDArray[np.float64]
     return total
 
 
+@public(values=array(1))
 def is_convex(
     values: npt.ArrayLike, lo: int = 1, hi: int | None = None, rtol: float = 1e-9
 ) -> bool:
@@ -132,6 +134,12 @@ def is_convex(
     return bool(np.all(np.diff(seg, 2) >= -tol))
 
 
+@public(
+    a_hat=array(1),
+    c_hat=array(1, nonempty=True),
+    ar_step_s=number(positive=True),
+    lengths=("a_hat", "c_hat"),
+)
 def speedup_curve(
     a_hat: npt.NDArray[np.float64], c_hat: npt.NDArray[np.float64], ar_step_s: float
 ) -> npt.NDArray[np.float64]:
@@ -139,6 +147,7 @@ def speedup_curve(
     return a_hat * ar_step_s / c_hat
 
 
+@public(s_hat=array(1))
 def first_decrease(s_hat: npt.NDArray[np.float64]) -> int | None:
     """The smallest N with Ŝ(N + 1) < Ŝ(N), or None if Ŝ never decreases on the array."""
     down = np.flatnonzero(s_hat[1:] < s_hat[:-1])
@@ -148,6 +157,7 @@ def first_decrease(s_hat: npt.NDArray[np.float64]) -> int | None:
 CurveSource = Callable[[int], CostCurve]  # n → a curve pricing at least N = 1 … n
 
 
+@public(error=BudgetError)
 def choose_tree(
     marginals: DraftMarginals,
     curve: CostCurve | CurveSource,

@@ -39,6 +39,7 @@ import numpy.typing as npt
 from bastion.batch import BatchMarginals, TreeBatch, chain_batch
 from bastion.bestfirst import best_first
 from bastion.errors import BudgetError
+from bastion.guard import integer, public
 from bastion.interfaces import BatchChoice, BatchPolicyContext, CostCurve, CostModel
 from bastion.learned import LearnedCostModel
 from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
@@ -117,6 +118,9 @@ class SizeDiagnostics:
         return float(self.c_hat[self.best])
 
 
+@public(
+    error=BudgetError, context_len=integer(lo=0), n_max=integer(1, 1 << 20), start=integer(lo=1)
+)
 def choose_size(
     marginals: DraftMarginals,
     learner: LearnedCostModel,

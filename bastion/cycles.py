@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.errors import BudgetError
+from bastion.guard import integer, public
 
 __all__ = [
     "LATTICE",
@@ -43,6 +44,7 @@ _TOP = 1 << 20  # the largest total the lattice covers (MAX_TREE_SIZE)
 REFRESH_SHIFT = 3  # every 8
 
 
+@public(error=BudgetError, hi=integer(1, _TOP))
 def token_lattice(hi: int = _TOP) -> IntArray:
     """The candidate token counts up to ``hi``: 1 … 8, then every 8 up to 256, 16 up to 512,
     32 up to 1024, 64 up to 2048, 128 up to 4096, 256 up to 8192, then doubling steps."""
@@ -68,16 +70,23 @@ LATTICE.flags.writeable = False
 
 def lattice_index(tokens: npt.ArrayLike) -> IntArray:
     """Index in :data:`LATTICE` of the smallest lattice point ≥ each token count."""
-    return np.asarray(np.searchsorted(LATTICE, np.asarray(tokens, dtype=np.int64)), np.int64)
+    try:  # guarded in the body, not by @public: it runs several times per decode step
+        return np.asarray(np.searchsorted(LATTICE, np.asarray(tokens, dtype=np.int64)), np.int64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise BudgetError(f"tokens must be token counts (integers); got {tokens!r:.80}") from exc
 
 
 def batch_bucket(batch_size: int) -> int:
     """The batch-size bucket of a step: the power of two nearest to B in log scale (≤ 1024)."""
+    # guarded in the body, not by @public: it runs a dozen times per decode step
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
+        raise BudgetError(f"batch_size must be an integer ≥ 1; got {batch_size!r:.80}")
     if batch_size < 1:
         raise BudgetError(f"batch_size must be ≥ 1; got {batch_size}")
     return min(10, round(math.log2(batch_size)))
 
 
+@public(error=BudgetError, window=integer(1, 1000))
 class CycleTable:
     """Measured/predicted cycle ratios per (kind, batch bucket, lattice cell), robust to noise.
 

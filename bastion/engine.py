@@ -37,6 +37,7 @@ import numpy as np
 
 from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
 from bastion.errors import PolicyError
+from bastion.guard import public
 from bastion.interfaces import (
     BatchChoice,
     BatchDrafter,
@@ -287,6 +288,7 @@ def _describe(policy: object) -> str:
     return f"{getattr(policy, 'name', '?')!r} ({cls.__qualname__} in {where})"
 
 
+@public
 def batch_policy(policy: TreePolicy | BatchTreePolicy) -> BatchTreePolicy:
     """``policy`` itself if it chooses batches, else it wrapped in :class:`PerRequestPolicy`."""
     if isinstance(policy, BatchTreePolicy):

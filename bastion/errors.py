@@ -8,6 +8,7 @@ says what was wrong and what is accepted. The subclasses also derive from the ma
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "BackendError",
     "BastionError",
     "BudgetError",
@@ -58,3 +59,9 @@ class CheckpointError(BastionError, ValueError):
 
 class BackendError(BastionError, RuntimeError):
     """A model backend that cannot do what was asked (absent device, uncroppable KV cache…)."""
+
+
+class ArgumentError(BastionError, TypeError, ValueError):
+    """A public function's argument of the wrong type, shape or range (the message names it).
+
+    Derives from both ``TypeError`` and ``ValueError``: a caller catching either keeps working."""

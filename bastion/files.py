@@ -6,13 +6,22 @@ file gets the user's umask (``mkstemp`` alone would leave it readable by its own
 directory (a trained model) is built as a temporary sibling directory and renamed into place
 the same way (:func:`atomic_directory`). :func:`check_output_file` and
 :func:`check_output_dir` refuse a path that cannot be written *before* any work starts.
+
+Leftovers: a process killed with ``kill -9`` mid-write cannot remove its temporary sibling. Every
+temporary name carries :data:`TEMP_MARK`, this host's name and the writer's process id
+(``.results.csv.bastion-tmp.HOST.PID.XXXXXXXX``), so the next write into the same directory —
+the next run of a sweep, say — removes the ones whose writer is no longer running
+(:func:`remove_leftovers`, once per directory and process). A temporary file of a live writer,
+or of another host sharing the directory, is never touched.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Collection, Iterator, Mapping
@@ -20,7 +29,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bastion.errors import ConfigError
+from bastion.errors import ArgumentError, ConfigError
+from bastion.guard import has, public, writable_file
+from bastion.paths import check_output_dir, check_output_file
 
 __all__ = [
     "atomic_directory",
@@ -30,6 +41,7 @@ __all__ = [
     "read_json_file",
     "read_text_file",
     "read_toml_file",
+    "remove_leftovers",
     "save_figure_atomic",
     "write_bytes_atomic",
     "write_json_atomic",
@@ -40,7 +52,58 @@ __all__ = [
 #: Largest configuration or data file read whole (bytes); a larger one is refused, not read.
 MAX_READ_BYTES = 256 << 20
 
+#: In the name of every temporary file or directory an atomic write makes (and only there).
+TEMP_MARK = ".bastion-tmp."
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host"
+_LEFTOVER = re.compile(r"\.bastion-tmp\.(?P<host>[A-Za-z0-9-]+)\.(?P<pid>[0-9]+)\.")
+_swept: set[str] = set()  # directories this process has already cleaned
 
+
+def temp_prefix(name: str) -> str:
+    """The prefix of a temporary sibling of ``name`` made by this process."""
+    return f".{name}{TEMP_MARK}{_HOST}.{os.getpid()}."
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):  # another user's process; a pid beyond the OS's
+        return True
+    return True
+
+
+@public
+def remove_leftovers(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary files and directories in ``directory`` left by atomic writes whose
+    process (on this host) is no longer running; returns what was removed."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:  # missing or unreadable: nothing to clean
+        return removed
+    for entry in entries:
+        found = _LEFTOVER.search(entry.name)
+        if found is None or found["host"] != _HOST or _running(int(found["pid"])):
+            continue
+        path = Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _sweep_once(directory: Path) -> None:
+    key = os.fspath(directory)
+    if key not in _swept:
+        _swept.add(key)
+        remove_leftovers(directory)
+
+
+@public
 def read_text_file(
     path: str | os.PathLike[str], what: str = "file", max_bytes: int = MAX_READ_BYTES
 ) -> str:
@@ -64,6 +127,7 @@ def read_text_file(
         raise ConfigError(f"{what} {p} cannot be read ({exc.strerror or exc})") from None
 
 
+@public
 def read_json_file(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
     """The parsed JSON of ``path`` (see :func:`read_text_file`); invalid or too deeply nested
     JSON is a :class:`ConfigError` naming the file."""
@@ -76,6 +140,7 @@ def read_json_file(path: str | os.PathLike[str], what: str = "JSON file") -> Any
         raise ConfigError(f"{what} {path} is nested too deeply to be a valid file") from None
 
 
+@public
 def read_toml_file(path: str | os.PathLike[str], what: str = "TOML file") -> dict[str, Any]:
     """The parsed TOML of ``path`` (see :func:`read_text_file`); invalid or too deeply nested
     TOML is a :class:`ConfigError` naming the file."""
@@ -101,7 +166,10 @@ def config_kind(data: Mapping[str, Any], origin: str) -> str:
     """What a parsed configuration file is: its ``kind`` key when it has one (one of
     :data:`CONFIG_KINDS`), else by shape — a hardware profile has a ``[peak]`` table, a
     workload has none. Lets one directory hold both (``$BASTION_HWPROFILES`` and
-    ``$BASTION_WORKLOADS`` naming the same one)."""
+    ``$BASTION_WORKLOADS`` naming the same one). Checked in its body (the guard imports this
+    module)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{origin!s:.200}: a configuration must be a table; got {data!r:.80}")
     kind = data.get("kind")
     if kind is None:
         return "hardware-profile" if isinstance(data.get("peak"), dict) else "workload"
@@ -118,60 +186,11 @@ def _umask() -> int:
     return mask
 
 
-def _existing_ancestor(path: Path) -> Path:
-    probe = path.absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    return probe
-
-
-def _probe_writable(base: Path, what: str, target: Path) -> None:
-    """Create and remove a file in ``base``: permission bits say nothing for root or a
-    read-only file system, a real attempt does."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".bastion-probe.", dir=base)
-    except OSError as exc:
-        raise ConfigError(
-            f"{what} {target}: cannot write in {base} ({exc.strerror or exc})"
-        ) from None
-    os.close(fd)
-    Path(tmp).unlink(missing_ok=True)
-
-
-def check_output_file(path: str | os.PathLike[str], what: str = "output") -> Path:
-    """Refuse, with a :class:`ConfigError`, a file path that cannot be written: a directory,
-    a path under a regular file, or one whose nearest existing folder is not writable. Missing
-    parent folders are fine (the writers create them). Call it before the work starts."""
-    target = Path(path)
-    if str(path) == "" or target.name in ("", ".", ".."):
-        raise ConfigError(f"{what} {str(path)!r} is not a file name; give a file path")
-    if target.is_dir():
-        raise ConfigError(f"{what} {target} is a directory; give a file path")
-    base = _existing_ancestor(target.parent)
-    if not base.is_dir():
-        raise ConfigError(f"{what} {target}: {base} is not a directory")
-    _probe_writable(base, what, target)
-    return target
-
-
-def check_output_dir(path: str | os.PathLike[str], what: str = "output directory") -> Path:
-    """Refuse, with a :class:`ConfigError`, a directory path that cannot be created or written
-    (a regular file, a path under a regular file, an unwritable folder). Call it before the
-    work starts."""
-    target = Path(path)
-    if str(path) == "":
-        raise ConfigError(f"{what} is empty; give a directory path")
-    base = _existing_ancestor(target)
-    if not base.is_dir():
-        raise ConfigError(f"{what} {target}: {base} is not a directory")
-    _probe_writable(base, what, target)
-    return target
-
-
 def _write_atomic(path: str | os.PathLike[str], write: Any) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    _sweep_once(target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), dir=target.parent)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
@@ -184,17 +203,20 @@ def _write_atomic(path: str | os.PathLike[str], write: Any) -> None:
         raise
 
 
+@public(path=writable_file)
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` atomically (temporary sibling, fsync, ``os.replace``)."""
     data = text.encode("utf-8")
     _write_atomic(path, lambda f: f.write(data))
 
 
+@public(path=writable_file)
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temporary sibling, fsync, ``os.replace``)."""
     _write_atomic(path, lambda f: f.write(data))
 
 
+@public(fig=has("savefig"), path=writable_file)
 def save_figure_atomic(fig: Any, path: str | os.PathLike[str], **savefig_kwargs: Any) -> None:
     """``fig.savefig(path, **savefig_kwargs)`` atomically: a killed plot leaves the old file or
     none, never a truncated one. The format comes from ``path``'s suffix unless ``format=`` is
@@ -206,6 +228,7 @@ def save_figure_atomic(fig: Any, path: str | os.PathLike[str], **savefig_kwargs:
     _write_atomic(target, lambda f: fig.savefig(f, **kwargs))
 
 
+@public
 @contextmanager
 def atomic_directory(path: str | os.PathLike[str], *, replace: bool = False) -> Iterator[Path]:
     """Build a directory atomically: yields a temporary sibling to fill; on success it is
@@ -220,13 +243,16 @@ def atomic_directory(path: str | os.PathLike[str], *, replace: bool = False) -> 
     if target.is_dir() and any(target.iterdir()) and not replace:
         raise ConfigError(f"{target} is not empty; give a new or empty directory")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    _sweep_once(target.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(target.name), dir=target.parent))
     try:
         os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
         old = None
         if target.is_dir():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            old = Path(
+                tempfile.mkdtemp(prefix=temp_prefix(target.name + ".old"), dir=target.parent)
+            )
             os.replace(target, old / "d")
         os.replace(tmp, target)
         if old is not None:
@@ -236,8 +262,13 @@ def atomic_directory(path: str | os.PathLike[str], *, replace: bool = False) -> 
         raise
 
 
+@public(path=writable_file)
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    try:
+        text = json.dumps(data, indent=2, sort_keys=True)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ArgumentError(f"write_json_atomic: data must be JSON-serialisable: {exc}") from None
+    write_text_atomic(path, text + "\n")
 
 
 def checked_table(

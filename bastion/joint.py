@@ -57,6 +57,7 @@ from bastion.batch import BatchMarginals, TreeBatch
 from bastion.bestfirst import best_first_forest
 from bastion.budget import ControllerMode, Rule, first_decrease
 from bastion.errors import BudgetError, CostModelError
+from bastion.guard import array, public
 from bastion.interfaces import CostCurve, CostModel, RequestLoad, StepLoad
 from bastion.tree import DraftMarginals, DraftTree
 
@@ -120,6 +121,7 @@ class JointDiagnostics:
         return float(self.s_hat[self.total_size - self.batch_size])
 
 
+@public
 def merge_order(scores: Sequence[FloatArray]) -> tuple[IntArray, FloatArray]:
     """The joint best-first order of B requests' added nodes (the definition; the controller
     grows it directly with :func:`bastion.bestfirst.best_first_forest`, which tests check equal).
@@ -194,6 +196,7 @@ def _growth(c_hat: FloatArray, c_needed: float) -> int:
     return int(min(8.0, max(2.0, np.ceil(target / v))))
 
 
+@public(error=BudgetError)
 def choose_joint(
     marginals: Sequence[DraftMarginals] | BatchMarginals,
     curve: JointCurve,
@@ -224,6 +227,7 @@ def choose_joint(
     return trees.trees(), diag
 
 
+@public(error=BudgetError)
 def choose_joint_batch(
     marginals: BatchMarginals,
     curve: JointCurve,
@@ -329,6 +333,7 @@ def choose_joint_batch(
     return trees, diag
 
 
+@public
 def forest_batch(marginals: BatchMarginals, n_max: int, total: int) -> TreeBatch:
     """The B best-first trees of a batch grown together in merged order to ``total`` nodes,
     roots included (fewer where the lattices run out), at most ``n_max`` per request — the
@@ -361,6 +366,7 @@ def _tree_batch(
     return TreeBatch(starts, parents, tokens, depths, scores, ranks)
 
 
+@public(error=BudgetError, context_lens=array(1, lo=0, nonempty=True, whole=True))
 def joint_curve_from_cost_model(
     cost_model: JointCostModel | CostModel, context_lens: npt.ArrayLike
 ) -> JointCurve:

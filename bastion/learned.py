@@ -55,6 +55,7 @@ from bastion.cycles import (
     token_lattice,
 )
 from bastion.errors import BudgetError, CostModelError
+from bastion.guard import each, integer, public
 from bastion.interfaces import CostCurve, CostModel, StepCost, StepLoad
 from bastion.observed import AcceptanceCalibration, SizeCalibration, observe_tree_step
 
@@ -572,6 +573,15 @@ def _mean_context(ctx: IntArray) -> int:
     return int(ctx[0]) if ctx.shape[0] == 1 else int(np.add.reduce(ctx)) // ctx.shape[0]
 
 
+@public(
+    error=BudgetError,
+    batch_sizes=each(integer(1, 1 << 10)),
+    n_max=integer(1, 1 << 20),
+    max_total=integer(1, 1 << 20),
+    context_len=integer(lo=0),
+    depth=integer(0, 1024),
+    repeats=integer(1, 1000),
+)
 def calibrate_cycles(
     model: LearnedCostModel,
     measure: MeasureFn,
@@ -622,6 +632,7 @@ def calibrate_cycles(
     return {"cells": len(plan), "passes": total, "device_s": spent}
 
 
+@public(error=BudgetError, total=integer(0, 1 << 30), batch=integer(1, 1 << 20))
 def even_sizes(total: int, batch: int) -> IntArray:
     """``total`` tree nodes spread over ``batch`` requests as evenly as possible."""
     sizes = np.full(batch, total // batch, np.int64)

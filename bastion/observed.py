@@ -20,6 +20,7 @@ import numpy.typing as npt
 from bastion.batch import BatchMarginals, TreeBatch
 from bastion.cycles import LATTICE, REFRESH_SHIFT, batch_bucket
 from bastion.errors import BudgetError
+from bastion.guard import integer, public
 
 __all__ = ["AcceptanceCalibration", "SizeCalibration", "observe_tree_step"]
 
@@ -34,6 +35,7 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
 
+@public(error=BudgetError, depth=integer(1, 4096), ranks=integer(1, 1024))
 class AcceptanceCalibration:
     """Realised/predicted acceptance of a draft token, per (depth, rank), learned from steps.
 
@@ -196,6 +198,7 @@ class AcceptanceCalibration:
         self.steps += 1
 
 
+@public(error=BudgetError)
 class SizeCalibration:
     """What each lattice size really commits, learned from the prefixes of verified trees.
 
@@ -330,6 +333,7 @@ def _steps(values: FloatArray, start: float) -> FloatArray:
     return out
 
 
+@public
 def observe_tree_step(
     acceptance: AcceptanceCalibration,
     sizes: SizeCalibration,

@@ -37,6 +37,7 @@ from types import ModuleType
 from typing import Any
 
 from bastion.errors import ConfigError, UnknownNameError
+from bastion.guard import public
 
 __all__ = ["PluginSpec", "load", "parse_args", "parse_spec", "registered"]
 
@@ -80,6 +81,7 @@ def _value(text: str) -> Any:
     return text
 
 
+@public
 def parse_args(text: str, spec: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``"32,depth=7"`` → ``((32,), {"depth": 7})``; ``""`` → no arguments."""
     args: list[Any] = []
@@ -109,6 +111,7 @@ def parse_args(text: str, spec: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return tuple(args), kwargs
 
 
+@public
 def parse_spec(text: str, names: Collection[str] = ()) -> PluginSpec:
     """Split ``SOURCE[:ATTR][:ARGS]`` (see the module docstring); ``names`` are the registered
     short names, whose spec is ``NAME[:ARGS]``. Raises :class:`ConfigError`."""
@@ -140,6 +143,7 @@ def parse_spec(text: str, names: Collection[str] = ()) -> PluginSpec:
     return PluginSpec(text, source, attr, *parse_args(arg_text, text))
 
 
+@public
 def registered(group: str) -> dict[str, metadata.EntryPoint]:
     """The entry points of ``group`` by name (installed distributions only)."""
     return {ep.name: ep for ep in metadata.entry_points(group=group)}
@@ -221,6 +225,7 @@ def _origin(spec: PluginSpec, entry_point: str | None = None) -> str:
     return f"{spec.source}:{spec.attr}"
 
 
+@public
 def load(
     text: str, group: str, what: str = "plug-in", ready: Callable[[Any], bool] = lambda _: False
 ) -> Any:

@@ -43,10 +43,11 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.batch import BatchMarginals, TreeBatch, chain_batch
-from bastion.bestfirst import best_first_flat
+from bastion.bestfirst import MAX_TREE_SIZE, best_first_flat
 from bastion.budget import ControllerMode, choose_tree
 from bastion.engine import PerRequestPolicy
 from bastion.errors import BudgetError, ConfigError, UnknownNameError
+from bastion.guard import public
 from bastion.interfaces import (
     BatchChoice,
     BatchPolicyContext,
@@ -199,6 +200,10 @@ class FixedPolicy:
 
     def __post_init__(self) -> None:
         _positive_int("tree_size", self.tree_size)
+        if self.tree_size > MAX_TREE_SIZE:  # a 20-digit fixed:N is refused here, not mid-run
+            raise BudgetError(
+                f"tree_size must be in 1 … MAX_TREE_SIZE = {MAX_TREE_SIZE}; got {self.tree_size}"
+            )
 
     @property
     def name(self) -> str:
@@ -367,7 +372,9 @@ class AdaptivePolicy:
 
 
 def best_first_batch(marginals: BatchMarginals, budget: int) -> TreeBatch:
-    """Best-first trees of size ``budget`` for every request of a batch, in one compiled call."""
+    """Best-first trees of size ``budget`` for every request of a batch, in one compiled call
+    (a budget beyond ``MAX_TREE_SIZE`` is cut, as by :func:`best_first_tree`)."""
+    budget = min(budget, MAX_TREE_SIZE + 1)
     (parents, depths, ranks, scores), offsets = best_first_flat(marginals.probs, budget)
     request = np.repeat(np.arange(offsets.shape[0] - 1), np.diff(offsets))
     tokens = marginals.token_ids[request, np.maximum(depths - 1, 0), np.maximum(ranks, 0)]
@@ -429,6 +436,7 @@ def policy_label(policy: object) -> str:
     return f"{getattr(policy, 'name', '?')} [{cls.__module__}:{cls.__qualname__}]"
 
 
+@public
 def policy_labels(policies: Sequence[str | object]) -> list[str]:
     """The labels results record for policies compared together (one run's list, AR included).
 
@@ -459,6 +467,7 @@ def policy_labels(policies: Sequence[str | object]) -> list[str]:
     return labels
 
 
+@public
 def make_policy(spec: str | TreePolicy | BatchTreePolicy, *, n_max: int | None = None) -> Any:
     """A policy from a spec, or ``spec`` itself if it already is one.
 

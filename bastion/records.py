@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from bastion.guard import public
+
 __all__ = [
     "FIELDS",
     "RENAMED",
@@ -216,6 +218,7 @@ RENAMED: dict[str, str] = {
 SCHEMA_FILE = "schemas/records.schema.json"
 
 
+@public
 def upgrade(record: Mapping[str, Any], where: str = "a record") -> dict[str, Any]:
     """``record`` with the previous release's names renamed (a ``DeprecationWarning`` names
     them), and ``policy_spec`` filled from ``policy`` where it is missing."""
@@ -286,6 +289,7 @@ def shipped_schema() -> dict[str, Any]:
     return data
 
 
+@public
 def delivered_counts(committed: int, wanted: int) -> tuple[int, int]:
     """(tokens delivered, draft tokens among them) of a step that committed ``committed``
     tokens (bonus included) for a request that still wants ``wanted`` (≥ 1)."""
@@ -293,6 +297,7 @@ def delivered_counts(committed: int, wanted: int) -> tuple[int, int]:
     return delivered, min(committed - 1, delivered)
 
 
+@public
 def acceptance_stats(accepted: Sequence[int], sizes: Sequence[int]) -> dict[str, Any]:
     """Draft acceptance over steps: ``accepted[i]`` draft tokens delivered by a step whose tree
     had ``sizes[i]`` nodes (root included).

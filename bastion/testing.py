@@ -43,6 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.errors import BudgetError, MarginalsError
+from bastion.guard import array, integer, number, public
 from bastion.interfaces import CostCurve
 from bastion.tree import DraftMarginals, DraftTree
 
@@ -116,6 +117,7 @@ def marginals(
     return DraftMarginals(vocab[:, :k], p)
 
 
+@public
 def batches(
     max_requests: int = 3, max_depth: int = 3, max_k: int = 3
 ) -> st.SearchStrategy[list[DraftMarginals]]:
@@ -167,6 +169,7 @@ def _lattice_size(m: DraftMarginals) -> int:
     return int(sum(m.k**d for d in range(m.depth + 1)))
 
 
+@public
 def lattice(
     m: DraftMarginals, limit: int = MAX_ORACLE_NODES
 ) -> tuple[list[Node], dict[Node, float]]:
@@ -193,6 +196,7 @@ def lattice(
     return nodes, score
 
 
+@public
 def optimal_acceptance(m: DraftMarginals) -> Array:
     """``best[N]`` = max Â over every prefix-closed tree of N nodes (root included), for
     N = 0 … the lattice size (``best[0] = -inf``), by an exact tree-knapsack DP."""
@@ -212,6 +216,7 @@ def optimal_acceptance(m: DraftMarginals) -> Array:
     return best[()]
 
 
+@public
 def optimal_acceptance_enumerated(m: DraftMarginals) -> dict[int, float]:
     """max Â per size over *every* prefix-closed tree, by enumeration (lattices of at most 40
     nodes): an oracle independent of the DP's recursion."""
@@ -247,6 +252,7 @@ def _allocation_table(
     return np.sum([g.ravel() for g in grids], axis=0), np.sum([s.ravel() for s in sizes], axis=0)
 
 
+@public
 def best_joint_acceptance(batch: Sequence[DraftMarginals], n_max: int | None = None) -> Array:
     """max Σᵢ Âᵢ(Nᵢ) over every allocation with Σ Nᵢ = M (each Nᵢ ≤ ``n_max``), for
     M = B, B + 1, … (entry M − B): what a joint budget of M nodes can at best achieve."""
@@ -258,6 +264,11 @@ def best_joint_acceptance(batch: Sequence[DraftMarginals], n_max: int | None = N
     return best[len(batch) :]
 
 
+@public(
+    verify_s=array(1, nonempty=True, positive=True),
+    n_max=integer(lo=1),
+    ar_step_s=number(positive=True),
+)
 def best_joint_speedup(
     batch: Sequence[DraftMarginals], verify_s: npt.ArrayLike, n_max: int, ar_step_s: float = 1.0
 ) -> float:
@@ -273,6 +284,7 @@ def best_joint_speedup(
     return float(np.max(totals * ar_step_s / costs[ms - len(batch)]))
 
 
+@public
 def check_tree(tree: DraftTree, m: DraftMarginals, rtol: float = 1e-12) -> None:
     """Raise ``AssertionError`` unless ``tree`` is a valid draft tree for ``m``: parents precede
     children, depths and ranks are in range, no two siblings share a rank, every token is the

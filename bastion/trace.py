@@ -33,6 +33,7 @@ from typing import Any
 
 from bastion.errors import BastionError, ConfigError
 from bastion.files import read_json_file, write_text_atomic
+from bastion.guard import public, writable_file
 from bastion.tree import DraftMarginals
 
 __all__ = ["TRACE_FORMAT", "TRACE_VERSION", "Trace", "TraceStep", "read_trace", "write_trace"]
@@ -86,6 +87,7 @@ def _to_json(trace: Trace) -> dict[str, Any]:
     }
 
 
+@public(path=writable_file)
 def write_trace(path: str | os.PathLike[str], trace: Trace) -> None:
     """Write ``trace`` as JSON atomically: a failed write leaves no file at ``path``."""
     write_text_atomic(path, json.dumps(_to_json(trace)))
@@ -125,6 +127,7 @@ def _marginals(s: Any, where: str, origin: str) -> DraftMarginals:
         ) from None
 
 
+@public
 def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Read and validate a trace written by :func:`write_trace`; anything malformed is a
     :class:`ConfigError` naming the file and the field."""

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from bastion.bestfirst import MAX_TREE_SIZE, TreeArrays, best_first, best_first_many
 from bastion.errors import BudgetError, MarginalsError
+from bastion.guard import public
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -74,6 +75,7 @@ def _checked_ints(name: str, value: object) -> npt.NDArray[Any]:
     return _frozen(arr, np.int64)
 
 
+@public
 @dataclass(frozen=True, eq=False)
 class DraftMarginals:
     """A drafter's top-K candidates for each of ``depth`` future positions.
@@ -90,7 +92,7 @@ class DraftMarginals:
         try:
             ids = np.asarray(token_ids)
             p = np.asarray(probs, dtype=np.float64)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise MarginalsError(f"marginals must be numeric arrays: {exc}") from exc
         if p.ndim != 2 or ids.ndim != 2:
             raise MarginalsError(
@@ -181,6 +183,7 @@ class DraftMarginals:
         return DraftMarginals(self.token_ids[:d, :kk], self.probs[:d, :kk])
 
 
+@public
 @dataclass(frozen=True, eq=False)
 class DraftTree:
     """A prefix tree stored as arrays in expansion order; node 0 is the root.
@@ -216,7 +219,10 @@ class DraftTree:
             if name == "ranks" and value is None:
                 n = fields["parents"].shape[0] if fields["parents"].ndim == 1 else 0
                 value = np.full(n, -1)
-            fields[name] = _checked_ints(name, value) if validate else _frozen(value, np.int64)
+            try:
+                fields[name] = _checked_ints(name, value) if validate else _frozen(value, np.int64)
+            except (TypeError, ValueError, OverflowError) as exc:  # validate=False, unusable
+                raise MarginalsError(f"tree field {name} must be an integer array: {exc}") from exc
         try:
             fields["scores"] = _frozen(scores, np.float64)
         except (TypeError, ValueError, OverflowError) as exc:
@@ -330,14 +336,26 @@ def _check_budget(budget: int) -> int:
 def tree_from_arrays(
     arrays: TreeArrays, marginals: DraftMarginals, root_token: int = -1
 ) -> DraftTree:
-    """Wrap a builder's (parents, depths, ranks, scores) arrays as a DraftTree with tokens."""
-    parents, depths, ranks, scores = arrays
-    tokens = np.empty_like(ranks)
-    tokens[0] = root_token
-    tokens[1:] = marginals.token_ids[depths[1:] - 1, ranks[1:]]
+    """Wrap a builder's (parents, depths, ranks, scores) arrays as a DraftTree with tokens.
+
+    Guarded in the body, not by ``@public`` (it runs once per request per decode step): anything
+    but a builder's arrays for these marginals is a :class:`MarginalsError`."""
+    if not isinstance(marginals, DraftMarginals):
+        raise MarginalsError(f"marginals must be a DraftMarginals; got {marginals!r:.80}")
+    try:
+        parents, depths, ranks, scores = arrays
+        tokens = np.empty_like(ranks)
+        tokens[0] = root_token
+        tokens[1:] = marginals.token_ids[depths[1:] - 1, ranks[1:]]
+    except (TypeError, ValueError, IndexError, OverflowError) as exc:
+        raise MarginalsError(
+            f"arrays must be a builder's (parents, depths, ranks, scores) for these marginals "
+            f"and root_token an int: {exc}"
+        ) from None
     return DraftTree.trusted(parents, tokens, depths, scores, ranks)
 
 
+@public(own=("budget",))
 def best_first_tree(marginals: DraftMarginals, budget: int, root_token: int = -1) -> DraftTree:
     """The optimal prefix-closed tree of size ``budget`` under Â, in best-first order.
 
@@ -348,6 +366,7 @@ def best_first_tree(marginals: DraftMarginals, budget: int, root_token: int = -1
     return tree_from_arrays(best_first(marginals.probs, n), marginals, root_token)
 
 
+@public(own=("budgets",))
 def best_first_trees(
     batch: Sequence[DraftMarginals],
     budgets: int | Sequence[int],
@@ -389,11 +408,13 @@ def best_first_trees(
 # --------------------------------------------------------------------------------------------
 
 
+@public
 def surrogate_acceptance(tree: DraftTree) -> float:
     """Â(T) = Σ ρ(i) over all nodes, root included: the surrogate of τ (Prop. 3.2)."""
     return float(tree.scores.sum())
 
 
+@public
 def ancestor_matrix(tree: DraftTree) -> npt.NDArray[np.bool_]:
     """visible[i, j] is True iff node j is node i or one of its ancestors ([N, N])."""
     n = tree.size
@@ -406,6 +427,7 @@ def ancestor_matrix(tree: DraftTree) -> npt.NDArray[np.bool_]:
     return vis
 
 
+@public
 def attention_mask(tree: DraftTree, past_len: int, dtype: Any = np.float32) -> npt.NDArray[Any]:
     """The additive tree mask [N, past_len + N]: 0 where visible, the dtype's minimum elsewhere.
 
@@ -417,11 +439,13 @@ def attention_mask(tree: DraftTree, past_len: int, dtype: Any = np.float32) -> n
     return np.where(vis, 0.0, np.finfo(dtype).min).astype(dtype)
 
 
+@public
 def position_ids(tree: DraftTree, context_len: int) -> npt.NDArray[np.int64]:
     """Rotary position of each node: the root sits at ``context_len`` and children one deeper."""
     return context_len + tree.depths
 
 
+@public
 def path_to(tree: DraftTree, node: int) -> list[int]:
     """Node indices from the root to ``node`` inclusive."""
     if not 0 <= node < tree.size:
@@ -432,6 +456,7 @@ def path_to(tree: DraftTree, node: int) -> list[int]:
     return path[::-1]
 
 
+@public
 def to_networkx(tree: DraftTree) -> nx.DiGraph:
     """A DiGraph with an edge parent → child and node attributes token, depth, score, rank."""
     import networkx as nx

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from bastion.errors import ConfigError
+from bastion.guard import public
 from bastion.sim.workloads import Workload
 
 __all__ = [
@@ -94,6 +95,7 @@ def _with_lengths(times: np.ndarray, workload: Workload, rng: np.random.Generato
     ]
 
 
+@public(error=ConfigError, own=("n",))
 def poisson_arrivals(
     rate_per_s: float, n: int, workload: Workload, rng: np.random.Generator
 ) -> list[Arrival]:
@@ -110,6 +112,7 @@ def poisson_arrivals(
     return _with_lengths(times, workload, rng)
 
 
+@public(error=ConfigError, own=("n",))
 def closed_loop(n: int, workload: Workload, rng: np.random.Generator) -> list[Arrival]:
     """``n`` requests all present at time 0 (closed loop), lengths from the workload."""
     return _with_lengths(np.zeros(_check_n(n, "closed_loop")), workload, rng)
@@ -215,6 +218,7 @@ def _length(where: str, name: str, text: str) -> int:
     return value
 
 
+@public(error=ConfigError)
 def read_arrivals(path: str | os.PathLike[str]) -> list[Arrival]:
     """Read and validate an arrivals file (format in the module docstring), in file order."""
     file = Path(path)

@@ -31,6 +31,7 @@ import numpy.typing as npt
 from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
 from bastion.bestfirst import accepted_paths
 from bastion.errors import ConfigError
+from bastion.guard import array, integer, public
 from bastion.tree import DraftTree
 
 __all__ = ["DraftSource", "SimBatch", "accepted_counts", "accepted_path"]
@@ -47,6 +48,7 @@ class DraftSource(Protocol):
         ...
 
 
+@public
 def accepted_counts(trees: TreeBatch, target: IntArray) -> tuple[IntArray, npt.NDArray[np.bool_]]:
     """(accepted draft tokens per request ``[B]``, on-path flag per node ``[ΣN]``, roots False).
 
@@ -81,6 +83,7 @@ def accepted_counts_numpy(
     return counts, ok
 
 
+@public(target=array(1, whole=True))
 def accepted_path(tree: DraftTree, target: IntArray) -> list[int]:
     """Nodes of the longest root path of one tree whose tokens equal ``target`` at their depths
     (root first) — the single-request form of :func:`accepted_counts`."""
@@ -93,6 +96,10 @@ def accepted_path(tree: DraftTree, target: IntArray) -> list[int]:
     return [0, *np.flatnonzero(ok).tolist()]
 
 
+MAX_REQUESTS = 1 << 24  # requests of one simulation (its slot table is allocated up front)
+
+
+@public(error=ConfigError, n_requests=integer(1, MAX_REQUESTS))
 class SimBatch:
     """The requests in flight on the simulated GPU (a ``BatchDrafter`` and ``BatchVerifier``).
 

@@ -75,6 +75,7 @@ from bastion.cost.kernels import step_factors
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.roofline import DrafterPricer, LinearPricer, RooflineOptions
 from bastion.errors import ConfigError
+from bastion.guard import array, integer, number, public
 
 __all__ = [
     "DEFAULT_PREFILL_CHUNK",
@@ -104,6 +105,11 @@ pass, and with the default GroundTruth for Qwen3-8B on an H100 SXM a 512-token c
 32-request verification step (trees of 16, contexts of 1000) takes it from ≈ 21 ms to ≈ 36 ms."""
 
 
+@public(
+    new_tokens=array(lo=0, hi=2.0**53),
+    contexts=array(lo=0, hi=2.0**53),
+    broadcast=("new_tokens", "contexts"),
+)
 def causal_chunk_pairs(new_tokens: npt.ArrayLike, contexts: npt.ArrayLike) -> Array:
     """(query, key) pairs a causal attention kernel computes for prefill chunks.
 
@@ -199,6 +205,7 @@ _UNMEASURED = {  # −1 allowed: not measured (see GroundTruth)
 }
 
 
+@public
 @dataclass(frozen=True)
 class GroundTruth:
     """How the simulated device and its serving framework depart from the bare roofline.
@@ -317,6 +324,12 @@ class GroundTruth:
         return np.asarray(p / p.sum(), dtype=np.float64)
 
 
+@public(
+    tokens=array(lo=0),
+    requests=array(lo=0),
+    correlation=number(0.0, 1.0),
+    broadcast=("tokens", "requests"),
+)
 def routing_draws(tokens: npt.ArrayLike, requests: npt.ArrayLike, correlation: float) -> Array:
     """Independent routing draws of a pass: each request's first token routes afresh, each
     further token repeats its request's routing with probability ``correlation``:
@@ -326,6 +339,12 @@ def routing_draws(tokens: npt.ArrayLike, requests: npt.ArrayLike, correlation: f
     return np.asarray(r + (t - r) * (1.0 - correlation), dtype=np.float64)
 
 
+@public(
+    draws=array(lo=0),
+    experts=integer(1, 1 << 20),
+    per_token=integer(1, 1 << 20),
+    popularity=array(1, lo=0.0, hi=1.0),
+)
 def expected_experts(
     draws: npt.ArrayLike, experts: int, per_token: int, popularity: npt.ArrayLike | None = None
 ) -> Array:
@@ -343,6 +362,7 @@ def expected_experts(
     return np.asarray(experts - np.exp(np.multiply.outer(x, miss)).sum(axis=-1), dtype=np.float64)
 
 
+@public
 @dataclass
 class SimulatedGPU:
     """Ground-truth pass latencies for one target (and its DFlash drafter) on one device."""

@@ -23,12 +23,13 @@ import io
 import math
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from bastion.errors import ConfigError
+from bastion.guard import public, writable_file
 from bastion.sim.results import write_text_atomic
 
 __all__ = ["REQUEST_COLUMNS", "RequestLatency", "latency_summary", "write_requests_csv"]
@@ -49,6 +50,9 @@ REQUEST_COLUMNS = (
 """Columns of :func:`write_requests_csv`, in order (times in seconds, floats at full precision)."""
 
 
+_NUMBER = {float: (int, float, np.integer, np.floating), int: (int, np.integer)}
+
+
 @dataclass(frozen=True)
 class RequestLatency:
     """The timeline of one served request (times in seconds from the start of the run)."""
@@ -63,6 +67,14 @@ class RequestLatency:
     committed_tokens: int
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value, kind = getattr(self, f.name), float if f.name.endswith("_s") else int
+            ok = not isinstance(value, bool) and isinstance(value, _NUMBER[kind])
+            if not ok or (kind is float and abs(value) > 1e300):  # also: no int beyond a float
+                raise ConfigError(
+                    f"request {self.request_id!r}: {f.name} must be "
+                    f"{'a finite number' if kind is float else 'an integer'}; got {value!r:.80}"
+                )
         times = (self.arrival_s, self.first_token_s, self.finish_s)
         if not all(math.isfinite(t) for t in times):
             raise ConfigError(f"request {self.request_id}: times must be finite; got {times}")
@@ -108,6 +120,7 @@ def _percentiles(values: Sequence[float]) -> tuple[float, float]:
     return float(p50), float(p99)
 
 
+@public
 def latency_summary(rows: Iterable[RequestLatency]) -> dict[str, float]:
     """p50 and p99 of TTFT, TPOT (requests with output_len > 1) and end-to-end latency."""
     rows = list(rows)
@@ -123,6 +136,7 @@ def latency_summary(rows: Iterable[RequestLatency]) -> dict[str, float]:
     return out
 
 
+@public(path=writable_file)
 def write_requests_csv(path: str | os.PathLike[str], rows: Iterable[RequestLatency]) -> None:
     """One row per request with the columns of :data:`REQUEST_COLUMNS`, written atomically
     (a header alone when there is no request)."""

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bastion.errors import ConfigError
+from bastion.guard import each, mapping_with, public
 from bastion.sim.results import SPEC_COLUMNS
 
 __all__ = ["PROMISE", "regret_report", "regret_rows"]
@@ -68,6 +70,7 @@ def _metric(row: Row) -> float:
     return float(row[key])
 
 
+@public(error=ConfigError, rows=each(mapping_with("policy")))
 def regret_rows(rows: Sequence[Row]) -> tuple[list[str], list[tuple[Any, ...]]]:
     """(setting columns, one tuple per setting): the setting's values, the best other policy,
     its metric, bastion's, bastion's ratio, bastion:paper's ratio (nan without it)."""
@@ -75,7 +78,13 @@ def regret_rows(rows: Sequence[Row]) -> tuple[list[str], list[tuple[Any, ...]]]:
     groups: dict[tuple[Any, ...], dict[str, list[float]]] = {}
     for r in rows:
         key = tuple(r.get(c) for c in varying)
-        groups.setdefault(key, {}).setdefault(str(r["policy"]), []).append(_metric(r))
+        try:
+            metric = _metric(r)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise ConfigError(
+                f"a result row lacks a numeric speedup or throughput: {exc!r}"
+            ) from None
+        groups.setdefault(key, {}).setdefault(str(r["policy"]), []).append(metric)
     out = []
     for key, by in groups.items():
         mean = {p: float(np.mean(v)) for p, v in by.items()}
@@ -90,6 +99,7 @@ def regret_rows(rows: Sequence[Row]) -> tuple[list[str], list[tuple[Any, ...]]]:
     return varying, out
 
 
+@public
 def regret_report(rows: list[Row], out: Path) -> str:
     """The table, the summary line and ``regret.png`` (bastion's and the paper's ratios)."""
     varying, table = regret_rows(rows)

@@ -23,11 +23,13 @@ import numpy.typing as npt
 
 from bastion.batch import BatchMarginals
 from bastion.errors import ConfigError
+from bastion.guard import public
 from bastion.trace import Trace, read_trace
 
 __all__ = ["TraceSource", "load_traces", "trace_source"]
 
 
+@public
 class TraceSource:
     """A :class:`bastion.sim.backend.DraftSource` that replays recorded requests: request i replays
     trace i mod (number of traces); its prompt and output lengths are the trace's."""
@@ -109,6 +111,7 @@ def _check(trace: Trace, origin: str) -> None:
         raise ConfigError(f"{origin}: an output token id is outside the vocabulary of {vocab}")
 
 
+@public
 def load_traces(path: Path) -> list[tuple[Trace, str]]:
     """Every ``*.json`` trace at ``path`` (a file or a directory), checked for consistency."""
     files = sorted(path.glob("*.json")) if path.is_dir() else [path]
@@ -125,6 +128,7 @@ def load_traces(path: Path) -> list[tuple[Trace, str]]:
     return traces
 
 
+@public
 def trace_source(path: Path) -> TraceSource:
     """A source replaying every trace under ``path`` (a file or a directory)."""
     return TraceSource(load_traces(path))

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from bastion.guard import has, public, writable_file
 from bastion.sim.results import SPEC_COLUMNS
 
 __all__ = [
@@ -39,6 +40,7 @@ Row = dict[str, Any]
 """One record (a row of results.csv)."""
 
 
+@public
 def group(rows: Sequence[Row], keys: Sequence[str]) -> dict[tuple[Any, ...], list[Row]]:
     """Rows by the values of ``keys``, in order of first appearance."""
     out: dict[tuple[Any, ...], list[Row]] = {}
@@ -60,6 +62,7 @@ def pyplot() -> Any:
     return plt
 
 
+@public(fig=has("savefig"), path=writable_file)
 def save_figure(fig: Any, path: Path) -> None:
     """A figure as PNG, written atomically (a crash never leaves half an image), then closed."""
     from bastion.files import save_figure_atomic
@@ -78,6 +81,7 @@ def cell(x: Any) -> str:
     return str(x)
 
 
+@public
 def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A markdown table (cells as :func:`cell` writes them)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -85,11 +89,13 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+@public
 def seed_count(rows: Sequence[Row]) -> int:
     """How many different seeds the rows hold."""
     return len({r.get("seed") for r in rows})
 
 
+@public
 def spread(values: Sequence[float], scale: float = 1.0) -> float | str:
     """One cell for a metric over seeds: the value itself for one seed, else ``mean ± sd``
     (the sample standard deviation, n − 1), each to three significant digits. Seeds where the
@@ -103,6 +109,7 @@ def spread(values: Sequence[float], scale: float = 1.0) -> float | str:
     return f"{cell(float(np.mean(xs)))} ± {cell(float(np.std(xs, ddof=1)))}"
 
 
+@public
 def mean_over_seeds(rows: Sequence[Row]) -> list[Row]:
     """One row per setting and policy, seeds pooled: the metrics (numbers, and equal-length
     lists of numbers) averaged, the setting's columns kept; ``seed`` lists the seeds pooled.

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.files import write_json_atomic, write_text_atomic
+from bastion.guard import public, writable_file
 from bastion.records import json_safe as _json_safe
 from bastion.records import upgrade
 
@@ -116,6 +117,7 @@ RECORD_COLUMNS = (
 meaning, in :data:`bastion.records.FIELDS`)."""
 
 
+@public
 def ordered_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """:data:`RECORD_COLUMNS` present in ``rows`` in their order, then any others, sorted."""
     seen: set[str] = set()
@@ -133,6 +135,7 @@ def _cell(value: Any) -> Any:
     return value
 
 
+@public(path=writable_file)
 def write_csv_atomic(
     path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None
 ) -> None:
@@ -145,6 +148,7 @@ def write_csv_atomic(
     write_text_atomic(path, buf.getvalue())
 
 
+@public(path=writable_file)
 def write_records_json(path: Path, records: Sequence[Mapping[str, Any]], **meta: Any) -> None:
     """The one JSON shape: ``{**meta, "records": [...]}``, atomically."""
     write_json_atomic(path, _json_safe({**meta, "records": [dict(r) for r in records]}))
@@ -162,6 +166,7 @@ def package_version() -> str:
         return bastion.__version__
 
 
+@public
 def spec_key(spec: Mapping[str, Any]) -> str:
     """A stable short hash of JSON-able data (its JSON with sorted keys)."""
     blob = json.dumps(spec, sort_keys=True, default=str).encode()
@@ -172,6 +177,7 @@ RUN_FORMAT = "bastion-run"
 RUN_VERSION = 2
 
 
+@public
 class RunStore:
     """One JSON file per finished run under ``directory``, named by the run's key; resumable.
 

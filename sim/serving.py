@@ -49,6 +49,7 @@ import simpy
 from bastion.batch import StepRequests
 from bastion.engine import SpecEngine, batch_policy, observed_load
 from bastion.errors import ConfigError
+from bastion.guard import public
 from bastion.interfaces import BatchTreePolicy, CostModel, TreePolicy
 from bastion.sim.arrivals import Arrival
 from bastion.sim.backend import DraftSource, SimBatch
@@ -165,6 +166,7 @@ class ServingResult:
         return float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0
 
 
+@public
 def serve(
     policy: TreePolicy | BatchTreePolicy,
     gpu: SimulatedGPU,

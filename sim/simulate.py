@@ -30,11 +30,13 @@ from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.cost.profiled import cost_model_from_spec, split_profiled
 from bastion.errors import ConfigError
+from bastion.guard import public
 from bastion.interfaces import CostModel
 from bastion.learned import LearnedCostModel
 from bastion.policies import make_policy, policy_label, policy_labels
 from bastion.records import acceptance_stats
 from bastion.sim.arrivals import Arrival, poisson_arrivals, read_arrivals
+from bastion.sim.backend import MAX_REQUESTS
 from bastion.sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
 from bastion.sim.latency import latency_summary
 from bastion.sim.serving import LengthSource, ServingResult, serve
@@ -57,6 +59,7 @@ log = logging.getLogger(__name__)
 DEFAULT_POLICIES = ("chain", "fixed:64", "bastion")
 
 
+@public(error=ConfigError)
 @dataclass(frozen=True)
 class SimSpec:
     """Everything that determines a simulation's result (same spec → same numbers)."""
@@ -87,9 +90,11 @@ class SimSpec:
         if (
             isinstance(self.requests, bool)
             or not isinstance(self.requests, int)
-            or self.requests < 1
+            or not 1 <= self.requests <= MAX_REQUESTS
         ):
-            raise ConfigError(f"requests must be an integer ≥ 1; got {self.requests!r}")
+            raise ConfigError(
+                f"requests must be an integer in [1, {MAX_REQUESTS}]; got {self.requests!r}"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"seed must be an integer ≥ 0; got {self.seed!r}")
         if (
@@ -275,6 +280,7 @@ def _check_cost_mode(mode: object) -> None:
     )
 
 
+@public
 def calibrated_cost_model(
     gpu: SimulatedGPU, mode: str = "static", seed: int = 0
 ) -> tuple[RooflineCostModel, CalibrationRecord]:
@@ -338,6 +344,7 @@ def arrivals_of(spec: SimSpec) -> list[Arrival] | None:
     return poisson_arrivals(spec.arrival_rate, spec.requests, workload, rng)
 
 
+@public
 def simulate(
     spec: SimSpec,
     progress: Callable[[str, int, int], None] | None = None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bastion.guard import integer, public
 from bastion.interfaces import CostModel
 from bastion.learned import CycleKind, LearnedCostModel, calibrate_cycles
 from bastion.sim.gpu import SimulatedGPU
@@ -23,6 +24,7 @@ __all__ = ["STARTUP_CONTEXT", "learned_cost_model", "startup_batch_sizes"]
 STARTUP_CONTEXT = 512  # the KV length the start-up passes run at (the prior handles others)
 
 
+@public(concurrency=integer(lo=1))
 def startup_batch_sizes(concurrency: int) -> tuple[int, ...]:
     """The batch sizes timed at start-up: the powers of two up to the server's concurrency."""
     sizes = [1]
@@ -33,6 +35,12 @@ def startup_batch_sizes(concurrency: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+@public(
+    n_max=integer(1, 1 << 20),
+    concurrency=integer(lo=1),
+    seed=integer(lo=0),
+    repeats=integer(1, 1000),
+)
 def learned_cost_model(
     gpu: SimulatedGPU,
     prior: CostModel,

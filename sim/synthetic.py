@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 from bastion.batch import BatchMarginals
 from bastion.errors import ConfigError
+from bastion.guard import public
 from bastion.sim.workloads import Workload
 
 __all__ = ["SyntheticSource"]
@@ -66,6 +67,7 @@ def _spread_bank(
     return bank
 
 
+@public
 class SyntheticSource:
     """Marginals and target tokens for the requests in flight, indexed by slot.
 

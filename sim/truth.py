@@ -43,6 +43,7 @@ import numpy as np
 
 from bastion.errors import ConfigError, UnknownNameError
 from bastion.files import checked_table
+from bastion.guard import public, readable_file
 from bastion.sim.gpu import GroundTruth
 
 __all__ = [
@@ -132,6 +133,7 @@ def _value(key: str, value: Any, where: str) -> Any:
     return float(value)
 
 
+@public
 def truth_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> GroundTruth:
     """Validate a parsed truth file (see the module docstring for the layout)."""
     known = {"name", "description", "sources", *SECTIONS}
@@ -167,6 +169,7 @@ def truth_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> GroundTr
         raise ConfigError(f"{origin}: {exc}") from None
 
 
+@public
 def load_truth(path: str | os.PathLike[str]) -> GroundTruth:
     """Read and validate one truth file."""
     from bastion.files import read_toml_file
@@ -198,6 +201,7 @@ def known_truths() -> list[str]:
     return sorted({*_index(), BUILTIN})
 
 
+@public
 def get_truth(name_or_path: str | os.PathLike[str] | GroundTruth) -> GroundTruth:
     """A truth by name (``hf-eager``), by path to a TOML file, or a ``GroundTruth`` as is."""
     if isinstance(name_or_path, GroundTruth):
@@ -225,6 +229,7 @@ _LLAMA3_8B_GEMMS = {
 }
 
 
+@public(path=readable_file)
 def gemm_shape_from_csv(
     path: str | os.PathLike[str],
     peak_flops: float = 312e12,

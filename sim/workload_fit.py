@@ -33,6 +33,7 @@ from scipy import optimize
 
 from bastion.bestfirst import accepted_paths, best_first_flat
 from bastion.errors import ConfigError
+from bastion.guard import public
 from bastion.sim.synthetic import SyntheticSource
 from bastion.sim.workloads import Workload
 from bastion.trace import Trace
@@ -88,6 +89,7 @@ def _accepted(
     return accepted_counts_numpy(batch, target)[0]
 
 
+@public
 def synthetic_tau(
     workload: Workload,
     sizes: Sequence[Size] = FIT_SIZES,
@@ -119,6 +121,7 @@ def _sequence(trace: Trace) -> npt.NDArray[np.int64]:
     return np.array((*trace.prompt_ids, *trace.output_ids), dtype=np.int64)
 
 
+@public
 def replay_tau(traces: Sequence[Trace], sizes: Sequence[Size] = FIT_SIZES) -> dict[Size, float]:
     """τ at each size replayed on dense traces (T = 0: exact), macro-averaged over traces.
 
@@ -172,6 +175,7 @@ class TraceStats:
     k: int
 
 
+@public
 def trace_stats(traces: Sequence[Trace]) -> TraceStats:
     """The rows of every dense trace whose target token is known (inside the recording)."""
     probs, rank, depth, root, request = [], [], [], [], []
@@ -331,6 +335,7 @@ def _dirichlet_shape(k: int, kept: float, first: float) -> tuple[float, float]:
     return best
 
 
+@public
 def fit_traces(
     traces: Sequence[Trace],
     name: str = "fitted",

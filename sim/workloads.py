@@ -62,6 +62,7 @@ import numpy.typing as npt
 
 from bastion.errors import ConfigError, UnknownNameError
 from bastion.files import checked_table, config_kind, read_toml_file, write_text_atomic
+from bastion.guard import public, writable_file
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,10 @@ class Workload:
         for name in ("top1_by_depth", "alignment_by_depth"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, tuple):
-                object.__setattr__(self, name, tuple(float(v) for v in value))
+                try:
+                    object.__setattr__(self, name, tuple(float(v) for v in value))
+                except (TypeError, ValueError, OverflowError):  # the check below names it
+                    object.__setattr__(self, name, (math.nan,))
 
         def whole(value: object, low: int, high: int) -> bool:
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
@@ -143,6 +147,8 @@ class Workload:
 
         def number(value: object, low: float, high: float, *, open_low: bool = False) -> bool:
             if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+                return False
+            if isinstance(value, int) and abs(value) > 2**1000:  # beyond a float
                 return False
             v = float(value)
             return math.isfinite(v) and (v > low if open_low else v >= low) and v <= high
@@ -346,6 +352,7 @@ def _workload_from_dict(data: Mapping[str, Any], origin: str) -> WorkloadFile:
     return WorkloadFile(workload, tuple(aliases), Path(origin), fit)
 
 
+@public
 def read_workload_file(path: str | os.PathLike[str]) -> WorkloadFile:
     """Read and validate one workload file (errors name the file and the key)."""
     p = Path(path)
@@ -358,6 +365,7 @@ def read_workload_file(path: str | os.PathLike[str]) -> WorkloadFile:
     return _workload_from_dict(data, str(p))
 
 
+@public
 def load_workload(path: str | os.PathLike[str]) -> Workload:
     """The workload of one file."""
     return read_workload_file(path).workload
@@ -382,6 +390,7 @@ def _key(key: str) -> str:
     return key if key.replace("_", "").replace("-", "").isalnum() else _toml_value(key)
 
 
+@public
 def workload_to_toml(
     workload: Workload, aliases: tuple[str, ...] = (), fit: Mapping[str, Any] | None = None
 ) -> str:
@@ -415,6 +424,7 @@ def workload_to_toml(
     return "\n".join(lines) + "\n"
 
 
+@public(path=writable_file)
 def write_workload(
     path: str | os.PathLike[str],
     workload: Workload,
@@ -484,6 +494,7 @@ def known_workloads() -> dict[str, WorkloadFile]:
     return _index(workload_dirs())
 
 
+@public
 def get_workload(name_or_path: str | os.PathLike[str]) -> Workload:
     """A workload by name or alias (``math``, ``qwen3-8b-code``) or by path to a TOML file."""
     text = os.fspath(name_or_path)

@@ -22,6 +22,7 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, verify_pass
 from bastion.errors import UnknownNameError
+from bastion.guard import public
 
 __all__ = ["BackendFactory", "VerifyFn", "get_backend", "known_backends", "register_backend"]
 
@@ -31,6 +32,7 @@ BackendFactory = Callable[[ModelSpec, HardwareProfile, int], VerifyFn]
 _REGISTRY: dict[str, BackendFactory] = {}
 
 
+@public
 def register_backend(name: str, factory: BackendFactory, *, replace: bool = False) -> None:
     """Make ``factory`` available under ``name`` (``replace=True`` to override)."""
     if name in _REGISTRY and not replace:
@@ -47,6 +49,7 @@ def known_backends() -> list[str]:
     return sorted(set(_REGISTRY) | set(_PLUGINS))
 
 
+@public
 def get_backend(name: str) -> BackendFactory:
     if name not in _REGISTRY and name in _PLUGINS:
         importlib.import_module(_PLUGINS[name])

@@ -43,8 +43,9 @@ from bastion.cost.fitting import fit_max_affine, loo_errors
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, verify_pass
-from bastion.errors import ConfigError
+from bastion.errors import ArgumentError, ConfigError
 from bastion.files import read_json_file, write_json_atomic, write_text_atomic
+from bastion.guard import array, each, integer, public
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -113,6 +114,7 @@ class LinearCalibration:
         )
 
 
+@public(predicted=array(), measured=array(), broadcast=("predicted", "measured"))
 def rmse(predicted: npt.ArrayLike, measured: npt.ArrayLike) -> float:
     """Root-mean-square error, in the units of the inputs."""
     p = np.asarray(predicted, dtype=np.float64)
@@ -129,6 +131,12 @@ def _validate_measured(measured: Array, n_min: int = MIN_POINTS) -> None:
         raise ConfigError("calibration times must be positive finite seconds")
 
 
+@public(
+    compute_raw=array(1),
+    memory_raw=array(),
+    measured=array(1),
+    lengths=("compute_raw", "memory_raw", "measured"),
+)
 def fit_linear(
     compute_raw: npt.ArrayLike,
     memory_raw: npt.ArrayLike,
@@ -163,6 +171,7 @@ def fit_linear(
     )
 
 
+@public
 def raw_branches(
     model: ModelSpec,
     hw: HardwareProfile,
@@ -193,6 +202,7 @@ def raw_branches(
 # --------------------------------------------------------------------------------------------
 
 
+@public
 @dataclass
 class EmaCorrection:
     """γ ← (1 − α)·γ + α·observed/predicted; predictions are multiplied by γ.
@@ -308,6 +318,7 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
 
+@public
 class CalibrationCache:
     """JSON records on disk, one file per (device, model, dtype, backend)."""
 
@@ -338,6 +349,12 @@ class CalibrationCache:
         return path
 
 
+@public(
+    tokens=each(integer(1, 1 << 24)),
+    contexts=each(integer(0, 1 << 24)),
+    repeats=integer(1, 10_000),
+    warmup=integer(0, 10_000),
+)
 def profile_sweep(
     verify: VerifyFn,
     tokens: Sequence[int] = DEFAULT_TOKENS,
@@ -362,12 +379,19 @@ def profile_sweep(
             for _ in range(repeats):
                 start = clock()
                 reported = verify(s, c)
-                elapsed = clock() - start
-                runs.append(float(reported) if reported is not None else elapsed)
+                try:
+                    elapsed = float(clock() - start)
+                    runs.append(float(reported) if reported is not None else elapsed)
+                except (TypeError, ValueError, OverflowError) as exc:
+                    raise ArgumentError(
+                        f"profile_sweep: verify must return seconds or None and clock seconds "
+                        f"({exc})"
+                    ) from None
             out.append(Measurement(int(s), int(c), statistics.median(runs)))
     return out
 
 
+@public
 def calibrate(
     model: ModelSpec,
     hw: HardwareProfile,
@@ -443,6 +467,7 @@ def _loo(rc: Array, rm: Array, y: Array, weighting: Weighting) -> Array:
     return loo_errors(y.size, fit_predict, y)
 
 
+@public
 def calibrate_or_load(
     model: ModelSpec,
     hw: HardwareProfile,

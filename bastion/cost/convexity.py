@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from bastion.guard import array, public
+
 __all__ = [
     "cost_curve_convexity_violations",
     "cost_curve_is_convex",
@@ -24,6 +26,7 @@ def _tolerance(v: npt.NDArray[np.float64], rtol: float) -> float:
     return rtol * float(np.max(np.abs(v))) if v.size else 0.0
 
 
+@public(values=array())
 def cost_curve_convexity_violations(
     values: npt.ArrayLike, rtol: float = 1e-9
 ) -> npt.NDArray[np.intp]:
@@ -38,11 +41,13 @@ def cost_curve_convexity_violations(
     return np.flatnonzero(second < -_tolerance(v, rtol)) + 1
 
 
+@public(values=array(1))
 def cost_curve_is_convex(values: npt.ArrayLike, rtol: float = 1e-9) -> bool:
     """True when every second difference of the sampled curve is ≥ −rtol·max|v|."""
     return cost_curve_convexity_violations(values, rtol).size == 0
 
 
+@public(values=array())
 def cost_curve_is_nondecreasing(values: npt.ArrayLike, rtol: float = 1e-9) -> bool:
     """True when every first difference of the sampled curve is ≥ −rtol·max|v|."""
     v = np.asarray(values, dtype=np.float64).ravel()

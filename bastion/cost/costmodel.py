@@ -39,6 +39,7 @@ from bastion.cost.roofline import (
     verify_pass,
 )
 from bastion.errors import BudgetError, ConfigError, CostModelError
+from bastion.guard import public
 from bastion.interfaces import CostCurve, StepCost, StepLoad
 
 __all__ = ["CostMode", "RooflineCostModel"]
@@ -88,6 +89,7 @@ class _PricedCurve:
         self.curves: dict[int, CostCurve] = {}
 
 
+@public(error=ConfigError)
 class RooflineCostModel:
     """Hardware-aware Ĉ(N); implements :class:`bastion.interfaces.CostModel`."""
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import ConfigError
+from bastion.guard import public
 
 __all__ = ["MANIFEST", "DatasetRef", "parse_transfer_specs", "read_manifest"]
 
@@ -38,6 +39,7 @@ class DatasetRef:
     gpu: str  # profile name or .toml path
 
 
+@public
 def read_manifest(path: str | os.PathLike[str]) -> list[DatasetRef]:
     """The ``[[dataset]]`` entries of a manifest, paths resolved against its directory."""
     from bastion.cost.validation import FORMATS
@@ -88,6 +90,7 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+@public
 def parse_transfer_specs(
     text: str, measured: str | os.PathLike[str], default_format: str
 ) -> list[DatasetRef]:

@@ -38,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.errors import ConfigError
+from bastion.guard import array, public
 
 __all__ = ["MaxAffineFit", "Weighting", "fit_max_affine", "loo_errors"]
 
@@ -91,6 +92,12 @@ def _branch(x: Array, y: Array, w: Array, floor: float) -> Array:
     return np.asarray(sol.x, dtype=np.float64)
 
 
+@public(
+    compute=array(1),
+    memory=array(),
+    measured=array(1),
+    lengths=("compute", "memory", "measured", "order"),
+)
 def fit_max_affine(
     compute: npt.ArrayLike,
     memory: npt.ArrayLike,
@@ -144,6 +151,7 @@ def fit_max_affine(
     )
 
 
+@public
 def loo_errors(
     n: int, fit_predict: Callable[[npt.NDArray[np.bool_], int], float], measured: npt.ArrayLike
 ) -> Array:

@@ -12,7 +12,6 @@ or measure a machine (see :mod:`bastion.cost.probe`).
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import ConfigError, UnknownNameError
+from bastion.guard import is_finite, public
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,8 @@ class HardwareProfile:
 def _positive(value: Any, where: str, origin: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{origin}: {where} must be a positive number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{origin}: {where} must be a positive finite number, got {value!r}")
+    if not is_finite(value) or value <= 0:
+        raise ConfigError(f"{origin}: {where} must be a positive finite number, got {value!r:.40}")
     return float(value)
 
 
@@ -223,6 +223,7 @@ def _toml_value(value: Any) -> str:
     return f'"{text}"'
 
 
+@public
 def profile_to_toml(profile: HardwareProfile) -> str:
     """Serialise ``profile`` in the ``hwprofiles/*.toml`` layout."""
     data = profile_to_dict(profile)
@@ -237,6 +238,7 @@ def profile_to_toml(profile: HardwareProfile) -> str:
     return "\n".join(lines) + "\n"
 
 
+@public(error=ConfigError)
 def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
     """Read and validate one profile file."""
     from bastion.files import config_kind, read_toml_file
@@ -297,6 +299,7 @@ def known_profiles() -> list[str]:
     return sorted(_index())
 
 
+@public(error=ConfigError)
 def get_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
     """A profile by name (``a100-sxm-80gb``) or by path to a TOML file."""
     if not isinstance(name_or_path, str | os.PathLike) or not os.fspath(name_or_path):

@@ -54,7 +54,6 @@ Pure numpy, no torch, nothing runs at import.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -66,6 +65,7 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, gemm_dims, verify_pass
 from bastion.errors import ConfigError
+from bastion.guard import is_finite, public
 
 __all__ = [
     "GEMM_KINDS",
@@ -103,6 +103,7 @@ TILE_CONFIGS: tuple[TileConfig, ...] = tuple(
 )
 
 
+@public(error=ConfigError)
 @dataclass(frozen=True)
 class KernelParams:
     """The efficiency parameters a datasheet does not give (all positive).
@@ -127,7 +128,7 @@ class KernelParams:
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not is_finite(v):
                 raise ConfigError(f"kernel parameter {f.name} must be a finite number, got {v!r}")
             if v <= 0:
                 raise ConfigError(f"kernel parameter {f.name} must be > 0, got {v!r}")
@@ -195,6 +196,7 @@ class KernelDevice:
 _CFG = np.array([(c.m, c.n, c.split_k) for c in TILE_CONFIGS], dtype=np.float64)  # [c, 3]
 
 
+@public
 def gemm_time(
     tokens: npt.ArrayLike,
     k_in: int,
@@ -240,6 +242,7 @@ def gemm_time(
     return out
 
 
+@public
 def row_kernel_time(
     rows: npt.ArrayLike,
     bytes_per_row: float,
@@ -266,6 +269,7 @@ def row_kernel_time(
     return np.asarray(t + params.kernel_s, dtype=np.float64)
 
 
+@public
 def streaming_time(nbytes: npt.ArrayLike, dev: KernelDevice, params: KernelParams) -> Array:
     """Seconds of an elementwise kernel moving ``nbytes`` (from L2 when its working set fits)."""
     b = np.asarray(nbytes, dtype=np.float64)
@@ -284,6 +288,7 @@ _ROWS = frozenset(("input_norm", "post_attn_norm", "final_norm", "qk_norm", "act
 _STREAM = frozenset(("residual_add", "experts_act"))
 
 
+@public
 def operator_kind(name: str) -> str:
     """How :func:`kernel_pass` prices operator ``name``."""
     if name in GEMM_KINDS or name in ("experts_gate_up", "experts_down"):
@@ -297,6 +302,7 @@ def operator_kind(name: str) -> str:
     return "roofline"
 
 
+@public
 class KernelPricer:
     """:func:`kernel_pass` with the shapes read once: ``seconds(params)`` for many parameter sets
     (what the cross-GPU fit evaluates thousands of times)."""
@@ -365,6 +371,7 @@ class KernelPricer:
         return row_kernel_time(rows, nbytes, elems, self.device, p, threads)
 
 
+@public
 def kernel_pass(
     model: ModelSpec,
     hw: HardwareProfile,
@@ -401,6 +408,7 @@ def _expert_gemm(
     return np.asarray(gemm_time(rows, k_in, n_out, dev, p, opt.bytes_per_param, groups=u))
 
 
+@public
 def step_factors(
     model: ModelSpec,
     hw: HardwareProfile,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import ConfigError, UnknownNameError
+from bastion.guard import public
 
 __all__ = ["DrafterSpec", "ModelSpec", "get_model", "known_models"]
 
@@ -299,6 +300,7 @@ def known_models() -> list[str]:
     return sorted(_bundled())
 
 
+@public(error=ConfigError)
 def get_model(name_or_path: str | os.PathLike[str]) -> ModelSpec:
     """A bundled model by short name (``qwen3-8b``) or any ``config.json`` path / directory."""
     if not isinstance(name_or_path, str | os.PathLike) or not os.fspath(name_or_path):

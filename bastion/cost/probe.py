@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from bastion.cost.hardware import HardwareProfile
+from bastion.guard import integer, public
 
 __all__ = ["measure_bandwidth", "measure_gemm", "measure_overhead", "probe_profile"]
 
@@ -34,6 +35,7 @@ def _best(fn: Callable[[], object], repeats: int) -> float:
     return best
 
 
+@public(nbytes=integer(1, 1 << 34), repeats=integer(1, 10_000))
 def measure_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     """Bytes/s of ``np.copyto`` between two ``nbytes`` arrays (read + write counted)."""
     src = np.ones(nbytes // 8, dtype=np.float64)
@@ -42,6 +44,7 @@ def measure_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     return 2.0 * src.nbytes / t
 
 
+@public(n=integer(1, 1 << 15), repeats=integer(1, 10_000))
 def measure_gemm(n: int = 2048, repeats: int = 5) -> float:
     """FLOP/s of an n×n float32 matrix product."""
     rng = np.random.default_rng(0)
@@ -51,6 +54,7 @@ def measure_gemm(n: int = 2048, repeats: int = 5) -> float:
     return 2.0 * n**3 / t
 
 
+@public(repeats=integer(1, 1_000_000))
 def measure_overhead(repeats: int = 200) -> float:
     """Seconds of one tiny numpy operation (stands in for a kernel launch)."""
     x = np.ones(8, dtype=np.float32)
@@ -77,6 +81,7 @@ def _memory_bytes() -> float:
         return float(16 << 30)
 
 
+@public
 def probe_profile(name: str = "this-machine", quick: bool = False) -> HardwareProfile:
     """Measure this machine; ``quick`` uses small sizes (seconds, less accurate)."""
     bw = measure_bandwidth(32 << 20 if quick else 512 << 20, repeats=3 if quick else 5)

@@ -39,6 +39,7 @@ from bastion.cost.validation import (
     operator_features,
 )
 from bastion.errors import ConfigError
+from bastion.guard import public
 from bastion.interfaces import CostCurve, StepLoad
 
 __all__ = ["ProfiledCostModel", "cost_model_from_spec"]
@@ -86,6 +87,7 @@ class _Column:
         return interpolate_loglog(self.tokens, self.seconds, tokens, beyond)
 
 
+@public
 class ProfiledCostModel(RooflineCostModel):
     """:class:`RooflineCostModel` whose measured operators come from a per-operator table."""
 
@@ -169,6 +171,7 @@ def split_profiled(spec: str) -> tuple[str | None, str] | None:
     return (fmt, path) if fmt in FORMATS and path else (None, rest)
 
 
+@public
 def cost_model_from_spec(
     spec: str,
     hardware: HardwareProfile,

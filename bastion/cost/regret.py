@@ -40,6 +40,7 @@ from bastion.cost.validation import (
     operator_features,
 )
 from bastion.errors import ConfigError
+from bastion.guard import array, integer, public
 
 __all__ = [
     "MAX_MEASURED",
@@ -75,6 +76,7 @@ class RegretRecord:
         }
 
 
+@public
 def pass_times(
     table: MeasuredTable, model: ModelSpec, hw: HardwareProfile
 ) -> tuple[npt.NDArray[np.int64], dict[str, Array]]:
@@ -103,16 +105,19 @@ def pass_times(
     return tokens[complete].astype(np.int64), out
 
 
+@public(tokens=array(1, nonempty=True), most=integer(lo=0))
 def measured_sizes(tokens: npt.NDArray[np.int64], most: int) -> npt.NDArray[np.int64]:
     """Indices of the token counts the learning controller would have timed: the table's
     counts on its token lattice (every 8 tokens up to 256, then coarser), the smallest ``most``
     of them — dense where tree sizes are decided."""
     from bastion.learned import token_lattice
 
+    tokens = np.asarray(tokens, dtype=np.int64)
     on = np.flatnonzero(np.isin(tokens, token_lattice(int(tokens.max()))))
     return on[:most]
 
 
+@public
 def decision_regret(
     table: MeasuredTable,
     model: ModelSpec,

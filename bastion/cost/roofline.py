@@ -34,6 +34,7 @@ import numpy.typing as npt
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.errors import ConfigError
+from bastion.guard import public
 
 __all__ = [
     "DrafterPricer",
@@ -56,6 +57,7 @@ ArrayLike = npt.ArrayLike
 ExpertTouch = Literal["saturating", "uniform"]
 
 
+@public
 @dataclass(frozen=True)
 class RooflineOptions:
     """Counting choices; the defaults follow the paper (bp = 2, whole embedding table read)."""
@@ -258,6 +260,7 @@ class RooflineBreakdown:
         ]
 
 
+@public(error=ConfigError)
 def experts_touched(tokens: ArrayLike, experts: int, per_token: int, form: ExpertTouch) -> Array:
     """Expected distinct experts U(s) that ``tokens`` tokens route to in one layer.
 
@@ -429,6 +432,7 @@ def _price(
     return tuple(out)
 
 
+@public
 def gemm_dims(model: ModelSpec, opt: RooflineOptions) -> dict[str, tuple[int, int]]:
     """(k_in, n_out) of every dense GEMM of a target pass, by operator name."""
     h, hq, hkv = model.hidden, model.h_q, model.h_kv
@@ -452,6 +456,7 @@ def _check_layers(model: ModelSpec) -> None:
         raise ConfigError(f"model {model.name!r} has no layers")
 
 
+@public
 def verify_pass(
     model: ModelSpec,
     hw: HardwareProfile,
@@ -468,6 +473,7 @@ def verify_pass(
     return price_pass(model, hw, PassShape.of(requests, masked=masked), options, masked)
 
 
+@public
 def price_pass(
     model: ModelSpec,
     hw: HardwareProfile,
@@ -514,6 +520,7 @@ def _pass_raws(
 _N_FEATURES = 6
 
 
+@public
 class LinearPricer:
     """The roofline of :func:`price_pass` as matrices: identical numbers, a few numpy calls.
 
@@ -614,6 +621,7 @@ class LinearPricer:
         return np.asarray(per_op.sum(axis=-1))
 
 
+@public
 def ar_step(
     model: ModelSpec,
     hw: HardwareProfile,
@@ -624,6 +632,7 @@ def ar_step(
     return verify_pass(model, hw, [(1, context)], options, masked=False)
 
 
+@public
 def drafter_pass(
     drafter: DrafterSpec,
     hw: HardwareProfile,
@@ -669,6 +678,7 @@ def drafter_pass(
     return RooflineBreakdown(_price(raws, hw, opt), meta={"layers": float(m.layers)})
 
 
+@public
 def weight_bytes(
     model: ModelSpec, hw: HardwareProfile, tokens: int = 1, options: RooflineOptions | None = None
 ) -> float:
@@ -676,6 +686,7 @@ def weight_bytes(
     return float(verify_pass(model, hw, [(tokens, 0)], options).weight_bytes)
 
 
+@public
 class DrafterPricer:
     """:func:`drafter_pass` of a whole batch in a few numpy calls, with identical numbers.
 

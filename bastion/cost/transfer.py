@@ -28,6 +28,7 @@ from bastion.cost.kernels import KernelParams, KernelPricer
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions
 from bastion.errors import ConfigError
+from bastion.guard import public
 
 __all__ = ["FIT_START", "TransferFit", "TransferSource", "column_predictor", "fit_kernel_params"]
 
@@ -62,6 +63,7 @@ class TransferSource:
     hw: HardwareProfile
 
 
+@public
 def column_predictor(
     spec: object,
     model: ModelSpec,
@@ -104,6 +106,7 @@ def _to_params(x: Array) -> KernelParams:
     return KernelParams.from_vector(v)
 
 
+@public
 def fit_kernel_params(
     sources: Sequence[TransferSource],
     options: RooflineOptions,

@@ -51,6 +51,7 @@ from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, verify_pass
 from bastion.cost.transfer import column_predictor
 from bastion.errors import ConfigError
+from bastion.guard import array, public
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -168,6 +169,7 @@ def _cell(text: str | None, path: str, row: int, column: str, what: str) -> floa
     return value
 
 
+@public
 def load_measured(path: str | os.PathLike[str], format: str = "vidur") -> MeasuredTable:
     """Read a per-operator CSV in ``format`` (``vidur`` or ``llmservingsim``).
 
@@ -258,6 +260,7 @@ class OperatorFeatures:
     memory_split: Array  # [n, 2]: DRAM bytes / bandwidth, L2-resident bytes / L2 bandwidth
 
 
+@public
 def operator_features(
     spec: ColumnSpec,
     model: ModelSpec,
@@ -318,6 +321,7 @@ class ColumnCalibration:
         return self.fit.predict(features.compute[self.compute], mem)
 
 
+@public
 def calibrate_column(
     features: OperatorFeatures, tokens: Array, seconds: Array, train: npt.NDArray[np.bool_]
 ) -> ColumnCalibration:
@@ -348,6 +352,12 @@ def calibrate_column(
     return best
 
 
+@public(
+    known_tokens=array(1, nonempty=True, positive=True),
+    known_seconds=array(1, nonempty=True, positive=True),
+    tokens=array(positive=True),
+    lengths=("known_tokens", "known_seconds"),
+)
 def interpolate_loglog(
     known_tokens: Array,
     known_seconds: Array,
@@ -448,6 +458,7 @@ def _describe(spec: ColumnSpec) -> str:
     return f"{ops} ({scope}{'; ' + spec.note if spec.note else ''})"
 
 
+@public
 def validate(
     table: MeasuredTable,
     model: ModelSpec,
@@ -578,6 +589,7 @@ def bundled_measured() -> Mapping[str, Path]:
     return {p.stem: p for p in sorted(root.glob("*.csv"))} if root.is_dir() else {}
 
 
+@public(tokens=array(1), seconds=array(1), lengths=("tokens", "seconds"))
 def step_positions(tokens: npt.ArrayLike, seconds: npt.ArrayLike, jump: float) -> list[int]:
     """Token counts where ``seconds`` rises by more than ``jump`` (a fraction) from the
     previous token count of ``tokens`` (sorted): where a kernel switch or a new wave starts."""
@@ -586,6 +598,7 @@ def step_positions(tokens: npt.ArrayLike, seconds: npt.ArrayLike, jump: float) -
     return [int(t[i + 1]) for i in range(t.size - 1) if y[i + 1] > (1.0 + jump) * y[i]]
 
 
+@public
 def steps_matched(measured: Sequence[int], model: Sequence[int], within: int = 64) -> list[int]:
     """The measured step positions that have a model step within ``within`` tokens."""
     return [s for s in measured if any(abs(s - m) <= within for m in model)]

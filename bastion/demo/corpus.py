@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import ConfigError
+from bastion.guard import integer, public
 
 __all__ = ["SPECIALS", "Corpus", "heldout_prompts", "load_corpus", "train_tokenizer"]
 
@@ -47,6 +48,7 @@ def _is_heldout(rel: str) -> bool:
     return int.from_bytes(digest[:4], "big") % 100 < HELDOUT_PERCENT
 
 
+@public
 def load_corpus(root: Path | None = None) -> Corpus:
     """The standard library's sources under ``root`` (default: this Python's), split by file."""
     base = Path(root or sysconfig.get_paths()["stdlib"])
@@ -63,6 +65,7 @@ def load_corpus(root: Path | None = None) -> Corpus:
     return Corpus(base, tuple(train), tuple(held))
 
 
+@public
 def heldout_prompts(corpus: Corpus, n: int = 8, chars: int = 300) -> list[str]:
     """About ``chars`` characters of code (from the first top-level ``def``/``class``, cut at a
     line end) of the first ``n`` held-out files that have one: code the models never saw."""
@@ -80,6 +83,7 @@ def heldout_prompts(corpus: Corpus, n: int = 8, chars: int = 300) -> list[str]:
     return prompts
 
 
+@public(vocab_size=integer(len(SPECIALS) + 1, 1 << 20))
 def train_tokenizer(corpus: Corpus, vocab_size: int = 2048) -> Any:
     """A byte-level BPE tokenizer (``transformers.PreTrainedTokenizerFast``) for ``corpus``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

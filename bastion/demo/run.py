@@ -29,6 +29,7 @@ import numpy as np
 
 from bastion.demo import DRAFTER_DIR, PROMPTS_FILE, TARGET_DIR
 from bastion.errors import ConfigError
+from bastion.guard import integer, public, readable_file
 from bastion.records import json_safe
 
 __all__ = ["DEMO_POLICIES", "DemoResult", "PolicyRow", "load_prompts", "run_demo"]
@@ -107,6 +108,7 @@ def _learns(policy: str) -> bool:
     return bool(getattr(make_policy(policy), "learns", False))
 
 
+@public(path=readable_file)
 def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
     if not path.exists():
         raise ConfigError(f"{path} is missing; the demo models are not installed")
@@ -116,6 +118,7 @@ def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
     return prompts
 
 
+@public(max_new_tokens=integer(1, 1 << 20), repeats=integer(1, 1000), warmup=integer(0, 1000))
 def run_demo(
     prompts: Sequence[str] | None = None,
     max_new_tokens: int = 64,

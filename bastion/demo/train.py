@@ -33,6 +33,7 @@ from torch.nn import functional as F
 
 from bastion.demo.corpus import SPECIALS, Corpus, load_corpus, train_tokenizer
 from bastion.files import atomic_directory
+from bastion.guard import public
 
 __all__ = ["DrafterTraining", "TargetTraining", "train_drafter", "train_target"]
 
@@ -145,6 +146,7 @@ def _data(tokenizer: Any, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     return train, tokenize_corpus(tokenizer, corpus, "heldout")
 
 
+@public
 def train_target(
     out: Path,
     cfg: TargetTraining = TargetTraining(),
@@ -200,6 +202,7 @@ def train_target(
     return report
 
 
+@public
 def train_drafter(
     target_dir: Path,
     out: Path,

@@ -18,7 +18,6 @@ What this module does not do: run anything (:mod:`.executors`, :mod:`.runner`).
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -29,6 +28,7 @@ from typing import Any
 
 from bastion.errors import BastionError, ConfigError
 from bastion.files import read_toml_file
+from bastion.guard import is_finite, public
 from bastion.sim.simulate import SimSpec
 
 from .reports import REPORTS
@@ -169,7 +169,7 @@ def _values(source: str, where: str, key: str, raw: Any, base: Path) -> list[Any
             "float": isinstance(v, int | float) and not isinstance(v, bool),
         }[spec.kind]
         if ok and spec.kind != "str":
-            ok = math.isfinite(v) and (
+            ok = is_finite(v) and (
                 spec.low is None or (v > spec.low if spec.low_open else v >= spec.low)
             )
         if ok and spec.choices:
@@ -239,6 +239,7 @@ def _check_names(source: str, grids: Mapping[str, Mapping[str, list[Any]]]) -> N
                     raise _bad(source, f"{where}.{key}", str(exc)) from None
 
 
+@public
 def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
     """Read and validate an experiment config (TOML); raises :class:`ConfigError` naming the
     file and the key for anything wrong."""
@@ -310,6 +311,7 @@ def known_experiments() -> dict[str, Path]:
     return found
 
 
+@public
 def resolve_config(name_or_path: str | os.PathLike[str]) -> ExperimentConfig:
     """A config by shipped name (``budget-sweep``) or by path to a .toml file."""
     text = os.fspath(name_or_path)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from bastion.errors import ConfigError
+from bastion.guard import each, mapping_with, public
 from bastion.sim.results import RunStore
 
 from . import worker
@@ -53,6 +54,7 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="bastion-parent-watch", daemon=True).start()
 
 
+@public(runs=each(mapping_with("spec")))
 def run_all(
     runs: Sequence[Run],
     store: RunStore,

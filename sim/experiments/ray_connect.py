@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from bastion.errors import ConfigError
+from bastion.guard import public
 
 __all__ = ["PROBE", "check_address", "one_line"]
 
@@ -50,6 +51,7 @@ HINT = (
 )
 
 
+@public
 def one_line(text: str, limit: int = 300) -> str:
     """The last non-empty line of ``text`` (an error's message), at most ``limit`` characters."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
@@ -126,6 +128,7 @@ def _probe(address: str, seconds: float) -> None:
         raise ConnectionError(one_line(err))
 
 
+@public
 def check_address(address: str, timeout: float) -> None:
     """Raise :class:`ConfigError` (one line) unless a Ray cluster accepts a driver at
     ``address`` within ``timeout`` seconds, whatever is (or is not) listening there."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import BastionError, ConfigError
+from bastion.guard import public
 
 from .ray_connect import check_address, one_line
 from .runs import Row, Run, installed, is_path
@@ -92,6 +93,7 @@ def _stage(runs: Sequence[Run], root: Path) -> tuple[dict[str, str], dict[str, s
     return remap, env
 
 
+@public
 def run_ray(
     todo: Sequence[Run],
     finished: Callable[[Run, tuple[list[Row], list[Row]]], None],

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bastion.guard import public
 from bastion.sim.results import (
     RunStore,
     write_csv_atomic,
@@ -67,6 +68,7 @@ class Plan:
         )
 
 
+@public
 def plan(config: ExperimentConfig, out: Path, quick: bool = False) -> Plan:
     target = out / config.name
     runs = config.runs(quick)
@@ -93,6 +95,7 @@ def _progress_bar(name: str) -> tuple[Callable[[int, int], None], Callable[[], N
     return tick, close
 
 
+@public
 def run_experiment(
     name: str | os.PathLike[str] | ExperimentConfig,
     out: Path,

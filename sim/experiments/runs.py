@@ -22,6 +22,8 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from bastion.errors import ConfigError
+from bastion.guard import mapping_with, public
 from bastion.sim.results import package_version, spec_key
 from bastion.sim.simulate import SimSpec
 
@@ -48,8 +50,11 @@ def _data(obj: Any) -> Any:
     return repr(obj)
 
 
+@public
 def file_digest(path: Path) -> str:
     """sha256 of a file's bytes, or of every file under a directory (names and bytes)."""
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file or directory")
     h = hashlib.sha256()
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for p in files:
@@ -58,6 +63,7 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+@public
 def is_path(value: str) -> bool:
     """A grid value that names a file (a separator, or a .toml/.json/.py suffix), not a name."""
     return os.sep in value or "/" in value or value.endswith((".toml", ".json", ".py"))
@@ -79,6 +85,7 @@ def _policy_source(spec: str) -> str | None:
     return file_digest(Path(file))
 
 
+@public
 def installed(path: Path) -> bool:
     """Code that ships with an installation (the bastion package, site-packages)."""
     parts = set(path.resolve().parts)
@@ -92,6 +99,7 @@ def _source_of(policy: str) -> Callable[[], str | None]:
     return lambda: _policy_source(policy)
 
 
+@public(spec=mapping_with("gpu", "model", "workload", "truth", "policies"))
 def fingerprint(spec: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None = None) -> Any:
     """What a run reads besides its spec: the contents behind every name it gives."""
     from bastion.cost.hardware import get_profile, profile_to_dict
@@ -140,6 +148,7 @@ def _table_of(spec: Mapping[str, Any]) -> str:
     return profiled[1]
 
 
+@public(run=mapping_with("spec"))
 def run_key(run: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None = None) -> str:
     """The run's cache key: a hash of its spec, tags and :func:`fingerprint`."""
     return spec_key(
@@ -147,6 +156,7 @@ def run_key(run: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None = No
     )
 
 
+@public
 def make_run(tags: Mapping[str, Any] | None = None, **spec: Any) -> Run:
     """A run: the SimSpec fields (defaults filled in) as a JSON-able dict, with its key."""
     base = SimSpec(**spec).to_dict()

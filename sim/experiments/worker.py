@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
+from bastion.guard import mapping_with, public
 from bastion.sim.results import SPEC_COLUMNS, package_version
 from bastion.sim.simulate import SimSpec, SimulationResult, simulate
 
@@ -45,6 +46,7 @@ def _remapped(spec: Mapping[str, Any], remap: Mapping[str, str]) -> dict[str, An
     return d
 
 
+@public(run=mapping_with("spec"))
 def execute(run: Run) -> tuple[list[Row], list[Row]]:
     """Run one spec: (one record per policy, one row per policy and request), each tagged with
     the run's spec, key, experiment and the bastion version that computed it."""
@@ -56,6 +58,7 @@ def execute(run: Run) -> tuple[list[Row], list[Row]]:
     return records_of(simulate(spec), run)
 
 
+@public
 def records_of(result: SimulationResult, run: Mapping[str, Any]) -> tuple[list[Row], list[Row]]:
     """A simulation's records (:data:`sim.results.RECORD_COLUMNS`) and per-request rows, with
     the run's spec as given (``run["spec"]``), its key, tags and the bastion version."""

@@ -47,6 +47,7 @@ from bastion.cost.hardware import HardwareProfile, get_profile, load_profile, pr
 from bastion.cost.models import ModelSpec
 from bastion.errors import BackendError, ConfigError
 from bastion.files import write_json_atomic, write_text_atomic
+from bastion.guard import has, public
 
 from .timing import DraftTiming, drafter_timer, fit_draft_timing, verify_timer
 
@@ -77,6 +78,7 @@ def _dtype_name(model: Any) -> str:
     )
 
 
+@public(model=has("config", "parameters"))
 def target_spec(model: Any) -> ModelSpec:
     """The cost model's spec of a loaded Hugging Face target (from its config).
 
@@ -108,6 +110,7 @@ def cpu_profile_path(cache: CalibrationCache) -> Path:
     return cache.directory / f"{CPU_PROFILE}-{digest}.toml"
 
 
+@public
 def device_profile(
     device: torch.device, gpu: str | None, cache: CalibrationCache
 ) -> HardwareProfile:
@@ -130,6 +133,7 @@ def device_profile(
     return profile
 
 
+@public(model=has("config", "parameters"))
 def calibrate_target(
     model: Any,
     gpu: str | None = None,
@@ -165,6 +169,7 @@ def calibrate_target(
     return record, hw, spec
 
 
+@public(model=has("config", "parameters"))
 def cached_cost_model(
     model: Any, gpu: str | None = None, cache: CalibrationCache | None = None
 ) -> RooflineCostModel | None:
@@ -219,6 +224,7 @@ def _drafter_record_path(target: Any, drafter: Any, cache: CalibrationCache) -> 
     return cache.directory / f"drafter__{slug}__{_dtype_name(target)}.json"
 
 
+@public(target=has("config", "parameters"), drafter=has("cfg", "top_k"))
 def cached_drafter_timing(
     target: Any, drafter: Any, cache: CalibrationCache | None = None
 ) -> DraftTiming | None:
@@ -233,6 +239,7 @@ def cached_drafter_timing(
     return DraftTiming.from_dict(data, origin=str(path))
 
 
+@public(target=has("config", "parameters"), drafter=has("cfg", "top_k"))
 def calibrate_drafter(
     target: Any,
     drafter: Any,
@@ -262,6 +269,7 @@ def calibrate_drafter(
     return timing
 
 
+@public(target=has("config", "parameters"), drafter=has("cfg", "top_k"))
 def drafter_timing(
     target: Any,
     drafter: Any,

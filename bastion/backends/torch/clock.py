@@ -14,14 +14,23 @@ from collections.abc import Callable
 
 import torch
 
+from bastion.errors import ArgumentError
+from bastion.guard import public
+
 __all__ = ["Clock", "device_clock"]
 
 Clock = Callable[[], float]
 
 
+@public
 def device_clock(device: torch.device | str) -> Clock:
     """A clock in seconds that synchronises ``device`` first (CUDA); plain perf_counter on CPU."""
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ArgumentError(
+            f"device_clock: device must name a torch device; got {device!r}: {exc}"
+        ) from None
     if dev.type == "cuda":
 
         def clock() -> float:

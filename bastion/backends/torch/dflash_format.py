@@ -26,6 +26,8 @@ import torch
 
 from bastion.cost.models import config_int, target_layer_ids
 from bastion.errors import CheckpointError, ConfigError
+from bastion.files import remove_leftovers, temp_prefix
+from bastion.guard import integer, public
 
 __all__ = [
     "CONFIG_FILE",
@@ -57,6 +59,11 @@ def _activations() -> set[str]:
     return set(ACT2FN)
 
 
+@public(
+    error=ConfigError,
+    num_draft_layers=integer(1, 1 << 16),
+    num_target_layers=integer(1, 1 << 16),
+)
 def default_target_layer_ids(num_draft_layers: int, num_target_layers: int) -> list[int]:
     """One tap per draft layer, spread evenly from target layer 1 to ``num_target_layers − 3``
     (rounded half up); a single draft layer taps the middle layer (``num_target_layers // 2``)."""
@@ -233,6 +240,7 @@ class DFlashConfig:
         return d
 
 
+@public
 def state_dict_keys(cfg: DFlashConfig) -> list[str]:
     """Every tensor name a checkpoint of ``cfg`` holds, in the format's spelling."""
     keys = ["fc.weight", "hidden_norm.weight", "norm.weight"]
@@ -248,6 +256,7 @@ def state_dict_keys(cfg: DFlashConfig) -> list[str]:
     return keys
 
 
+@public
 def state_dict_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
     """The shape of every tensor a checkpoint of ``cfg`` holds (``state_dict_keys`` order)."""
     h, hd, ffn = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
@@ -274,6 +283,7 @@ def state_dict_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+@public
 def read_config(path: str | os.PathLike[str]) -> DFlashConfig:
     """The validated ``config.json`` of a checkpoint directory (no weights are read)."""
     from bastion.files import read_json_file
@@ -291,6 +301,7 @@ def read_config(path: str | os.PathLike[str]) -> DFlashConfig:
     return DFlashConfig.from_dict(data, origin=str(cfg_path))
 
 
+@public
 def read_checkpoint(
     path: str | os.PathLike[str], cfg: DFlashConfig | None = None
 ) -> tuple[DFlashConfig, dict[str, torch.Tensor]]:
@@ -334,6 +345,7 @@ def read_checkpoint(
     return cfg, state
 
 
+@public
 def write_checkpoint(
     path: str | os.PathLike[str], cfg: DFlashConfig, state: dict[str, torch.Tensor]
 ) -> None:
@@ -347,7 +359,8 @@ def write_checkpoint(
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise CheckpointError(f"refusing to overwrite {root}; give a new or empty directory")
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    remove_leftovers(root.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(root.name), dir=root.parent))
     try:
         (tmp / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
         save_file({k: state[k].detach().contiguous().cpu() for k in keys}, str(tmp / WEIGHTS_FILE))

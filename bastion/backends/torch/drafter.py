@@ -33,6 +33,7 @@ from torch.nn import functional as F
 
 from bastion.batch import BatchMarginals, StepRequests
 from bastion.errors import BudgetError, ConfigError
+from bastion.guard import public
 from bastion.interfaces import DraftContext
 from bastion.tree import DraftMarginals
 
@@ -185,6 +186,7 @@ class _DraftLayer(nn.Module):
         return cast(torch.Tensor, h + self.mlp(self.post_attention_layernorm(h)))
 
 
+@public
 class DFlashDraftModel(nn.Module):
     """The drafter's own weights; ``state_dict()`` keys are the checkpoint format's."""
 
@@ -300,6 +302,7 @@ class _ContextStore:
                 buf[i] = grown
 
 
+@public
 class DFlashDrafter:
     """A :class:`bastion.interfaces.Drafter` sharing the target's embedding and LM head.
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from bastion.errors import BudgetError
+from bastion.guard import public
 from bastion.interfaces import BatchDrafter, CostModel, Drafter, TreePolicy
 
 from .runner import BatchGenerationReport, GenerationReport, generate_batch
@@ -91,6 +92,7 @@ def _rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[
     return prompts
 
 
+@public
 @torch.no_grad()
 def speculative_generate(
     model: Any,

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from bastion.guard import public
 from bastion.tree import DraftMarginals
 
 from .drafter import DFlashDrafter
@@ -25,6 +26,7 @@ from .drafter import DFlashDrafter
 __all__ = ["dense_marginals"]
 
 
+@public
 @torch.no_grad()
 def dense_marginals(
     target: Any,

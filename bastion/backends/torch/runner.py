@@ -38,6 +38,7 @@ import torch
 from bastion.batch import BatchMarginals, StepRequests
 from bastion.engine import SpecEngine, StepRecord
 from bastion.errors import BackendError, BudgetError, CheckpointError
+from bastion.guard import public
 from bastion.interfaces import (
     BatchDrafter,
     CostModel,
@@ -73,6 +74,7 @@ log = logging.getLogger(__name__)
 WARMUP_TOKENS = 8  # new tokens per request of a warm-up run
 
 
+@public
 def resolve_device(device: str | torch.device) -> torch.device:
     """A torch device; CUDA asked for but absent is an error, not a silent CPU fallback."""
     try:
@@ -86,6 +88,7 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+@public
 def load_target(
     path: str | os.PathLike[str], device: str = "cpu", dtype: torch.dtype | None = None
 ) -> Any:
@@ -387,6 +390,7 @@ def _release(part: object, request_id: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+@public
 def resolve_cost_model(
     target: Any,
     drafter: Drafter | BatchDrafter | None,
@@ -621,6 +625,7 @@ def _check_prompts(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens
             )
 
 
+@public
 def generate_batch(
     target: Any,
     drafter: Drafter | BatchDrafter | None,
@@ -845,6 +850,7 @@ def _write_traces(
         write_trace(path, Trace(tuple(prompt), tuple(rec.output_ids), tuple(steps), meta, dense))
 
 
+@public
 def generate(
     target: Any,
     drafter: Drafter | BatchDrafter | None,

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 import torch
 
 from bastion.errors import BudgetError
+from bastion.guard import public
 
 __all__ = ["SamplingParams", "processed_probs", "sample_token"]
 
 
+@public
 @dataclass(frozen=True)
 class SamplingParams:
     """How the target picks its token: greedy at ``temperature == 0``."""
@@ -39,6 +41,7 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+@public
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Probabilities [..., V] (float32) after temperature, top-k and top-p; rows sum to 1."""
     if params.greedy:
@@ -58,6 +61,7 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return torch.softmax(x, dim=-1)
 
 
+@public
 def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """One token from the processed distribution of a single row of logits [V]."""
     probs = processed_probs(logits, params)

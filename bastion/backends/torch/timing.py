@@ -34,6 +34,7 @@ import torch
 
 from bastion.cost.costmodel import check_tree_size
 from bastion.errors import BudgetError, ConfigError
+from bastion.guard import has, public
 from bastion.interfaces import CostCurve, CostModel, StepCost, StepLoad
 
 from .clock import Clock, device_clock
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 
+@public(model=has("config", "parameters"))
 def verify_timer(
     model: Any, *, repeats: int = 3, warmup: int = 1, seed: int = 0
 ) -> Callable[[int, int], float]:
@@ -92,6 +94,7 @@ def verify_timer(
     return timer
 
 
+@public
 @dataclass(frozen=True)
 class AffineCostModel:
     """T_verify = a + b·(tokens in the batched pass), constant draft and prep times;
@@ -138,6 +141,7 @@ class AffineCostModel:
         return None
 
 
+@public
 def fit_affine_cost_model(
     timer: Callable[[int, int], float],
     context_len: int,
@@ -158,6 +162,7 @@ def fit_affine_cost_model(
 # --------------------------------------------------------------------------------------------
 
 
+@public
 @dataclass(frozen=True)
 class DraftTiming:
     """T_draft(B, ΣC) = d0 + d_batch·B + d_context·ΣC seconds: one batched drafter pass over B
@@ -201,6 +206,7 @@ class DraftTiming:
             raise ConfigError(f"{origin}: not a drafter timing record ({exc!r})") from None
 
 
+@public
 def fit_draft_timing(points: Sequence[tuple[int, int, float]]) -> DraftTiming:
     """Non-negative least squares of d0 + d_B·B + d_C·ΣC to (B, ΣC, seconds) points."""
     from scipy.optimize import nnls
@@ -217,6 +223,7 @@ def fit_draft_timing(points: Sequence[tuple[int, int, float]]) -> DraftTiming:
     return DraftTiming(d0, db, dc, tuple(points), err)
 
 
+@public(drafter=has("cfg", "top_k"))
 def drafter_timer(
     drafter: Any, *, repeats: int = 3, warmup: int = 1, seed: int = 0
 ) -> Callable[[int, int], float]:
@@ -306,6 +313,7 @@ class DraftTimedJointCostModel(DraftTimedCostModel):
         return CostCurve(draft, c.prep_s, c.verify_s, c.ar_step_s)
 
 
+@public
 def with_draft_timing(inner: CostModel, timing: DraftTiming) -> DraftTimedCostModel:
     """``inner`` with T_draft from ``timing``; keeps ``joint_cost_curve`` if ``inner`` has it."""
     if callable(getattr(inner, "joint_cost_curve", None)):

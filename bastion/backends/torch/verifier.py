@@ -51,6 +51,7 @@ from torch.nn import functional as F
 from bastion.acceptance import WalkResult, greedy_walk, walk
 from bastion.batch import BatchVerifyResult, StepRequests, TreeBatch
 from bastion.errors import BackendError, BudgetError, ConfigError
+from bastion.guard import has, public
 from bastion.interfaces import VerifyResult
 from bastion.tree import DraftTree, ancestor_matrix
 
@@ -117,6 +118,7 @@ class _Request:
     timings: list[VerifyTiming] = field(default_factory=list)
 
 
+@public
 def check_croppable(cache: Any) -> None:
     """Refuse caches whose layers cannot be gathered and cropped (full attention only)."""
     layers = getattr(cache, "layers", None)
@@ -153,6 +155,7 @@ def _pad_seq(t: torch.Tensor, length: int) -> torch.Tensor:
 HFModel = Any
 
 
+@public(model=has("config", "parameters"))
 class TorchVerifier:
     """Verifies draft trees with a Hugging Face causal LM, every request of a step in one pass.
 

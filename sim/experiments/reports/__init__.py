@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from bastion.guard import public
 from bastion.sim.reporting import Row, mean_over_seeds, seed_count
 
 from . import (
@@ -51,6 +52,7 @@ POOLS_SEEDS = frozenset({"generic", "controller-regret"})
 """Reports that read every seed's rows themselves."""
 
 
+@public
 def summary(name: str, rows: list[Row], out: Path) -> str:
     """The report ``name``'s text for an experiment's rows (see the module docstring on seeds)."""
     if name in POOLS_SEEDS or seed_count(rows) <= 1:

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
+from bastion.guard import public
 from bastion.sim.reporting import Row, group, md_table, pyplot, save_figure
 
 __all__ = ["report"]
 
 
+@public
 def report(rows: list[Row], out: Path) -> str:
     table = []
     for key, rs in group(rows, ("model", "workload")).items():

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from bastion.guard import public
 from bastion.sim.reporting import Row, group, md_table, pyplot, save_figure
 
 __all__ = ["FIXED_SWEEP", "report"]
@@ -21,6 +22,7 @@ FIXED_SWEEP = (16, 32, 64, 128, 256, 512, 1024)
 """The fixed tree sizes a budget-sweep config must compare (``fixed:N``)."""
 
 
+@public
 def report(rows: list[Row], out: Path) -> str:
     table = []
     groups = group(rows, ("model", "gpu", "workload"))

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bastion.guard import public
 from bastion.sim.reporting import Row
 
 __all__ = ["report"]
 
 
+@public
 def report(rows: list[Row], out: Path) -> str:
     from bastion.sim.regret import regret_report
 

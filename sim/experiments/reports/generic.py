@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bastion.guard import public
 from bastion.sim.reporting import Row, group, md_table, seed_count, spread
 from bastion.sim.results import SPEC_COLUMNS
 
@@ -28,6 +29,7 @@ GENERIC_METRICS = (
 )
 
 
+@public
 def report(rows: list[Row], out: Path) -> str:
     """One line per setting and policy: the spec columns that vary, then the metrics — over
     several seeds, mean ± standard deviation."""

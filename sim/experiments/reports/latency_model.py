@@ -11,11 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
+from bastion.guard import public
 from bastion.sim.reporting import Row, group, md_table, pyplot, save_figure
 
 __all__ = ["report"]
 
 
+@public
 def report(rows: list[Row], out: Path) -> str:
     rows = [r for r in rows if r["policy"] == "bastion"]
     table = []

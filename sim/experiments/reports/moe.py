@@ -8,11 +8,13 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from bastion.guard import public
 from bastion.sim.reporting import Row, md_table, pyplot, save_figure
 
 __all__ = ["report"]
 
 
+@public
 def report(rows: list[Row], out: Path) -> str:
     by = {r["policy"]: r for r in rows}
     fixed = [p for p in by if p.startswith("fixed:")]
