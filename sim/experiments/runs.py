@@ -56,10 +56,13 @@ def file_digest(path: Path) -> str:
     if not path.exists():
         raise ConfigError(f"{path}: no such file or directory")
     h = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for p in files:
-        h.update(str(p.relative_to(path) if path.is_dir() else p.name).encode())
-        h.update(p.read_bytes())
+    try:
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for p in files:
+            h.update(str(p.relative_to(path) if path.is_dir() else p.name).encode())
+            h.update(p.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     return h.hexdigest()
 
 
