@@ -50,6 +50,9 @@ def _data(obj: Any) -> Any:
     return repr(obj)
 
 
+MAX_DIGEST_FILES = 10_000  # a directory a run reads (recorded traces) holds fewer files
+
+
 @public
 def file_digest(path: Path) -> str:
     """sha256 of a file's bytes, or of every file under a directory (names and bytes)."""
@@ -57,7 +60,17 @@ def file_digest(path: Path) -> str:
         raise ConfigError(f"{path}: no such file or directory")
     h = hashlib.sha256()
     try:
-        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        files = [path]
+        if path.is_dir():
+            files = []
+            for p in path.rglob("*"):
+                if p.is_file():
+                    files.append(p)
+                if len(files) > MAX_DIGEST_FILES:
+                    raise ConfigError(
+                        f"{path}: more than {MAX_DIGEST_FILES} files; a run's inputs are fewer"
+                    )
+            files.sort()
         for p in files:
             h.update(str(p.relative_to(path) if path.is_dir() else p.name).encode())
             h.update(p.read_bytes())
