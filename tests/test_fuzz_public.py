@@ -161,6 +161,34 @@ def only_project_errors(
         pass
 
 
+MEMORY_CAP = 12 << 30  # address space while fuzzing: a giant allocation is a MemoryError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _memory_cap():  # type: ignore[no-untyped-def]
+    """A junk size that slipped through would allocate until the kernel's OOM killer ends the
+    whole test run without a word; under this cap it is a MemoryError that names the callable
+    (and fails the test, since only the project's errors may come out)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform: no cap
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = MEMORY_CAP if hard == resource.RLIM_INFINITY else min(MEMORY_CAP, hard)
+    if soft != resource.RLIM_INFINITY and soft < cap:
+        cap = soft
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ValueError, OSError):  # the process already uses more, or may not lower it
+        yield
+        return
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 @pytest.mark.parametrize("name", sorted(PUBLIC))
 def test_public_callable_refuses_junk_with_project_errors(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
