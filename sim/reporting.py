@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bastion.errors import ConfigError
 from bastion.guard import has, public, writable_file
 from bastion.sim.results import SPEC_COLUMNS
 
@@ -136,3 +137,30 @@ def mean_over_seeds(rows: Sequence[Row]) -> list[Row]:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+ReportFn = Callable[[list[Row], Path], str]
+
+
+def report_guard(name: str) -> Callable[[ReportFn], ReportFn]:
+    """A report's boundary: its rows must be a non-empty list of records, and rows that lack
+    what the report reads (a missing column or policy) are a :class:`ConfigError` naming the
+    report, not a ``KeyError`` or ``IndexError`` from inside it."""
+    import functools
+
+    def wrap(report: ReportFn) -> ReportFn:
+        @functools.wraps(report)
+        def checked(rows: list[Row], out: Path) -> str:
+            if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+                raise ConfigError(f"the {name} report needs a non-empty list of result records")
+            try:
+                return report(rows, out)
+            except (KeyError, IndexError) as exc:
+                raise ConfigError(
+                    f"the {name} report cannot read these records (missing {exc}); run the "
+                    f"{name} experiment's grid"
+                ) from None
+
+        return checked
+
+    return wrap

@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from bastion.guard import public
-from bastion.sim.reporting import Row, group, md_table, pyplot, save_figure
+from bastion.sim.reporting import Row, group, md_table, pyplot, report_guard, save_figure
 
 __all__ = ["report"]
 
 
 @public
+@report_guard("best-first-vs-beam")
 def report(rows: list[Row], out: Path) -> str:
     table = []
     for key, rs in group(rows, ("model", "workload")).items():

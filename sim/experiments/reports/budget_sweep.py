@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from bastion.guard import public
-from bastion.sim.reporting import Row, group, md_table, pyplot, save_figure
+from bastion.sim.reporting import Row, group, md_table, pyplot, report_guard, save_figure
 
 __all__ = ["FIXED_SWEEP", "report"]
 
@@ -23,6 +23,7 @@ FIXED_SWEEP = (16, 32, 64, 128, 256, 512, 1024)
 
 
 @public
+@report_guard("budget-sweep")
 def report(rows: list[Row], out: Path) -> str:
     table = []
     groups = group(rows, ("model", "gpu", "workload"))

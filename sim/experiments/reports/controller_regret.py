@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from bastion.guard import public
-from bastion.sim.reporting import Row
+from bastion.sim.reporting import Row, report_guard
 
 __all__ = ["report"]
 
 
 @public
+@report_guard("controller-regret")
 def report(rows: list[Row], out: Path) -> str:
     from bastion.sim.regret import regret_report
 

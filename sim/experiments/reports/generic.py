@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bastion.guard import public
-from bastion.sim.reporting import Row, group, md_table, seed_count, spread
+from bastion.sim.reporting import Row, group, md_table, report_guard, seed_count, spread
 from bastion.sim.results import SPEC_COLUMNS
 
 __all__ = ["GENERIC_METRICS", "report"]
@@ -30,6 +30,7 @@ GENERIC_METRICS = (
 
 
 @public
+@report_guard("generic")
 def report(rows: list[Row], out: Path) -> str:
     """One line per setting and policy: the spec columns that vary, then the metrics — over
     several seeds, mean ± standard deviation."""

@@ -9,12 +9,13 @@ import itertools
 from pathlib import Path
 
 from bastion.guard import public
-from bastion.sim.reporting import Row, md_table, pyplot, save_figure
+from bastion.sim.reporting import Row, md_table, pyplot, report_guard, save_figure
 
 __all__ = ["report"]
 
 
 @public
+@report_guard("moe")
 def report(rows: list[Row], out: Path) -> str:
     by = {r["policy"]: r for r in rows}
     fixed = [p for p in by if p.startswith("fixed:")]

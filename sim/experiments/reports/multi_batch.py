@@ -11,12 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from bastion.guard import public
-from bastion.sim.reporting import Row, md_table, pyplot, save_figure
+from bastion.sim.reporting import Row, md_table, pyplot, report_guard, save_figure
 
 __all__ = ["report"]
 
 
 @public
+@report_guard("multi-batch")
 def report(rows: list[Row], out: Path) -> str:
     policies = ["ar", "chain", "fixed:16", "fixed:32", "fixed:64", "bastion:per-request", "bastion"]
     if any(r["policy"] == "bastion:paper" for r in rows):  # the paper's controller, joint
