@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import networkx as nx
 
 __all__ = [
+    "MAX_MASK_ELEMENTS",
     "DraftMarginals",
     "DraftTree",
     "ancestor_matrix",
@@ -414,6 +415,11 @@ def surrogate_acceptance(tree: DraftTree) -> float:
     return float(tree.scores.sum())
 
 
+MAX_MASK_ELEMENTS = 1 << 28
+"""The largest dense mask :func:`attention_mask` builds (N × (past_len + N) elements, 1 GiB as
+float32): a larger one would exhaust the host's memory before it could be used."""
+
+
 @public
 def ancestor_matrix(tree: DraftTree) -> npt.NDArray[np.bool_]:
     """visible[i, j] is True iff node j is node i or one of its ancestors ([N, N])."""
@@ -435,6 +441,11 @@ def attention_mask(tree: DraftTree, past_len: int, dtype: Any = np.float32) -> n
     """
     if past_len < 0:
         raise BudgetError(f"past_len must be ≥ 0; got {past_len}")
+    if tree.size * (past_len + tree.size) > MAX_MASK_ELEMENTS:
+        raise BudgetError(
+            f"a mask of {tree.size} × {past_len + tree.size} elements is more than "
+            f"MAX_MASK_ELEMENTS = {MAX_MASK_ELEMENTS}; give a shorter past_len"
+        )
     vis = np.concatenate((np.ones((tree.size, past_len), bool), ancestor_matrix(tree)), axis=1)
     return np.where(vis, 0.0, np.finfo(dtype).min).astype(dtype)
 
