@@ -102,6 +102,14 @@ def _run(steps: list[tuple[DraftMarginals, int, np.ndarray]], compiled: bool):  
     return acc, sizes
 
 
+def _assert_same_state(a1, s1, a2, s2) -> None:  # type: ignore[no-untyped-def]
+    """Both calibrations' learned arrays, bit for bit."""
+    for x, y in ((a1._pred, a2._pred), (a1._real, a2._real), (a1._g, a2._g)):
+        assert np.array_equal(x, y)
+    for x, y in ((s1._da, s2._da), (s1._dt, s2._dt), (s1._weight, s2._weight)):
+        assert np.array_equal(x, y)
+
+
 @needs_kernel
 @pytest.mark.parametrize("seed", range(6))
 def test_learn_kernel_equals_the_two_observe_methods_batch_1(seed: int) -> None:
@@ -109,10 +117,7 @@ def test_learn_kernel_equals_the_two_observe_methods_batch_1(seed: int) -> None:
     a1, s1 = _run(steps, compiled=True)
     a2, s2 = _run(steps, compiled=False)
     assert a1.steps == a2.steps > 30 and s1.version == s2.version
-    for x, y in ((a1._pred, a2._pred), (a1._real, a2._real), (a1._g, a2._g)):
-        assert np.array_equal(x, y)
-    for x, y in ((s1._da, s2._da), (s1._dt, s2._dt), (s1._weight, s2._weight)):
-        assert np.array_equal(x, y)
+    _assert_same_state(a1, s1, a2, s2)
     assert a1._real.sum() > 0 and s1._weight.sum() > 0  # something was learned
 
 
@@ -205,8 +210,5 @@ def test_learn_kernel_equals_the_two_observe_methods_batched(seed: int) -> None:
     a1, s1 = _run_batched(steps, compiled=True)
     a2, s2 = _run_batched(steps, compiled=False)
     assert a1.steps == a2.steps > 20 and s1.version == s2.version
-    for x, y in ((a1._pred, a2._pred), (a1._real, a2._real), (a1._g, a2._g)):
-        assert np.array_equal(x, y)
-    for x, y in ((s1._da, s2._da), (s1._dt, s2._dt), (s1._weight, s2._weight)):
-        assert np.array_equal(x, y)
+    _assert_same_state(a1, s1, a2, s2)
     assert s1._weight[1:].sum() > 0  # batched buckets were learned
