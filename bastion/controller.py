@@ -172,6 +172,16 @@ def choose_size(
     return tree, SizeDiagnostics(chosen, sizes, expected, cycles[:k], s_hat, ar_s, best)
 
 
+def _plan(learner: LearnedCostModel, b: int) -> tuple[bool, tuple[str, int, float] | None]:
+    """(explore, the decision to repeat or None) of a drafted step of batch size ``b``. At
+    batch 1 a tree decision is made every step (it is cheap and the step's own Â matters
+    most); a chain decision may stand there too, since standing saves the top-K preparation."""
+    explore = learner.explore_now()
+    if explore or (b == 1 and learner.last_decision_kind() != "chain"):
+        return explore, None
+    return explore, learner.repeat_decision(b)
+
+
 @dataclass(frozen=True)
 class LearningPolicy:
     """``bastion``: AR, the chain or a best-first tree, whichever the measured cycles favour."""
@@ -196,6 +206,21 @@ class LearningPolicy:
             return True
         return cost_model.wants_draft(requests.size)
 
+    def plan_step(self, requests: StepRequests, cost_model: CostModel | None) -> str:
+        """Before drafting, what the step will be: "ar" (no draft pass), "chain" (a chain
+        decision stands for this step, so the drafter's top-1 is all it needs: the argmax
+        preparation of the chain policy, and no decision) or "tree" (top-K marginals: decide,
+        explore, or repeat a tree decision). :meth:`choose_batch` then carries out the plan."""
+        if not isinstance(cost_model, LearnedCostModel):
+            return "tree"
+        b = requests.size
+        if not cost_model.wants_draft(b):
+            cost_model.pending_plan = None
+            return "ar"
+        explore, again = _plan(cost_model, b)
+        cost_model.pending_plan = (b, explore, again)
+        return "chain" if again is not None and again[0] == "chain" else "tree"
+
     def choose_batch(self, marginals: BatchMarginals, context: BatchPolicyContext) -> BatchChoice:
         learner = learner_of(context.cost_model, self.name)
         req = context.requests
@@ -206,9 +231,11 @@ class LearningPolicy:
             return BatchChoice(TreeBatch.roots(b), why, kind="ar")
         cal = learner.acceptance.calibrate(marginals)
         contexts = req.context_lens
-        explore = learner.explore_now()
-        # at batch 1 every step decides: the decision is cheap and the step's own Â matters most
-        again = None if explore or b == 1 else learner.repeat_decision(b)
+        pending, learner.pending_plan = learner.pending_plan, None
+        if pending is not None and pending[0] == b:  # planned before drafting (plan_step)
+            explore, again = pending[1], pending[2]
+        else:
+            explore, again = _plan(learner, b)
         if again is not None:
             return self._repeat(again, cal, context)
         if b == 1:
@@ -241,7 +268,7 @@ class LearningPolicy:
                     )[0]
             diag = jdiag
             s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
-            c_tree = float(jdiag.c_hat[jdiag.total_size - b])
+            c_tree = learner.joint_cycle(contexts, jdiag.total_size)
         depth = int(cal.probs.shape[1])
         top1 = cal.probs[:, :, 0]
         a_chain = (b + float(np.cumprod(top1, axis=1).sum())) * learner.chain_ratio()

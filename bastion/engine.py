@@ -113,6 +113,10 @@ class BatchStepRecord:
     verify_s: float
     diagnostics: object | None = None
     kind: str = "tree"  # "tree", "chain" (one causal path) or "ar" (nothing drafted)
+    # what the drafter's output needed: "topk" (top-K marginals for trees, or for a decision
+    # that chose the chain), "argmax" (the top-1 path only: the chain policy, or a chain
+    # decision that stood) or "none" (AR)
+    preparation: str = "topk"
 
     @property
     def size(self) -> int:
@@ -344,12 +348,16 @@ class SpecEngine:
     # A policy that declares ``learns = True`` (``bastion``) gets a LearnedCostModel around the
     # cost model given (the same object if it already is one) and every step's kind, trees,
     # committed lengths and measured cycle (``observe_step``); a policy with a
-    # ``wants_draft(requests, cost_model)`` method decides per step whether to draft at all.
+    # ``plan_step(requests, cost_model)`` method says before drafting what the step will be
+    # ("ar": no draft; "chain": the drafter's top-1 suffices; "tree": top-K), one with only
+    # ``wants_draft(requests, cost_model)`` whether to draft at all. The record's
+    # ``preparation`` says which the step needed, so the simulator charges that.
 
     def __post_init__(self) -> None:
         self._policy = batch_policy(self.policy)
         self._uses_drafter = bool(getattr(self._policy, "uses_drafter", True))
         self._wants_draft = getattr(self._policy, "wants_draft", None)
+        self._plan_step = getattr(self._policy, "plan_step", None)
         self._static_kind = (
             "ar"
             if not self._uses_drafter
@@ -372,8 +380,19 @@ class SpecEngine:
         clock = self.clock
         t0 = clock()
         drafts = self._uses_drafter
-        if drafts and self._wants_draft is not None:
+        preparation = "none" if not drafts else "topk" if self._static_kind == "tree" else "argmax"
+        if drafts and self._plan_step is not None:
+            plan = self._plan_step(requests, self.cost_model)
+            if plan not in ("ar", "chain", "tree"):
+                raise PolicyError(
+                    f"policy {_describe(self.policy)}: plan_step() returned {plan!r}; it must "
+                    'return "ar", "chain" or "tree"'
+                )
+            drafts = plan != "ar"
+            preparation = {"ar": "none", "chain": "argmax", "tree": "topk"}[plan]
+        elif drafts and self._wants_draft is not None:
             drafts = bool(self._wants_draft(requests, self.cost_model))
+            preparation = preparation if drafts else "none"
         # target-only decoding: no draft pass at all
         marginals = self._draft(requests) if drafts else BatchMarginals.empty(requests.size)
         t1 = clock()
@@ -389,7 +408,15 @@ class SpecEngine:
         result = self._verify(requests, trees)
         t3 = clock()
         record = BatchStepRecord(
-            requests, trees, result, t1 - t0, t2 - t1, t3 - t2, choice.diagnostics, kind
+            requests,
+            trees,
+            result,
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
+            choice.diagnostics,
+            kind,
+            preparation,
         )
         if self.cost_model is not None and self.observe_costs:
             self.cost_model.observe(*observed_load(requests, trees), t3 - t2)
@@ -408,6 +435,7 @@ class SpecEngine:
                 record.result.committed_lens,
                 record.result.accepted_nodes,
                 cycle_s,
+                preparation=record.preparation,
             )
 
     def generate(

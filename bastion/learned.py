@@ -150,6 +150,8 @@ class LearnedCostModel:
         self._decision: tuple[str, int, int, float] | None = None  # kind, B, total, cycle
         self._reused = 0  # steps that repeated it since
         self._interval = 1  # steps it stands for (see decided)
+        # the controller's plan for the next step, made before drafting: (B, explore, repeat)
+        self.pending_plan: tuple[int, bool, tuple[str, int, float] | None] | None = None
         self._joint = getattr(prior, "joint_cost_curve", None)
         self._candidates: dict[
             tuple[int, int], tuple[int, IntArray, IntArray, FloatArray, float]
@@ -342,6 +344,16 @@ class LearnedCostModel:
             cells = self._cells[(b, top)] = lattice_index(totals)
         return cells, hit[1], hit[2], hit[3]
 
+    def joint_cycle(self, context_lens: IntArray, total: int) -> float:
+        """Batch > 1: the learned cycle of the batch with ``total`` tree nodes spread evenly
+        (what a step of that total is predicted to take; the decision curve also carries the
+        pessimism and the size correction)."""
+        ctx = np.asarray(context_lens, dtype=np.int64)
+        b = ctx.shape[0]
+        top = max(min(b * 1024, JOINT_HORIZON), total)
+        even = self._even_prior(ctx, top)
+        return float(self._learned(np.array([total]), even[total - b : total - b + 1], b)[0])
+
     def affordable_total(
         self, context_lens: IntArray, total: int, n_max: int, factor: float
     ) -> int:
@@ -465,25 +477,37 @@ class LearnedCostModel:
 
     def repeat_decision(self, batch_size: int) -> tuple[str, int, float] | None:
         """The last full decision's (kind, total nodes, predicted cycle) while it may stand for
-        this step (see :meth:`decided`), else None: decide afresh. A change of batch size or
-        an AR step between also ends it."""
+        this step (see :meth:`decided`), else None: decide afresh. A batch size of another
+        bucket (:func:`batch_bucket`) or an AR step between also ends it; within the bucket a
+        tree total is scaled with the batch size (a request that left or joined)."""
         last = self._decision
-        if last is None or last[1] != batch_size or self._reused + 1 >= self._interval:
+        if (
+            last is None
+            or batch_bucket(last[1]) != batch_bucket(batch_size)
+            or self._reused + 1 >= self._interval
+        ):
             return None
         self._reused += 1
-        return last[0], last[2], last[3]
+        if last[1] == batch_size:
+            return last[0], last[2], last[3]
+        # a request left or joined: the same decision per request (a tree total scaled)
+        return last[0], max(batch_size, round(last[2] * batch_size / last[1])), last[3]
+
+    def last_decision_kind(self) -> str | None:
+        """The kind of the last full decision ("tree" or "chain"), None after an AR step."""
+        return None if self._decision is None else self._decision[0]
 
     def decided(self, kind: str, batch_size: int, total: int, cycle_s: float, every: int) -> None:
         """Record a full decision. Deciding is the controller's dear part and the best kind and
         total move slowly, so a decision that agrees with the previous one (same kind and batch
-        size, total within ±25 %) doubles the number of steps it stands for, up to ``every``;
-        one that differs stands for one step (the next step decides again)."""
+        bucket, nodes per request within ±25 %) doubles the number of steps it stands for, up
+        to ``every``; one that differs stands for one step (the next step decides again)."""
         last = self._decision
         same = (
             last is not None
             and last[0] == kind
-            and last[1] == batch_size
-            and 0.8 * last[2] <= total <= 1.25 * last[2]
+            and batch_bucket(last[1]) == batch_bucket(batch_size)
+            and 0.8 * last[2] / last[1] <= total / batch_size <= 1.25 * last[2] / last[1]
         )
         self._interval = min(2 * self._interval, every) if same else 1
         self._decision = (kind, batch_size, total, cycle_s)
@@ -526,13 +550,19 @@ class LearnedCostModel:
         committed: IntArray,
         accepted_nodes: IntArray,
         cycle_s: float,
+        preparation: str = "topk",
     ) -> None:
         """The engine's hook: one step's kind, trees, committed lengths, accepted paths (node
-        indices within each tree, root excluded, request after request) and measured cycle."""
+        indices within each tree, root excluded, request after request), measured cycle and
+        preparation ("topk", "argmax" or "none"). A chain chosen by a decision step (top-K
+        preparation and the decision's host time) does not price the chain: choosing the chain
+        means the standing chain's cycle (argmax preparation, no decision), which that step's
+        cycle would overstate; its acceptance still counts."""
         if not (math.isfinite(cycle_s) and cycle_s > 0):
             return
         sizes = trees.sizes
-        self.observe_cycle(kind, contexts, sizes, cycle_s)
+        if kind != "chain" or preparation == "argmax":
+            self.observe_cycle(kind, contexts, sizes, cycle_s)
         b = sizes.shape[0]
         if kind == "ar":
             self._since_draft += 1

@@ -261,8 +261,10 @@ class SizeCalibration:
         return np.asarray(batch_size + np.cumsum(h * _steps(predicted, float(batch_size))))
 
     def factors(self, batch_size: int) -> FloatArray:
-        """The cumulative ratio E[τ]/E[Â] per lattice cell, from the paired increments' means
-        (what the joint budget divides its cost by)."""
+        """The cumulative ratio E[τ]/E[Â] per lattice cell (what the joint budget divides its
+        cost by): each cell's mean surrogate gain, realised at its gain ratio h_k
+        (:meth:`gain_ratios`, so with the same ``prior_weight`` pseudo-steps: a few lucky
+        steps cannot make a size look cheap either)."""
         b = batch_bucket(batch_size)
         key = (-1 - b, batch_size)
         hit = self._cache.get(key)
@@ -271,8 +273,9 @@ class SizeCalibration:
             return hit[1]
         seen = self._weight[b] > 1e-9
         safe = np.where(seen, self._weight[b], 1.0)
-        tau = batch_size + np.cumsum(np.where(seen, self._dt[b] / safe, 0.0))
-        a_hat = batch_size + np.cumsum(np.where(seen, self._da[b] / safe, 0.0))
+        gain = np.where(seen, self._da[b] / safe, 0.0)
+        tau = batch_size + np.cumsum(gain * self.gain_ratios(batch_size))
+        a_hat = batch_size + np.cumsum(gain)
         out = np.asarray(np.where(seen, tau / a_hat, 1.0), dtype=np.float64)
         self._cache[key] = (epoch, out)
         return out

@@ -802,7 +802,9 @@ class SimulatedGPU:
         every request (``prep_topk_bytes`` per logit), one device→host copy of the top-K, the
         best-first builder and the ancestor matrices on the host, the upload of the N × N
         matrices, the device-side mask over every (node, key) pair, and the KV compaction after
-        acceptance. The chain (``topk=False``): an argmax per position and its copy back.
+        acceptance. The chain (``topk=False``): an argmax per position and its copy back (plus,
+        for the learning controller's chain decision that stood, ``"repeat"``, its host time as a
+        repeated decision).
         ``controller``: the adaptive controller's host time (which includes growing the trees)
         replaces the fixed builder's; ``"repeat"``: a step that repeated the learning
         controller's last decision, charged ``controller_repeat_*`` where measured.
@@ -819,6 +821,8 @@ class SimulatedGPU:
             seconds = logits * t.prep_argmax_bytes / bw
             seconds += t.prep_chain_kernels * (t.host_kernel_s + self.device.launch_overhead_s)
             seconds += t.d2h_latency_s
+            if controller == "repeat":  # a chain decision that stood: the learning controller's
+                seconds += self._repeat_s(b)  # step, charged as a repeated tree decision
         else:
             nodes = float(np.add.reduce(s))
             square = float(np.dot(s, s))
@@ -835,18 +839,32 @@ class SimulatedGPU:
             seconds += kernels * (t.host_kernel_s + self.device.launch_overhead_s)
             seconds += t.d2h_latency_s + t.h2d_latency_s + square / t.h2d_bandwidth
             seconds += b * t.mask_host_request_s + square * t.mask_host_element_s
-            repeat = controller == "repeat"
-            if repeat and b == 1 and t.controller_repeat_single_s >= 0:  # the path taken: a
-                seconds += t.controller_repeat_single_s  # repeated decision …
-            elif repeat and b > 1 and t.controller_repeat_step_s >= 0:
-                seconds += t.controller_repeat_step_s + b * max(t.controller_repeat_request_s, 0)
-            elif controller and b == 1:  # … the single-request controller
-                seconds += t.controller_single_s
-            elif controller:  # the joint chooser; its measured time includes growing the trees
-                seconds += t.controller_step_s + b * t.controller_request_s
+            if controller == "repeat":  # the path taken: a repeated decision …
+                seconds += self._repeat_s(b)
+            elif controller:  # … a decision; its measured time includes growing the trees
+                seconds += self._decision_s(b)
             else:
                 seconds += t.tree_step_s + b * t.tree_request_s + nodes * t.tree_node_s
         return float(seconds)
+
+    def _decision_s(self, b: int) -> float:
+        """The controller's host time for a full decision of ``b`` requests: the
+        single-request controller at batch 1, the joint chooser above."""
+        t = self.truth
+        if b == 1:
+            return t.controller_single_s
+        return t.controller_step_s + b * t.controller_request_s
+
+    def _repeat_s(self, b: int) -> float:
+        """The learning controller's host time for a step that repeats its last decision, as
+        measured (``controller_repeat_*``), or as a decision where the truth has no measurement
+        (−1)."""
+        t = self.truth
+        if b == 1 and t.controller_repeat_single_s >= 0:
+            return t.controller_repeat_single_s
+        if b > 1 and t.controller_repeat_step_s >= 0:
+            return t.controller_repeat_step_s + b * max(t.controller_repeat_request_s, 0)
+        return self._decision_s(b)
 
     # -- what a run observes ------------------------------------------------------------------
 

@@ -19,7 +19,9 @@ happen between passes that run back to back on the one GPU). Target-only AR
 steps have no draft and a one-token pass per request. What a policy costs besides its trees'
 sizes comes from two declared attributes: ``uses_topk`` (False for the chain: top-1
 preparation and a causal verification pass instead of top-K, tree building and a tree mask) and
-``uses_cost_model`` (the adaptive controller's host time is charged in preparation).
+``uses_cost_model`` (the adaptive controller's host time is charged in preparation); a step
+whose record says ``preparation == "argmax"`` (the learning controller's chain decision that
+stood, planned before drafting) is prepared as the chain's.
 
 A request stops at its output length, as the real backend does: a step that would commit past
 it delivers only the tokens still wanted (its bonus token first to go, then the deepest accepted
@@ -349,8 +351,14 @@ def serve(
             charge: bool | str = controller
             if controller and getattr(rec.diagnostics, "repeated", False):
                 charge = "repeat"  # the learning controller repeated its last decision
-            t_draft, t_prep, t_verify = gpu.step_s(
-                rec.kind, sizes, contexts, topk, charge, chunk_tokens, chunk_contexts
+            t_draft, t_prep, t_verify = gpu.step_s(  # a chain decision that stood: argmax
+                rec.kind,
+                sizes,
+                contexts,
+                topk and rec.preparation != "argmax",
+                charge,
+                chunk_tokens,
+                chunk_contexts,
             )
             # the passes run back to back on the one GPU and nothing can happen between them
             yield env.timeout(t_draft + t_prep + t_verify)

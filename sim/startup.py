@@ -3,7 +3,8 @@
 A real deployment times whole cycles on its device before serving (the paper reports about 70 s
 of calibration on a GPU); the simulator does the same on a *probe* copy of the simulated GPU
 (its own noise seed), charging each cycle exactly as serving charges a step of that kind —
-drafter pass, preparation with the controller's host time, verification pass — so the
+drafter pass, preparation with the controller's host time, verification pass; a chain cycle as
+a chain decision that stands runs, with the chain's argmax preparation — so the
 controller learns the truth only by measuring it (design decision 1). The simulated seconds
 those passes take are the start-up cost a real GPU would pay (``LearnedCostModel.startup_s``).
 
@@ -56,6 +57,8 @@ def learned_cost_model(
     depth = int(gpu.drafter.block_size) - 1 if gpu.drafter is not None else 15
 
     def measure(kind: CycleKind, contexts: np.ndarray, sizes: np.ndarray) -> float:
+        if kind == "chain":  # as a chain decision that stands runs: argmax preparation
+            return sum(probe.step_s(kind, sizes, contexts, topk=False, controller="repeat"))
         return sum(probe.step_s(kind, sizes, contexts, topk=True, controller=True))
 
     model = LearnedCostModel(prior)

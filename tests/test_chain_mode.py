@@ -1,0 +1,164 @@
+"""The learning controller's standing chain: a chain decision that stands is planned before
+drafting, so the step needs only the drafter's top-1 (the chain policy's argmax preparation,
+no decision), and only such steps price the chain in the learned table."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bastion.batch import BatchMarginals, StepRequests, TreeBatch
+from bastion.controller import LearningPolicy
+from bastion.cost.hardware import get_profile
+from bastion.cost.models import DrafterSpec, get_model
+from bastion.engine import SpecEngine
+from bastion.interfaces import (
+    BatchPolicyContext,
+    CostCurve,
+    DraftContext,
+    PolicyContext,
+    StepCost,
+    StepLoad,
+    VerifyResult,
+)
+from bastion.learned import LearnedCostModel
+from bastion.observed import SizeCalibration
+from bastion.policies import make_policy
+from bastion.sim.gpu import SimulatedGPU
+from bastion.sim.truth import get_truth
+from bastion.tree import DraftMarginals, DraftTree
+
+
+class FlatPrior:
+    def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
+        n = np.arange(1, max_tree_size + 1, dtype=np.float64)
+        return CostCurve(0.0, 0.0, 10e-3 + 10e-6 * n, 8e-3)
+
+    def step_cost(self, tree_size: int, load: StepLoad) -> StepCost:
+        return StepCost(0.0, 0.0, 10e-3 + 10e-6 * tree_size)
+
+    def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
+        pass
+
+
+class SureDrafter:
+    """Three positions, the top-1 almost certain: the chain is what a controller should pick
+    when trees cost more per node."""
+
+    def draft(self, context: DraftContext) -> DraftMarginals:
+        base = 10 * context.request_id
+        ids = [[base + 1, base + 2], [base + 3, base + 4], [base + 5, base + 6]]
+        return DraftMarginals(ids, [[0.99, 0.005]] * 3)
+
+
+class TopChainVerifier:
+    """Accepts the first child at every depth (the drafter's top-1 path)."""
+
+    def verify(self, request_id: int, tree: DraftTree) -> VerifyResult:
+        path = [0]
+        while True:
+            children = np.flatnonzero(np.asarray(tree.parents) == path[-1])
+            if children.size == 0:
+                break
+            path.append(int(children[0]))
+        accepted = tuple(int(tree.tokens[i]) for i in path[1:])
+        return VerifyResult(tuple(path), accepted, 100 + request_id)
+
+
+def _requests(b: int) -> StepRequests:
+    return StepRequests.of(np.arange(b), np.full(b, 50), np.zeros(b, np.int64))
+
+
+def test_a_standing_chain_is_planned_before_drafting() -> None:
+    learner = LearnedCostModel(FlatPrior(), explore_every=0)
+    policy = LearningPolicy(64, decide_every=8)
+    req = _requests(4)
+    assert policy.plan_step(req, learner) == "tree"  # nothing decided yet: top-K, decide
+    learner.pending_plan = None
+    for _ in range(2):  # two agreeing chain decisions: the second stands for a step
+        learner.decided("chain", 4, 16, 0.01, 8)
+    assert policy.plan_step(req, learner) == "chain"
+    marginals = BatchMarginals(
+        np.broadcast_to(np.arange(3)[None, :, None] * 2 + np.arange(2), (4, 3, 2)).copy(),
+        np.broadcast_to(np.array([0.9, 0.05]), (4, 3, 2)).copy(),
+    )
+    choice = policy.choose_batch(marginals, BatchPolicyContext(req, learner))
+    assert choice.kind == "chain" and choice.diagnostics.repeated
+    assert choice.trees.sizes.tolist() == [4, 4, 4, 4]
+    # the plan was consumed: the next step plans afresh (the decision's interval is spent)
+    assert learner.pending_plan is None
+    assert policy.plan_step(req, learner) == "tree"
+
+
+def test_the_engine_records_the_preparation_each_step_needed() -> None:
+    learner = LearnedCostModel(FlatPrior(), explore_every=0)
+    policy = LearningPolicy(64, decide_every=8)
+    engine = SpecEngine(SureDrafter(), policy, TopChainVerifier(), cost_model=learner)
+    for _ in range(2):
+        learner.decided("chain", 3, 12, 0.01, 8)
+    step = engine.step(_requests(3))
+    assert (step.kind, step.preparation) == ("chain", "argmax")
+    step = engine.step(_requests(3))  # the interval is spent: a decision, on top-K marginals
+    assert step.preparation == "topk"
+    fixed = SpecEngine(SureDrafter(), make_policy("fixed:4"), TopChainVerifier())
+    assert fixed.step(_requests(2)).preparation == "topk"
+    chain = SpecEngine(SureDrafter(), make_policy("chain"), TopChainVerifier())
+    assert chain.step(_requests(2)).preparation == "argmax"
+    ar = SpecEngine(SureDrafter(), make_policy("ar"), TopChainVerifier())
+    assert ar.step(_requests(2)).preparation == "none"
+
+
+def test_only_a_standing_chain_prices_the_chain() -> None:
+    """A chain chosen by a decision step paid top-K preparation and the decision: its cycle
+    would overstate what choosing the chain costs, so it teaches acceptance, not the cycle."""
+    learner = LearnedCostModel(FlatPrior(), explore_every=0)
+    ctx = np.full(2, 50)
+    trees = TreeBatch.from_trees([_chain_tree(3), _chain_tree(3)])
+    committed, nodes = np.full(2, 4, np.int64), np.array([1, 2, 3, 1, 2, 3])
+    before = learner.table.count("chain", 2).copy()
+    learner.observe_step("chain", ctx, trees, committed, nodes, 0.05, preparation="topk")
+    assert np.array_equal(learner.table.count("chain", 2), before)
+    assert learner.chain_ratio() != 1.0 or learner._chain[2] > 0  # its acceptance counted
+    learner.observe_step("chain", ctx, trees, committed, nodes, 0.02, preparation="argmax")
+    assert int(learner.table.count("chain", 2).sum()) == int(before.sum()) + 1
+
+
+def _chain_tree(depth: int) -> DraftTree:
+    m = DraftMarginals([[1, 2]] * depth, [[0.9, 0.05]] * depth)
+    return make_policy("chain").choose(m, PolicyContext(StepLoad(10))).tree
+
+
+def test_the_simulator_charges_a_standing_chain_the_argmax_preparation() -> None:
+    model = get_model("qwen3-8b")
+    truth = get_truth("hf-eager")
+    gpu = SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model), truth)
+    sizes, ctx = np.full(8, 16), np.full(8, 512)
+    argmax = gpu.prep_truth(sizes, topk=False, contexts=ctx)
+    standing = gpu.prep_truth(sizes, topk=False, contexts=ctx, controller="repeat")
+    decided = gpu.prep_truth(sizes, topk=True, contexts=ctx, controller=True)
+    assert argmax < standing < decided  # the controller's repeat is charged, top-K is not
+
+
+def test_size_factors_shrink_a_few_steps_towards_one() -> None:
+    """The joint budget divides its cost by the size calibration's factors: three steps that
+    realised far from their surrogate must not move a size's price as much as many such steps
+    do (negative control: the shrinkage is not a cap)."""
+    from bastion.cycles import LATTICE
+
+    def factor(steps: int) -> float:
+        cal = SizeCalibration()
+        n = 32
+        tree = TreeBatch(  # a root and 31 children of score 0.2: Â = 7.2
+            np.array([0, n]),
+            np.r_[-1, np.zeros(n - 1, np.int64)],
+            np.arange(n),
+            np.r_[0, np.ones(n - 1, np.int64)],
+            np.r_[1.0, np.full(n - 1, 0.2)],
+            np.r_[-1, np.arange(n - 1)],
+        )
+        for _ in range(steps):  # each step commits 2 (the sixth child, then the bonus)
+            cal.observe(tree, np.array([5]), np.array([2]))
+        return float(cal.factors(1)[int(np.searchsorted(LATTICE, n))])
+
+    few, many = factor(3), factor(400)
+    assert (few - 1.0) * (many - 1.0) > 0  # the same direction
+    assert abs(few - 1.0) < 0.5 * abs(many - 1.0)
