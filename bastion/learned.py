@@ -57,7 +57,12 @@ from bastion.cycles import (
 from bastion.errors import BudgetError, CostModelError
 from bastion.guard import each, integer, public
 from bastion.interfaces import CostCurve, CostModel, StepCost, StepLoad
-from bastion.observed import AcceptanceCalibration, SizeCalibration, observe_tree_step
+from bastion.observed import (
+    AcceptanceCalibration,
+    SizeCalibration,
+    chain_shadow,
+    observe_tree_step,
+)
 
 __all__ = [
     "AcceptanceCalibration",
@@ -150,6 +155,8 @@ class LearnedCostModel:
         self._decision: tuple[str, int, int, float] | None = None  # kind, B, total, cycle
         self._reused = 0  # steps that repeated it since
         self._interval = 1  # steps it stands for (see decided)
+        # the top-1 calibrated marginals of the last step's trees (the chain's shadow)
+        self.last_top1: FloatArray | None = None
         # the controller's plan for the next step, made before drafting: (B, explore, repeat)
         self.pending_plan: tuple[int, bool, tuple[str, int, float] | None] | None = None
         self._joint = getattr(prior, "joint_cost_curve", None)
@@ -462,11 +469,20 @@ class LearnedCostModel:
     # -- learning ----------------------------------------------------------------------------
 
     def chain_ratio(self) -> float:
-        """Realised/predicted τ of the chain steps so far (``prior_weight`` pseudo-steps of
-        ratio 1, as the size calibration)."""
+        """Realised/predicted τ of the chain so far — its own steps and its shadow on every
+        tree step (:func:`bastion.observed.chain_shadow`) — with ``prior_weight`` pseudo-steps
+        of ratio 1, as the size calibration."""
         real, pred, steps = self._chain
         prior = self.sizes.prior_weight * (pred / steps if steps else 0.0)
         return (real + prior) / (pred + prior) if pred + prior > 0 else 1.0
+
+    def _observe_chain(self, realised: float, predicted: float) -> None:
+        """One step's (or one shadow's) realised and predicted chain τ, forgotten as the size
+        calibration forgets."""
+        d = self.sizes.decay
+        self._chain[0] = d * self._chain[0] + realised
+        self._chain[1] = d * self._chain[1] + predicted
+        self._chain[2] = d * self._chain[2] + 1.0
 
     def explore_now(self) -> bool:
         """Whether this drafted step should verify a larger tree than the best one: every
@@ -573,12 +589,13 @@ class LearnedCostModel:
             if not observe_tree_step(self.acceptance, self.sizes, trees, accepted_nodes, committed):
                 self.acceptance.observe(trees, accepted_nodes, committed)
                 self.sizes.observe(trees, accepted_nodes, committed)
+            top1, self.last_top1 = self.last_top1, None
+            if top1 is not None and top1.shape[0] == b and top1.shape[1] > 0:
+                # what the chain would have committed (it is rarely run once trees win)
+                self._observe_chain(*chain_shadow(trees, accepted_nodes, committed, top1))
         elif kind == "chain":  # what the chain's Â realised, as the size calibration does
             self.acceptance.observe(trees, accepted_nodes, committed)
-            d = self.sizes.decay
-            self._chain[0] = d * self._chain[0] + float(np.sum(committed))
-            self._chain[1] = d * self._chain[1] + float(trees.scores.sum())
-            self._chain[2] = d * self._chain[2] + 1.0
+            self._observe_chain(float(np.sum(committed)), float(trees.scores.sum()))
         ar = self.mode_cycle("ar", contexts, 0)
         realised = float(np.sum(committed)) * ar / (b * cycle_s)
         threshold = 1.0 + self.margin

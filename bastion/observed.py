@@ -22,7 +22,7 @@ from bastion.cycles import LATTICE, REFRESH_SHIFT, batch_bucket
 from bastion.errors import BudgetError
 from bastion.guard import integer, public
 
-__all__ = ["AcceptanceCalibration", "SizeCalibration", "observe_tree_step"]
+__all__ = ["AcceptanceCalibration", "SizeCalibration", "chain_shadow", "observe_tree_step"]
 
 try:
     from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
@@ -337,6 +337,48 @@ def _steps(values: FloatArray, start: float) -> FloatArray:
 
 
 @public
+def chain_shadow(
+    trees: TreeBatch, accepted_nodes: IntArray, committed: IntArray, top1: FloatArray
+) -> tuple[float, float]:
+    """What the chain would have committed on a verified best-first tree step, beside its Â:
+    (Σ realised, Σ predicted) over the requests, each of the chain cut at the tree's depth.
+    ``top1`` [B, depth]: the top-1 marginal at each position of the marginals the trees were
+    grown from.
+
+    Every best-first tree holds the top-1 path down to its own depth D (the top-1 node at each
+    depth has that depth's largest ρ, so it is taken before any other there), and the path the
+    chain would accept is the accepted path's leading run of rank-0 nodes (at T = 0 the target's
+    tokens do not depend on the tree). So the chain cut at D would have committed that run + 1,
+    against its Â of 1 + Σ_{d ≤ D} Π_{k ≤ d} top1[k]. Cutting at D keeps the comparison fair
+    where the run reaches the tree's depth (the full chain might have accepted more). The chain
+    is rarely run once trees win, and the per-(depth, rank) acceptance calibration mixes top-1
+    children of off-path prefixes (which a position-wise drafter predicts worse) into rank 0:
+    this is how the chain's own acceptance is learned on every tree step."""
+    b = trees.size
+    offsets = trees.offsets
+    counts = np.asarray(committed, dtype=np.int64) - 1
+    ranks = trees.ranks
+    accepted = np.asarray(accepted_nodes, dtype=np.int64)
+    if b == 1:  # the batch-1 controller's hot path
+        d = int(trees.depths.max(initial=0))
+        predicted = 1.0 + float(np.add.reduce(np.cumprod(top1[0, :d])))
+        off = ranks[accepted] != 0
+        run = int(off.argmax()) if off.any() else int(off.shape[0])
+        return 1.0 + run, predicted
+    chain = np.cumsum(np.cumprod(top1, axis=1), axis=1)
+    depth = np.maximum.reduceat(trees.depths, offsets[:-1])
+    predicted = b + float(chain[np.arange(b), np.maximum(depth - 1, 0)][depth > 0].sum())
+    if accepted.shape[0] == 0:
+        return float(b), predicted
+    seg = np.repeat(np.arange(b), counts)
+    off_path = ranks[offsets[seg] + accepted] != 0
+    seen = np.cumsum(off_path)  # off-path nodes so far, less those of earlier requests
+    before = np.zeros(b + 1, np.int64)
+    np.cumsum(np.bincount(seg, off_path, minlength=b).astype(np.int64), out=before[1:])
+    leading = int(np.count_nonzero(seen == before[seg]))
+    return float(b + leading), predicted
+
+
 def observe_tree_step(
     acceptance: AcceptanceCalibration,
     sizes: SizeCalibration,

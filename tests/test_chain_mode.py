@@ -5,6 +5,9 @@ no decision), and only such steps price the chain in the learned table."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bastion.batch import BatchMarginals, StepRequests, TreeBatch
 from bastion.controller import LearningPolicy
@@ -21,11 +24,12 @@ from bastion.interfaces import (
     VerifyResult,
 )
 from bastion.learned import LearnedCostModel
-from bastion.observed import SizeCalibration
-from bastion.policies import make_policy
+from bastion.observed import SizeCalibration, chain_shadow
+from bastion.policies import ChainPolicy, make_policy
 from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.truth import get_truth
-from bastion.tree import DraftMarginals, DraftTree
+from bastion.tree import DraftMarginals, DraftTree, best_first_tree
+from tests.strategies import batches
 
 
 class FlatPrior:
@@ -162,3 +166,50 @@ def test_size_factors_shrink_a_few_steps_towards_one() -> None:
     few, many = factor(3), factor(400)
     assert (few - 1.0) * (many - 1.0) > 0  # the same direction
     assert abs(few - 1.0) < 0.5 * abs(many - 1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=batches(max_requests=3, max_depth=5), data=st.data())
+def test_the_chain_shadow_is_what_the_chain_cut_at_the_tree_depth_commits(
+    rows: list[DraftMarginals], data: st.DataObject
+) -> None:
+    """Invariant (T = 0): on a verified best-first tree step, the chain's shadow equals the
+    chain policy's own tree, cut at each tree's depth, verified against the same target —
+    committed tokens and Â alike."""
+    from bastion.bestfirst import COMPILED, accepted_paths
+
+    if not COMPILED:
+        pytest.skip("the compiled kernel is not built")
+    depth = max(m.depth for m in rows)
+    trees = [best_first_tree(m, data.draw(st.integers(1, 40))) for m in rows]
+    batch = TreeBatch.from_trees(trees)
+    target = np.array(  # the drafter's rank 0 or 1 at each depth, or a token it never drafts
+        [
+            [
+                int(m.token_ids[d, data.draw(st.integers(0, 2)) % m.token_ids.shape[1]])
+                if d < m.depth and data.draw(st.booleans())
+                else 10**6
+                for d in range(depth)
+            ]
+            for m in rows
+        ],
+        np.int64,
+    )
+    walked = accepted_paths(batch.parents, batch.tokens, batch.depths, batch.offsets, target)
+    assert walked is not None
+    counts, _, _, nodes = walked
+    top1 = np.zeros((len(rows), depth))
+    for i, m in enumerate(rows):
+        top1[i, : m.depth] = m.probs[:, 0]
+    realised, predicted = chain_shadow(batch, nodes, counts + 1, top1)
+    chains = []
+    for m, t in zip(rows, trees, strict=True):
+        cut = int(np.max(t.depths))
+        chains.append(ChainPolicy(cut).choose(m, PolicyContext(StepLoad(10))).tree if cut else t)
+    chain_batch = TreeBatch.from_trees(chains)
+    walked = accepted_paths(
+        chain_batch.parents, chain_batch.tokens, chain_batch.depths, chain_batch.offsets, target
+    )
+    assert walked is not None
+    assert realised == float(np.sum(walked[0] + 1))
+    assert predicted == pytest.approx(float(chain_batch.scores.sum()), rel=1e-12)
