@@ -21,8 +21,12 @@ beside them the per-step median and the median chosen total size.
 ``--every K``: the controller decides every K drafted steps and repeats the decision between
 (``bastion:every=K``); the mean time of deciding and of repeating steps is shown apart.
 
-Run: ``python benchmarks/bench_learning.py [--steps 300] [--repeats 5] [--every K]``. Never part
-of the tests.
+``--standing``: instead, a step of a standing chain decision (the chain's argmax step) against
+a repeated tree step, each forced to stand every step: the simulator charges the former as the
+latter (``controller_repeat_*``), which this checks is an upper bound.
+
+Run: ``python benchmarks/bench_learning.py [--steps 300] [--repeats 5] [--every K]
+[--standing]``. Never part of the tests.
 """
 
 from __future__ import annotations
@@ -120,6 +124,58 @@ def run(batch: int, steps: int, repeats: int, every: int = DECIDE_EVERY) -> dict
     }
 
 
+def standing(batch: int, steps: int, repeats: int) -> dict[str, float]:
+    """µs per step of a standing decision, chain against tree (``plan_step``, ``choose_batch``
+    and ``observe_step``; the decision forced to stand every step), median over repeats of the
+    per-repeat median: what the simulator's ``controller_repeat_*`` charge bounds for a standing
+    chain."""
+    model = get_model("qwen3-8b")
+    gpu = SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model))
+    prior, _ = calibrated_cost_model(gpu)
+    start = learned_cost_model(gpu, prior, concurrency=batch)
+    out: dict[str, list[float]] = {"chain": [], "tree": []}
+    for rep in range(repeats):
+        for kind in ("chain", "tree"):
+            learner = start.copy()
+            learner.explore_every = 0
+            policy = LearningPolicy()
+            source = SyntheticSource(get_workload("math"), rep)
+            slots = np.arange(batch)
+            for i in range(batch):
+                source.admit(i, i)
+            contexts = np.full(batch, 512, np.int64)
+            previous = np.zeros(batch, np.int64)
+            times = []
+            for _ in range(steps):
+                marginals, target = source.draft(slots, contexts)
+                req = StepRequests.of(slots, contexts, np.zeros(batch, np.int64), previous)
+                for _ in range(2):  # two agreeing decisions: the next step stands
+                    learner.decided(kind, batch, batch * (16 if kind == "chain" else 20), 0.01, 8)
+                t0 = time.perf_counter()
+                plan = policy.plan_step(req, learner)
+                choice = policy.choose_batch(marginals, BatchPolicyContext(req, learner))
+                t1 = time.perf_counter()
+                if not getattr(choice.diagnostics, "repeated", False):
+                    raise SystemExit("internal error: the decision did not stand")
+                trees = choice.trees
+                walked = accepted_paths(
+                    trees.parents, trees.tokens, trees.depths, trees.offsets, target
+                )
+                if walked is None:
+                    raise SystemExit("the compiled kernel is needed")
+                counts, _, _, nodes = walked
+                prep = "argmax" if plan == "chain" else "topk"
+                t2 = time.perf_counter()
+                learner.observe_step(kind, contexts, trees, counts + 1, nodes, 0.01, prep)
+                t3 = time.perf_counter()
+                times.append((t1 - t0) + (t3 - t2))
+                previous = trees.sizes
+                contexts = contexts + counts + 1
+            out[kind].append(statistics.median(times[steps // 5 :]))
+    chain, tree = (1e6 * statistics.median(out[k]) for k in ("chain", "tree"))
+    return {"chain_us": chain, "tree_us": tree, "ratio": chain / tree}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -128,7 +184,23 @@ def main() -> None:
     parser.add_argument(
         "--every", type=int, default=DECIDE_EVERY, help="the controller decides every K steps"
     )
+    parser.add_argument(
+        "--standing",
+        action="store_true",
+        help="instead: a standing chain's step against a repeated tree step",
+    )
     args = parser.parse_args()
+    if args.standing:
+        print(
+            f"`python benchmarks/bench_learning.py --standing --steps {args.steps} --repeats "
+            f"{args.repeats}` on {platform.machine()}, Python {platform.python_version()}\n"
+        )
+        print("| B | standing chain µs/step | repeated tree µs/step | chain / tree |")
+        print("|---:|---:|---:|---:|")
+        for b in (int(x) for x in args.batches.split(",")):
+            r = standing(b, args.steps, args.repeats)
+            print(f"| {b} | {r['chain_us']:.0f} | {r['tree_us']:.0f} | {r['ratio']:.2f} |")
+        return
     if args.every < 1 or args.steps < 1 or args.repeats < 1:
         parser.error("--every, --steps and --repeats must be ≥ 1")
     print(
