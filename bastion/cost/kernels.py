@@ -73,6 +73,7 @@ from bastion.guard import is_finite, public
 
 __all__ = [
     "GEMM_KINDS",
+    "KIND_PARAMS",
     "TILE_CONFIGS",
     "KernelDevice",
     "KernelParams",
@@ -294,6 +295,23 @@ GEMM_KINDS = frozenset(
 )
 _ROWS = frozenset(("input_norm", "post_attn_norm", "final_norm", "qk_norm", "act", "rope"))
 _STREAM = frozenset(("residual_add", "experts_act"))
+
+
+#: The :class:`KernelParams` each kind's formula reads (what a per-operator calibration frees).
+KIND_PARAMS: dict[str, tuple[str, ...]] = {
+    "gemm": (
+        "dram_efficiency",
+        "tensor_efficiency",
+        "l2_bytes_per_flop",
+        "tile_cycles",
+        "kernel_s",
+        "l2_fraction",
+    ),
+    "rows": ("row_cycles", "sm_bytes_per_clock", "stream_efficiency", "kernel_s"),
+    "stream": ("kernel_s", "l2_bytes_per_flop", "stream_efficiency", "l2_fraction"),
+    "gather": ("kernel_s", "gather_cycles"),
+    "roofline": (),
+}
 
 
 @public
