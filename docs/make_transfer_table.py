@@ -62,8 +62,9 @@ def leave_one_out() -> list[tuple[str, TransferFit, ValidationReport, Validation
         fit = fit_kernel_params(others, MEASURED_OPTIONS)
         table = load_measured(ref.path, ref.format)
         model, hw = get_model(ref.model), get_profile(ref.gpu)
-        with_transfer = validate(table, model, hw, transfer=fit.params)
-        plain = validate(table, model, hw)
+        modes = ("bare", "transfer", "calibrated", "kernel-fit", "blended")
+        with_transfer = validate(table, model, hw, transfer=fit.params, modes=modes)
+        plain = validate(table, model, hw, modes=("bare", "calibrated", "kernel-fit", "blended"))
         out.append((ref.gpu, fit, with_transfer, plain))
     return out
 
@@ -72,8 +73,10 @@ def tables() -> str:
     lines: list[str] = []
     summary = [
         "| held-out GPU | fitted on | bare pass | transfer pass | calibrated pass "
-        "| bare per-op | transfer per-op | calibrated per-op | calibrated+kernel per-op |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| kernel-fit pass | blended pass "
+        "| bare per-op | transfer per-op | calibrated per-op | calibrated+kernel per-op "
+        "| kernel-fit per-op | blended per-op | blended+transfer per-op |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for gpu, fit, rep, plain in leave_one_out():
 
@@ -84,29 +87,36 @@ def tables() -> str:
         ops = [r.operator for r in rep.results if r.mode == "bare"]
         lines += [
             f"\n**{gpu}** held out; transfer fitted on {' + '.join(fit.sources)}\n",
-            "| operator | bare | transfer | calibrated (roofline) | calibrated (+kernel) |",
-            "|---|---|---|---|---|",
+            "| operator | bare | transfer | calibrated (roofline) | calibrated (+kernel) "
+            "| kernel-fit | blended | blended (+transfer) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for op in ops:
             lines.append(
                 f"| {'**pass**' if op == PASS else op} | {cell(rep, op, 'bare')} "
                 f"| {cell(rep, op, 'transfer')} | {cell(plain, op, 'calibrated')} "
-                f"| {cell(rep, op, 'calibrated')} |"
+                f"| {cell(rep, op, 'calibrated')} | {cell(plain, op, 'kernel-fit')} "
+                f"| {cell(plain, op, 'blended')} | {cell(rep, op, 'blended')} |"
             )
         lines.append(
             f"| **mean over operators** | {rep.mean_mape('bare'):.1%} "
             f"| {rep.mean_mape('transfer'):.1%} | {plain.mean_mape('calibrated'):.1%} "
-            f"| {rep.mean_mape('calibrated'):.1%} |"
+            f"| {rep.mean_mape('calibrated'):.1%} | {plain.mean_mape('kernel-fit'):.1%} "
+            f"| {plain.mean_mape('blended'):.1%} | {rep.mean_mape('blended'):.1%} |"
         )
         fitted = ", ".join(f"{k} {v:.3g}" for k, v in fit.params.to_dict().items())
         lines.append(f"\nFitted on the other tables: {fitted}.")
         bp, tp = rep.pass_result("bare"), rep.pass_result("transfer")
-        cp = plain.pass_result("calibrated")
-        assert bp and tp and cp
+        cp, kp = plain.pass_result("calibrated"), plain.pass_result("kernel-fit")
+        blp = plain.pass_result("blended")
+        assert bp and tp and cp and kp and blp
         summary.append(
             f"| {gpu} | {' + '.join(fit.sources)} | {bp.mape:.1%} | {tp.mape:.1%} | {cp.mape:.1%} "
+            f"| {kp.mape:.1%} | {blp.mape:.1%} "
             f"| {rep.mean_mape('bare'):.1%} | {rep.mean_mape('transfer'):.1%} "
-            f"| {plain.mean_mape('calibrated'):.1%} | {rep.mean_mape('calibrated'):.1%} |"
+            f"| {plain.mean_mape('calibrated'):.1%} | {rep.mean_mape('calibrated'):.1%} "
+            f"| {plain.mean_mape('kernel-fit'):.1%} | {plain.mean_mape('blended'):.1%} "
+            f"| {rep.mean_mape('blended'):.1%} |"
         )
     return "\n".join(summary) + "\n" + "\n".join(lines)
 

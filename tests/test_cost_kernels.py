@@ -90,7 +90,8 @@ def oracle(m: int, k: int, n: int, dev: KernelDevice, p: KernelParams) -> float:
         waves = math.ceil(tiles / dev.sms)
         act = m * k * 2
         dram = k * n * 2 + act * (1 if act <= p.l2_fraction * dev.l2_bytes else waves)
-        dram += m * n * 2 + (8 * m * n * c.split_k if c.split_k > 1 else 0)
+        partials = 4 * m * n * c.split_k if c.split_k > 1 else 0  # fp32
+        dram += m * n * 2 + (2 * partials if partials > p.l2_fraction * dev.l2_bytes else 0)
         t = max(waves * t_tile, dram / (p.dram_efficiency * dev.dram_bandwidth))
         best = min(best, t + p.kernel_s * (2 if c.split_k > 1 else 1))
     return best
@@ -150,6 +151,52 @@ def test_row_kernels_step_every_wave_of_resident_blocks(tmp_path: Path) -> None:
         assert _steps(t, rows) == [
             k * every + 1 for k in range(1, 700 // every + 1) if k * every + 1 < 700
         ]
+
+
+def test_a_partial_wave_of_rows_moves_only_its_own_rows_bytes(tmp_path: Path) -> None:
+    """DRAM-bound rows (a slow DRAM, a fast SM): within a wave the time grows with the rows of
+    the partial last wave, and a full wave costs what one row per SM at the DRAM's share costs.
+    Negative control: pricing every partial wave as a full one (the earlier form) is flat
+    inside the wave, which this test refuses."""
+    hw = load_profile(write_profile(tmp_path, "slowdram", 84, threads=1536, bandwidth=50e9))
+    dev = KernelDevice.of(hw)
+    p = KernelParams(row_cycles=100.0, sm_bytes_per_clock=1000.0, stream_efficiency=1.0)
+    nbytes = 65536.0
+    rows = np.arange(1, 169, dtype=np.float64)  # two waves of 84
+    t = row_kernel_time(rows, nbytes, 4096, dev, p)
+    base = p.row_cycles / dev.clock_hz + p.kernel_s
+    assert t[0] == pytest.approx(base + nbytes / 50e9, rel=1e-9)  # one row: its own bytes
+    assert t[83] == pytest.approx(base + 84 * nbytes / 50e9, rel=1e-9)  # a full wave
+    assert np.all(np.diff(t[:84]) > 0)  # grows inside the wave
+    flat = np.full(84, t[83])  # the earlier form: every partial wave priced as a full one
+    assert not np.allclose(t[:84], flat, rtol=0.05)
+    # latency-bound (fast DRAM): a partial wave costs what a full one costs, as before
+    fast = KernelDevice.of(load_profile(write_profile(tmp_path, "fast", 84, threads=1536)))
+    q = KernelParams(row_cycles=20000.0, sm_bytes_per_clock=1000.0, stream_efficiency=1.0)
+    u = row_kernel_time(rows[:84], 16384.0, 4096, fast, q)
+    assert np.ptp(u) / u[0] < 0.05
+
+
+def test_split_k_partials_stay_in_l2_while_they_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A memory-bound split-K product (only a 32×128 split-4 kernel offered): its fp32
+    partials cost a DRAM round trip only once they outgrow the usable L2 (``l2_fraction`` of
+    it). Negative control: the same GEMM on a GPU whose L2 holds the activations but not the
+    partials is slower by exactly that round trip."""
+    import bastion.cost.kernels as kernels
+
+    monkeypatch.setattr(kernels, "_CFG", np.array([(32.0, 128.0, 4.0)]))
+    slow = {"bandwidth": 20e9}  # DRAM-bound
+    big = KernelDevice.of(load_profile(write_profile(tmp_path, "bigl2", l2=400e6, **slow)))
+    small = KernelDevice.of(load_profile(write_profile(tmp_path, "smalll2", l2=2e6, **slow)))
+    m, k, n = 64.0, 4096, 4096
+    partials = 4.0 * m * n * 4  # fp32 × split 4: 4.2 MB, more than half of 2 MB
+    assert m * k * 2 <= PARAMS.l2_fraction * 2e6 < partials  # activations fit, partials not
+    t_big = float(np.asarray(gemm_time(np.array([m]), k, n, big, PARAMS))[0])
+    t_small = float(np.asarray(gemm_time(np.array([m]), k, n, small, PARAMS))[0])
+    extra = 2.0 * partials / (PARAMS.dram_efficiency * 20e9)
+    assert t_small - t_big == pytest.approx(extra, rel=1e-9)
 
 
 def test_kernel_pass_prices_every_operator_of_a_synthetic_gpu(tmp_path: Path) -> None:

@@ -228,3 +228,103 @@ def test_manifest_entries_are_checked(tmp_path: Path) -> None:
         read_manifest(bad)
     with pytest.raises(ConfigError, match="is the --measured file itself"):
         parse_transfer_specs(f"{tmp_path / 'x.csv'}@m@g", tmp_path / "x.csv", "vidur")
+
+
+def test_each_kind_reads_exactly_its_documented_parameters(tmp_path: Path) -> None:
+    """KIND_PARAMS (what a per-operator calibration frees) against the formulas: doubling a
+    listed parameter changes that kind's price somewhere on the token grid, doubling any
+    other leaves it unchanged to the last bit."""
+    from bastion.cost.kernels import KIND_PARAMS
+    from bastion.cost.transfer import column_params
+
+    hw = load_profile(make_gpu(tmp_path, "beta"))  # a small L2: every L2 branch is reached
+    t = np.arange(1.0, 4097.0, 5.0)
+    base = TRUE.to_dict()
+    for column in ("qkv_proj_ms", "input_norm_ms", "residual_add_ms", "embedding_ms"):
+        spec = FORMATS["vidur"][column]
+        predict = column_predictor(spec, MODEL, hw, t, MEASURED_OPTIONS)
+        ref = predict(TRUE)
+        free = column_params(spec)
+        assert free, column
+        for name in base:
+            moved = dict(
+                base,
+                **{
+                    name: min(base[name] * 2.0, 1.0)
+                    if name
+                    in ("dram_efficiency", "stream_efficiency", "tensor_efficiency", "l2_fraction")
+                    else base[name] * 2.0
+                },
+            )
+            changed = not np.array_equal(predict(KernelParams(**moved)), ref)
+            assert changed == (name in free), (column, name)
+    assert set(KIND_PARAMS) == {"gemm", "rows", "stream", "gather", "roofline"}
+
+
+def test_a_column_calibrated_on_seven_points_recovers_its_steps(tmp_path: Path) -> None:
+    """The kernel model refitted on one column's 7 calibration points (fit_column_params)
+    predicts the other token counts of a table the model generated, wave steps included, to
+    within the table's rounding; the starting guess is far off (negative control), and a
+    smooth fit of the same 7 points (the calibrated roofline) misses the steps."""
+    from bastion.cost.transfer import fit_column_params
+
+    hw = load_profile(make_gpu(tmp_path, "beta"))
+    table = load_measured(make_table(tmp_path, "beta"), "vidur")
+    report = validate(table, MODEL, hw, modes=("bare", "calibrated", "kernel-fit", "blended"))
+    by = {(r.operator, r.mode): r for r in report.results}
+    for op in ("input_norm", "act", "o_proj"):
+        assert by[(op, "kernel-fit")].mape < 0.01, op
+    assert by[("input_norm", "calibrated")].mape > 3 * by[("input_norm", "kernel-fit")].mape
+    spec = FORMATS["vidur"]["input_norm_ms"]
+    train = np.isin(table.tokens, [1, 16, 64, 128, 256, 512, 1024])
+    y = table.columns["input_norm_ms"]
+    fitted = fit_column_params(spec, MODEL, hw, table.tokens[train], y[train], MEASURED_OPTIONS)
+    predict = column_predictor(spec, MODEL, hw, table.tokens, MEASURED_OPTIONS)
+    assert np.mean(np.abs(predict(fitted) / y - 1)) < 0.01
+    assert np.mean(np.abs(predict(FIT_START) / y - 1)) > 0.1
+    # only the parameters a row kernel reads moved
+    moved = {k for k, v in fitted.to_dict().items() if v != FIT_START.to_dict()[k]}
+    assert moved <= {"row_cycles", "sm_bytes_per_clock", "stream_efficiency", "kernel_s"}
+
+
+def test_blended_is_the_geometric_mean_and_the_new_modes_are_opt_in(tmp_path: Path) -> None:
+    hw = load_profile(make_gpu(tmp_path, "alpha"))
+    table = load_measured(make_table(tmp_path, "alpha"), "vidur")
+    assert {r.mode for r in validate(table, MODEL, hw).results} == {
+        "bare",
+        "calibrated",
+        "profiled",
+    }
+    modes = ("calibrated", "kernel-fit", "blended")
+    report = validate(table, MODEL, hw, modes=modes)
+    assert {r.mode for r in report.results} == set(modes)
+    # one column by hand: √(calibrated × kernel-fit) at the held-out counts
+    from bastion.cost.transfer import fit_column_params
+    from bastion.cost.validation import calibrate_column
+
+    spec, y, t = FORMATS["vidur"]["act_ms"], table.columns["act_ms"], table.tokens
+    train = np.isin(t, [1, 16, 64, 128, 256, 512, 1024])
+    feats = operator_features(spec, MODEL, hw, t)
+    cal = calibrate_column(feats, t, y, train).predict(feats)
+    kp = fit_column_params(spec, MODEL, hw, t[train], y[train], MEASURED_OPTIONS)
+    kfit = column_predictor(spec, MODEL, hw, t, MEASURED_OPTIONS)(kp)
+    got = {r.mode: r.mape for r in report.results if r.operator == "act"}
+    for mode, pred in (("calibrated", cal), ("kernel-fit", kfit), ("blended", np.sqrt(cal * kfit))):
+        assert got[mode] == pytest.approx(np.mean(np.abs(pred[~train] / y[~train] - 1)), rel=1e-9)
+
+
+def test_cli_kernel_fit_adds_the_two_modes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = make_table(tmp_path, "alpha")
+    gpu = make_gpu(tmp_path, "alpha")
+    argv = ["validate", "--measured", str(path), "--format", "vidur", "--model", "llama-3.1-8b"]
+    assert main([*argv, "--gpu", str(gpu), "--json", "--kernel-fit"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert {r["mode"] for r in records} == {
+        "bare",
+        "calibrated",
+        "profiled",
+        "kernel-fit",
+        "blended",
+    }

@@ -42,6 +42,13 @@ def register(subparsers: Any) -> None:
         "'transfer' mode, which predicts this GPU from them only",
     )
     p.add_argument(
+        "--kernel-fit",
+        action="store_true",
+        help="also the kernel-aware model with its parameters refitted on each column's "
+        "calibration points ('kernel-fit') and its geometric mean with the calibrated "
+        "roofline ('blended'); needs a profile with sm_clock_hz and max_threads_per_sm",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="JSON records per operator and mode, and a whole-pass record (operator 'pass') "
@@ -55,6 +62,12 @@ def register(subparsers: Any) -> None:
         "curves (docs/cost-model.md)",
     )
     p.set_defaults(func=_validate)
+
+
+def _modes(transfer: bool, kernel_fit: bool) -> tuple[str, ...]:
+    first = ("bare", "transfer") if transfer else ("bare",)
+    modes = (*first, "calibrated", "profiled")
+    return (*modes, "kernel-fit", "blended") if kernel_fit else modes
 
 
 def _regret(args: argparse.Namespace, table: Any, model: Any, hw: Any) -> int:
@@ -104,6 +117,7 @@ def _validate(args: argparse.Namespace) -> int:
         train_tokens=tuple(args.calibrate_on or DEFAULT_TRAIN_TOKENS),
         max_tokens=args.max_tokens or None,
         transfer=transfer.params if transfer else None,
+        modes=_modes(transfer is not None, args.kernel_fit),
     )
     if not report.results:
         raise ConfigError(

@@ -24,7 +24,9 @@ cores, with split-K for short, deep products:
   epilogue): t_tile = max(compute, operand feed) + cycles / clock;
 - DRAM traffic with L2 reuse: the weights are read once (the tiles of one weight column block
   run in the same wave), the activations once if they fit in ``l2_fraction`` of the L2 and
-  once per wave otherwise, the output written once, split-K partials (fp32) written and read;
+  once per wave otherwise, the output written once, split-K partials (fp32) written and read
+  back through DRAM only if they do not fit in ``l2_fraction`` of the L2 (a library's split-K
+  workspace is written and reduced at once, so while it fits it never leaves the L2);
 - compute runs in whole waves (the partial last wave takes a whole tile time: its SMs are busy
   for a tile while the others idle) and overlaps the DRAM stream:
   t = max(waves · t_tile, DRAM bytes / (``dram_efficiency`` × bandwidth));
@@ -36,10 +38,12 @@ Grouped (MoE) GEMMs are the same with ``groups`` independent problems sharing th
 
 **Row-wise kernels** (vLLM's RMSNorm, SiLU·mul and RoPE: one block of min(elements, 1024)
 threads per token, 512 for RoPE): blocks resident per SM = ⌊max_threads_per_sm / threads⌋,
-waves = ⌈T / (SMs × resident)⌉, the last partial; each wave takes ``row_cycles`` / clock plus
-its rows per SM × bytes per row at one SM's streaming rate, min(``sm_bytes_per_clock`` × clock,
-its share of ``stream_efficiency`` × bandwidth); plus ``kernel_s``. The steps fall every
-SMs × resident tokens (A40: 84, A100: 216, H100: 264), as the measured norms show.
+waves = ⌈T / (SMs × resident)⌉, the last partial; a wave of r rows takes ``row_cycles`` /
+clock plus the longer of ⌈r / SMs⌉ rows × bytes per row at one SM's streaming rate
+(``sm_bytes_per_clock`` × clock) and r rows × bytes per row at ``stream_efficiency`` × the
+DRAM bandwidth (a partial wave moves only its own rows' bytes, so a DRAM-bound row kernel grows
+inside a wave and steps at its end); plus ``kernel_s``. The steps fall every SMs × resident
+tokens (A40: 84, A100: 216, H100: 264), as the measured norms show.
 
 **Streaming kernels** (residual add): ``kernel_s`` + the part of the bytes that fits in
 ``l2_fraction`` of the L2 at the L2 bandwidth (``l2_bytes_per_flop`` × tensor peak; a re-run on
@@ -69,6 +73,7 @@ from bastion.guard import is_finite, public
 
 __all__ = [
     "GEMM_KINDS",
+    "KIND_PARAMS",
     "TILE_CONFIGS",
     "KernelDevice",
     "KernelParams",
@@ -114,16 +119,16 @@ class KernelParams:
     from :data:`bastion.cost.transfer.FIT_START`).
     """
 
-    dram_efficiency: float = 0.75  # achieved fraction of the DRAM bandwidth in a GEMM
-    stream_efficiency: float = 1.0  # … in an elementwise or row-wise kernel
-    tensor_efficiency: float = 1.0  # achieved fraction of an SM's tensor peak in a full tile
-    l2_bytes_per_flop: float = 0.009  # operand bytes an SM receives from L2 per FLOP of its peak
-    tile_cycles: float = 6300.0  # fixed cycles per tile (prologue, epilogue)
-    kernel_s: float = 1.8e-6  # fixed seconds per kernel (launch, ramp-up, tail)
-    row_cycles: float = 1800.0  # fixed cycles of one wave of a row-wise kernel
-    sm_bytes_per_clock: float = 9.0  # bytes one SM streams per clock in a row-wise kernel
-    l2_fraction: float = 0.19  # share of the L2 a working set may fill and still stay resident
-    gather_cycles: float = 72.0  # cycles per gathered row of the embedding
+    dram_efficiency: float = 0.74  # achieved fraction of the DRAM bandwidth in a GEMM
+    stream_efficiency: float = 0.86  # … in an elementwise or row-wise kernel
+    tensor_efficiency: float = 0.81  # achieved fraction of an SM's tensor peak in a full tile
+    l2_bytes_per_flop: float = 0.0088  # operand bytes an SM receives from L2 per FLOP of its peak
+    tile_cycles: float = 2400.0  # fixed cycles per tile (prologue, epilogue)
+    kernel_s: float = 2.0e-6  # fixed seconds per kernel (launch, ramp-up, tail)
+    row_cycles: float = 1400.0  # fixed cycles of one wave of a row-wise kernel
+    sm_bytes_per_clock: float = 8.8  # bytes one SM streams per clock in a row-wise kernel
+    l2_fraction: float = 0.72  # share of the L2 a working set may fill and still stay resident
+    gather_cycles: float = 70.0  # cycles per gathered row of the embedding
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -226,12 +231,13 @@ def gemm_time(
     t_tile = np.maximum(compute, feed) + p.tile_cycles / clock
     waves = np.ceil(tiles / dev.sms)
     act = g * m * k_in * bp
-    resident = act <= p.l2_fraction * dev.l2_bytes
+    usable = p.l2_fraction * dev.l2_bytes
+    partials = np.where(s > 1, 4.0 * g * m * n_out * s, 0.0)  # fp32, written then read back
     dram = (
         g * k_in * n_out * bp
-        + act * np.where(resident, 1.0, waves)
+        + act * np.where(act <= usable, 1.0, waves)
         + g * m * n_out * bp
-        + np.where(s > 1, 2.0 * 4.0 * g * m * n_out * s, 0.0)
+        + np.where(partials <= usable, 0.0, 2.0 * partials)
     )
     t = np.maximum(waves * t_tile, dram / (p.dram_efficiency * dev.dram_bandwidth))
     t = t + p.kernel_s * np.where(s > 1, 2.0, 1.0)
@@ -257,15 +263,18 @@ def row_kernel_time(
     threads = min(max(elements, 32), max_threads)
     per_wave = dev.sms * max(1, dev.threads_per_sm // threads)
     full = np.floor(r / per_wave)
-    last = np.ceil((r - full * per_wave) / dev.sms)  # rows per SM in the partial last wave
-    # one SM streams its rows at its own rate, or at its share of the DRAM, whichever is lower
-    sm_bw = min(
-        params.sm_bytes_per_clock * dev.clock_hz,
-        params.stream_efficiency * dev.dram_bandwidth / dev.sms,
-    )
+    rem = r - full * per_wave  # rows of the partial last wave
+    # a wave's rows stream at one SM's own rate per SM, and all its rows together at most at
+    # the DRAM's: a partial wave moves only its own rows' bytes
+    sm_bw = params.sm_bytes_per_clock * dev.clock_hz
+    dram_bw = params.stream_efficiency * dev.dram_bandwidth
     base = params.row_cycles / dev.clock_hz
-    t = full * (base + (per_wave / dev.sms) * bytes_per_row / sm_bw)
-    t = t + np.where(last > 0, base + last * bytes_per_row / sm_bw, 0.0)
+
+    def wave(rows_in_wave: Array) -> Array:
+        per_sm = np.ceil(rows_in_wave / dev.sms)
+        return base + np.maximum(per_sm / sm_bw, rows_in_wave / dram_bw) * bytes_per_row
+
+    t = full * wave(np.asarray(float(per_wave))) + np.where(rem > 0, wave(rem), 0.0)
     return np.asarray(t + params.kernel_s, dtype=np.float64)
 
 
@@ -286,6 +295,23 @@ GEMM_KINDS = frozenset(
 )
 _ROWS = frozenset(("input_norm", "post_attn_norm", "final_norm", "qk_norm", "act", "rope"))
 _STREAM = frozenset(("residual_add", "experts_act"))
+
+
+#: The :class:`KernelParams` each kind's formula reads (what a per-operator calibration frees).
+KIND_PARAMS: dict[str, tuple[str, ...]] = {
+    "gemm": (
+        "dram_efficiency",
+        "tensor_efficiency",
+        "l2_bytes_per_flop",
+        "tile_cycles",
+        "kernel_s",
+        "l2_fraction",
+    ),
+    "rows": ("row_cycles", "sm_bytes_per_clock", "stream_efficiency", "kernel_s"),
+    "stream": ("kernel_s", "l2_bytes_per_flop", "stream_efficiency", "l2_fraction"),
+    "gather": ("kernel_s", "gather_cycles"),
+    "roofline": (),
+}
 
 
 @public

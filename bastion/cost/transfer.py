@@ -24,13 +24,21 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.cost.hardware import HardwareProfile
-from bastion.cost.kernels import KernelParams, KernelPricer
+from bastion.cost.kernels import KIND_PARAMS, KernelParams, KernelPricer, operator_kind
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions
 from bastion.errors import ConfigError
 from bastion.guard import public
 
-__all__ = ["FIT_START", "TransferFit", "TransferSource", "column_predictor", "fit_kernel_params"]
+__all__ = [
+    "FIT_START",
+    "TransferFit",
+    "TransferSource",
+    "column_params",
+    "column_predictor",
+    "fit_column_params",
+    "fit_kernel_params",
+]
 
 Array = npt.NDArray[np.float64]
 #: Where every fit starts: round guesses written down before any table was fitted (not the
@@ -156,3 +164,62 @@ def fit_kernel_params(
         train_rmsle=float(np.sqrt(res.fun)),
         train_mape={k: float(np.mean(v)) for k, v in per_source.items()},
     )
+
+
+@public
+def column_params(spec: object) -> tuple[str, ...]:
+    """The :class:`KernelParams` the kernel model's price of column ``spec`` reads: those of
+    its operators' kinds (:data:`bastion.cost.kernels.KIND_PARAMS`), in field order."""
+    kinds = {operator_kind(op) for op, _ in spec.parts}  # type: ignore[attr-defined]
+    wanted = {name for kind in kinds for name in KIND_PARAMS[kind]}
+    return tuple(name for name in KernelParams().to_dict() if name in wanted)
+
+
+@public
+def fit_column_params(
+    spec: object,
+    model: ModelSpec,
+    hw: HardwareProfile,
+    tokens: npt.ArrayLike,
+    seconds: npt.ArrayLike,
+    options: RooflineOptions,
+    start: KernelParams | None = None,
+    maxiter: int = 2000,
+) -> KernelParams:
+    """The kernel model calibrated on one column's measured points: the parameters its kinds
+    read (:func:`column_params`) fitted to ``seconds`` at ``tokens`` (mean squared log error,
+    Nelder–Mead in the logarithm, fractions capped at 1, from ``start`` or :data:`FIT_START`,
+    restarted once from its own result); every other parameter stays at ``start``'s. With
+    fewer points than free parameters the fit is not unique (the optimiser's end point is
+    returned); a column priced only by the roofline has nothing to fit and gets ``start``."""
+    from scipy.optimize import minimize
+
+    base = start or FIT_START
+    y = np.asarray(seconds, dtype=np.float64)
+    free = column_params(spec)
+    if not free or y.size == 0:
+        return base
+    predict = column_predictor(spec, model, hw, tokens, options)
+    names = list(base.to_dict())
+    idx = [names.index(name) for name in free]
+    v0 = base.as_vector()
+
+    def params(x: Array) -> KernelParams:
+        v = v0.copy()
+        v[idx] = np.exp(np.clip(x, -30.0, 30.0))
+        for i, name in enumerate(names):
+            if name in _FRACTIONS:
+                v[i] = min(v[i], 1.0)
+        return KernelParams.from_vector(v)
+
+    def loss(x: Array) -> float:
+        try:
+            p = params(x)
+        except ConfigError:
+            return 1e9
+        return float(np.mean(np.log(predict(p) / y) ** 2))
+
+    settings = {"maxiter": maxiter, "xatol": 1e-4, "fatol": 1e-10}
+    res = minimize(loss, np.log(v0[idx]), method="Nelder-Mead", options=settings)
+    res = minimize(loss, res.x, method="Nelder-Mead", options=settings)
+    return params(res.x)

@@ -26,7 +26,11 @@ scores three predictions on every other token count ≤ ``max_tokens`` (held out
   (DRAM only, or DRAM and L2-resident bytes apart) chosen by leave-one-out error on the
   calibration points;
 - ``profiled``: log-log interpolation between the calibration points (the calibrated roofline
-  beyond them), as :class:`bastion.cost.profiled.ProfiledCostModel` predicts.
+  beyond them), as :class:`bastion.cost.profiled.ProfiledCostModel` predicts;
+- on request, ``kernel-fit`` (the kernel-aware model, :mod:`bastion.cost.kernels`, with the
+  parameters of the column's kernels fitted on its calibration points: steps where the GPU's
+  tiles, waves and L2 put them) and ``blended`` (the geometric mean of ``calibrated`` and
+  ``kernel-fit``).
 
 What this module does not do: plot (``docs/make_cost_figures.py``) or print (``bastion.cli``).
 """
@@ -49,7 +53,7 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.kernels import KernelParams
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, verify_pass
-from bastion.cost.transfer import column_predictor
+from bastion.cost.transfer import column_predictor, fit_column_params
 from bastion.errors import ConfigError
 from bastion.guard import array, public
 
@@ -77,7 +81,7 @@ __all__ = [
 
 Array = npt.NDArray[np.float64]
 MeasuredFormat = Literal["vidur", "llmservingsim"]
-Mode = Literal["bare", "transfer", "calibrated", "profiled"]
+Mode = Literal["bare", "transfer", "calibrated", "profiled", "kernel-fit", "blended"]
 #: The operator name of the whole-pass record (the sum of every scored column over the layers)
 PASS = "pass"
 
@@ -392,7 +396,7 @@ class OperatorResult:
     """The error of one prediction mode on one column's held-out token counts."""
 
     operator: str  # the column's name without ``_ms``
-    mode: str  # bare | calibrated | profiled
+    mode: str  # bare | transfer | calibrated | profiled | kernel-fit | blended
     mape: float  # mean |pred − meas| / meas
     max_error: float  # the worst held-out point's |pred − meas| / meas
     n_test: int
@@ -477,6 +481,12 @@ def validate(
     record (operator ``pass``): Σ over the scored columns of a cell × its kernels per layer ×
     layers (per-pass columns once), at the held-out token counts where every scored column is
     measured — what the simulator sums for a step, less the operators the table lacks.
+
+    Two opt-in modes (``modes``; they need a profile with the kernel model's keys):
+    ``kernel-fit``, the kernel model with the parameters its column reads refitted on that
+    column's calibration points (:func:`bastion.cost.transfer.fit_column_params`, from
+    ``transfer`` if given, else ``FIT_START``), and ``blended``, the geometric mean of
+    ``calibrated`` and ``kernel-fit`` (no choice between them is made on any point).
     """
     if modes is None:
         modes = ("bare", "transfer", "calibrated", "profiled") if transfer else _DEFAULT_MODES
@@ -511,7 +521,7 @@ def validate(
             predict = column_predictor(spec[column], model, hw, tokens, MEASURED_OPTIONS)
             preds["transfer"] = (predict(transfer), "kernel model, parameters of other GPUs")
         cal: ColumnCalibration | None = None
-        if "calibrated" in modes or "profiled" in modes:
+        if {"calibrated", "profiled", "blended"} & set(modes):
             cal = calibrate_column(feats, tokens, y, train)
             preds["calibrated"] = (
                 cal.predict(feats),
@@ -526,6 +536,21 @@ def validate(
 
             prof = interpolate_loglog(tokens[train], y[train], tokens, beyond)
             preds["profiled"] = (prof, "interpolated between the calibration points")
+        if {"kernel-fit", "blended"} & set(modes):
+            kp = fit_column_params(
+                spec[column], model, hw, tokens[train], y[train], MEASURED_OPTIONS, transfer
+            )
+            kfit = column_predictor(spec[column], model, hw, tokens, MEASURED_OPTIONS)(kp)
+            start = "transferred parameters" if transfer else "FIT_START"
+            preds["kernel-fit"] = (
+                kfit,
+                f"kernel model refitted on the calibration points from {start}",
+            )
+            assert cal is not None
+            preds["blended"] = (
+                np.sqrt(cal.predict(feats) * kfit),
+                f"geometric mean of calibrated ({cal.choice}) and kernel-fit",
+            )
         weight = spec[column].count * (1.0 if spec[column].per_pass else model.layers)
         pass_have &= np.isfinite(y)
         pass_meas += np.where(np.isfinite(y), y, 0.0) * weight
