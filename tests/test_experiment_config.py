@@ -354,3 +354,27 @@ def test_simulate_out_writes_the_same_records(tmp_path: Path) -> None:
     assert data["records"][1]["seed"] == 3 and data["records"][1]["bastion_version"]
     for name in ("simulate.json", "simulate.csv", "requests.csv"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o644  # the user's umask
+
+
+def test_a_run_key_changes_with_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stored run is keyed on bastion's own source too: a changed controller or cost model
+    must not be served a result the old code computed (negative control: the same code gives
+    the same key)."""
+    from bastion.sim.experiments import runs
+
+    run = {
+        "spec": {
+            "gpu": "h100-sxm",
+            "model": "qwen3-8b",
+            "workload": "math",
+            "truth": "hf-eager",
+            "policies": ["chain"],
+        },
+        "tags": {},
+    }
+    digest = runs.code_digest()
+    assert len(digest) == 64
+    key = runs.run_key(run)
+    assert runs.run_key(run) == key
+    monkeypatch.setattr(runs, "_CODE", [digest[::-1]])
+    assert runs.run_key(run) != key

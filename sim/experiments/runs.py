@@ -4,7 +4,8 @@ A *run* is one :class:`bastion.sim.simulate.SimSpec` as a JSON-able dict (``run[
 tags it is recorded with (``run["tags"]``: the experiment's name), and its *key*
 (``run["key"]``, :func:`run_key`): a hash of the spec, the tags and :func:`fingerprint` — the
 *contents* behind every name the spec gives (hardware profile, model, workload, truth and
-arrivals files, plug-in policy sources, a profiled cost model's table) and the bastion version.
+arrivals files, plug-in policy sources, a profiled cost model's table), the bastion version and
+the digest of bastion's own source (:func:`code_digest`).
 The run store (:class:`bastion.sim.results.RunStore`) files finished runs by this key, so an
 interrupted experiment resumes where it stopped and a changed input is never served from a stale
 record.
@@ -30,6 +31,7 @@ from bastion.sim.simulate import SimSpec
 __all__ = [
     "Row",
     "Run",
+    "code_digest",
     "file_digest",
     "fingerprint",
     "installed",
@@ -77,6 +79,29 @@ def file_digest(path: Path) -> str:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     return h.hexdigest()
+
+
+_CODE: list[str] = []  # this process's code digest, computed once
+
+
+@public
+def code_digest() -> str:
+    """sha256 of the running bastion's source (every ``.py`` and ``.c`` file of the package
+    and of the simulator, names and bytes): a run's numbers depend on the code as much as on
+    its inputs, so a changed controller or cost model is never served a stored run. Computed
+    once per process."""
+    if not _CODE:
+        import bastion
+
+        root = Path(bastion.__file__).resolve().parent
+        roots = {root, (root / "sim").resolve()}
+        h = hashlib.sha256()
+        for base in sorted(roots):
+            for p in sorted(q for q in base.rglob("*") if q.suffix in (".py", ".c")):
+                h.update(str(p.relative_to(base)).encode())
+                h.update(p.read_bytes())
+        _CODE.append(h.hexdigest())
+    return _CODE[0]
 
 
 @public
@@ -138,6 +163,7 @@ def fingerprint(spec: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None
 
     return {
         "bastion_version": package_version(),
+        "code": code_digest(),
         "gpu": once("gpu", spec["gpu"], lambda: profile_to_dict(get_profile(spec["gpu"]))),
         "model": once("model", spec["model"], lambda: _data(get_model(spec["model"]))),
         "workload": once("workload", spec["workload"], workload),
