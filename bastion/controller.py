@@ -230,7 +230,6 @@ class LearningPolicy:
             why = ControllerChoice("ar", 1.0, float("nan"), float("nan"), cycle)
             return BatchChoice(TreeBatch.roots(b), why, kind="ar")
         cal = learner.acceptance.calibrate(marginals)
-        learner.last_top1 = cal.probs[:, :, 0]  # the chain's shadow is learned from it
         contexts = req.context_lens
         pending, learner.pending_plan = learner.pending_plan, None
         if pending is not None and pending[0] == b:  # planned before drafting (plan_step)
@@ -239,6 +238,7 @@ class LearningPolicy:
             explore, again = _plan(learner, b)
         if again is not None:
             return self._repeat(again, cal, context)
+        learner.last_top1 = cal.probs[:, :, 0]  # a deciding step's trees teach the chain's shadow
         if b == 1:
             ctx = int(contexts[0])
             start = 64
