@@ -71,6 +71,22 @@ class TransferSource:
     hw: HardwareProfile
 
 
+def _parts(spec: object) -> tuple[tuple[str, float], ...]:
+    """``spec.parts`` of a column spec (``bastion.cost.validation.ColumnSpec``), checked:
+    (operator name, share) pairs."""
+    parts = getattr(spec, "parts", None)
+    ok = isinstance(parts, tuple | list) and len(parts) > 0
+    for part in parts if ok else ():  # type: ignore[union-attr]
+        ok = ok and isinstance(part, tuple | list) and len(part) == 2 and isinstance(part[0], str)
+        ok = ok and isinstance(part[1], int | float) and not isinstance(part[1], bool)
+    if not ok or not isinstance(getattr(spec, "per_pass", None), bool):
+        raise ConfigError(
+            "spec must be a column spec (bastion.cost.validation.ColumnSpec: parts of (operator, "
+            f"share), per_pass); got {spec!r:.80}"
+        )
+    return tuple((str(op), float(share)) for op, share in parts)  # type: ignore[union-attr]
+
+
 @public
 def column_predictor(
     spec: object,
@@ -80,8 +96,8 @@ def column_predictor(
     options: RooflineOptions,
 ) -> Callable[[KernelParams], Array]:
     """params → the kernel model's seconds of one cell of the column ``spec`` at ``tokens``."""
+    parts = _parts(spec)
     pricer = KernelPricer(model, hw, tokens, options)
-    parts = spec.parts  # type: ignore[attr-defined]
     per = 1.0 if spec.per_pass else 1.0 / model.layers  # type: ignore[attr-defined]
 
     names = {op for op, _ in parts}
@@ -170,7 +186,7 @@ def fit_kernel_params(
 def column_params(spec: object) -> tuple[str, ...]:
     """The :class:`KernelParams` the kernel model's price of column ``spec`` reads: those of
     its operators' kinds (:data:`bastion.cost.kernels.KIND_PARAMS`), in field order."""
-    kinds = {operator_kind(op) for op, _ in spec.parts}  # type: ignore[attr-defined]
+    kinds = {operator_kind(op) for op, _ in _parts(spec)}
     wanted = {name for kind in kinds for name in KIND_PARAMS[kind]}
     return tuple(name for name in KernelParams().to_dict() if name in wanted)
 
