@@ -379,6 +379,7 @@ def chain_shadow(
     return float(b + leading), predicted
 
 
+@public
 def observe_tree_step(
     acceptance: AcceptanceCalibration,
     sizes: SizeCalibration,
