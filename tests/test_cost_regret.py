@@ -105,3 +105,66 @@ def test_cli_validate_regret_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert [r["mode"] for r in records] == ["bare", "calibrated", "measured"]
     assert {"mode", "worst_regret", "median_regret", "n_measured"} <= records[0].keys()
     assert records[2]["worst_regret"] <= 0.01
+
+
+def test_transfer_mode_decides_on_the_kernel_model_with_the_given_parameters() -> None:
+    """``transfer``: the kernel model's pass with parameters fitted elsewhere. On a table
+    written here from the kernel model itself (default parameters), that mode with the same
+    parameters has no regret; with parameters that make every tile dearer it decides
+    differently (negative control: the parameters are really used)."""
+    from dataclasses import replace
+
+    from bastion.cost.kernels import KernelParams
+    from bastion.cost.transfer import column_predictor
+    from bastion.cost.validation import MEASURED_OPTIONS
+
+    tokens = np.arange(1, 513, dtype=np.float64)
+    params = KernelParams()
+    columns = {
+        column: column_predictor(spec, MODEL, HW, tokens, MEASURED_OPTIONS)(params)
+        for column, spec in FORMATS["vidur"].items()
+    }
+    table = MeasuredTable("kernel-model.csv", "vidur", tokens, columns, ())
+    plain = [r.mode for r in decision_regret(table, MODEL, HW, curves())]
+    assert plain == ["bare", "calibrated", "measured"]  # no transfer without parameters
+    records = {r.mode: r for r in decision_regret(table, MODEL, HW, curves(), transfer=params)}
+    assert list(records) == ["bare", "transfer", "calibrated", "measured"]
+    assert records["transfer"].worst_regret == 0.0
+    dear = replace(params, tile_cycles=params.tile_cycles * 20, kernel_s=params.kernel_s * 20)
+    other = {r.mode: r for r in decision_regret(table, MODEL, HW, curves(), transfer=dear)}
+    assert other["transfer"].chosen != records["transfer"].chosen
+
+
+def test_cli_validate_regret_with_transfer(capsys: pytest.CaptureFixture[str]) -> None:
+    from bastion.cost.validation import bundled_measured
+
+    data = bundled_measured()
+    names = (
+        "a40_llama-2-7b_per-layer-ops",
+        "a100-80gb_llama-3-8b_per-layer-ops",
+        "h100_llama-2-7b_per-layer-ops",
+    )
+    if not all(n in data for n in names):
+        pytest.skip("the measured tables ship in the checkout only")
+    held, *others = (data[n] for n in names)
+    code = main(
+        [
+            "validate",
+            "--measured",
+            str(held),
+            "--format",
+            "vidur",
+            "--model",
+            str(held.parent / "llama-2-7b_config.json"),
+            "--gpu",
+            "a40",
+            "--transfer-from",
+            ",".join(str(p) for p in others),
+            "--regret",
+            "--json",
+        ]
+    )
+    assert code == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["mode"] for r in records] == ["bare", "transfer", "calibrated", "measured"]
+    assert 0.0 <= records[1]["worst_regret"] < 1.0

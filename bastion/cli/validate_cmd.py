@@ -58,8 +58,8 @@ def register(subparsers: Any) -> None:
         "--regret",
         action="store_true",
         help="instead: the decision regret of each mode (bare, calibrated, measured: deciding "
-        "only among at most 32 measured sizes) over the shipped workload presets' acceptance "
-        "curves (docs/cost-model.md)",
+        "only among at most 32 measured sizes; with --transfer-from also transfer) over the "
+        "shipped workload presets' acceptance curves (docs/cost-model.md)",
     )
     p.set_defaults(func=_validate)
 
@@ -77,7 +77,10 @@ def _regret(args: argparse.Namespace, table: Any, model: Any, hw: Any) -> int:
 
     top = int(table.tokens.max())
     curves = {name: acceptance_curve(name, top) for name in sorted(known_workloads())}
-    records = decision_regret(table, model, hw, curves)
+    transfer = None
+    if args.transfer_from is not None:  # the kernel model with other GPUs' parameters too
+        transfer = _fit_transfer(args, hw.name, model).params
+    records = decision_regret(table, model, hw, curves, transfer=transfer)
     if args.json:
         print(json.dumps([r.to_dict() for r in records], indent=2))
         return 0

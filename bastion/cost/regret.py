@@ -8,7 +8,8 @@ best-first tree of each size, e.g. from the shipped workload presets), each mode
 
     N* = argmax_N τ(N) · T(1) / T(N)
 
-over the table's token counts with its own T — ``bare`` (the roofline), ``calibrated`` (the
+over the table's token counts with its own T — ``bare`` (the roofline), ``transfer`` (the
+kernel model with parameters fitted on *other* GPUs' tables, where given), ``calibrated`` (the
 roofline fitted per operator on the default calibration sizes), ``measured`` (the learning
 controller's procedure: decide only among sizes whose time was measured — the table's token
 counts on the controller's token lattice, at most ``max_measured`` of the smallest) — and is
@@ -30,10 +31,13 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.cost.hardware import HardwareProfile
+from bastion.cost.kernels import KernelParams
 from bastion.cost.models import ModelSpec
+from bastion.cost.transfer import column_predictor
 from bastion.cost.validation import (
     DEFAULT_TRAIN_TOKENS,
     FORMATS,
+    MEASURED_OPTIONS,
     MIN_TRAIN,
     MeasuredTable,
     calibrate_column,
@@ -53,7 +57,7 @@ __all__ = [
 
 Array = npt.NDArray[np.float64]
 MAX_MEASURED = 32  # sizes the learning controller's start-up times, at most
-REGRET_MODES = ("bare", "calibrated", "measured")
+REGRET_MODES = ("bare", "calibrated", "measured")  # "transfer" after "bare" where given
 
 
 @dataclass(frozen=True)
@@ -78,10 +82,14 @@ class RegretRecord:
 
 @public
 def pass_times(
-    table: MeasuredTable, model: ModelSpec, hw: HardwareProfile
+    table: MeasuredTable,
+    model: ModelSpec,
+    hw: HardwareProfile,
+    transfer: KernelParams | None = None,
 ) -> tuple[npt.NDArray[np.int64], dict[str, Array]]:
     """The token counts at which every mapped column was measured, and the whole pass there:
-    measured, bare roofline and calibrated roofline (per column, on the default sizes)."""
+    measured, bare roofline, calibrated roofline (per column, on the default sizes) and, given
+    ``transfer`` (kernel parameters fitted on other GPUs' tables), the kernel model's."""
     spec = FORMATS[table.format]
     usable = [c for c, v in table.columns.items() if np.isfinite(v).sum() >= MIN_TRAIN]
     if not usable:
@@ -89,13 +97,17 @@ def pass_times(
     complete = np.all([np.isfinite(table.columns[c]) for c in usable], axis=0)
     tokens = table.tokens
     train = np.isin(tokens, np.asarray(DEFAULT_TRAIN_TOKENS, dtype=np.float64)) & complete
-    out = {m: np.zeros(int(complete.sum())) for m in ("measured", "bare", "calibrated")}
+    modes = ("measured", "bare", "calibrated") + (("transfer",) if transfer is not None else ())
+    out = {m: np.zeros(int(complete.sum())) for m in modes}
     for column in usable:
         reps = 1.0 if spec[column].per_pass else float(model.layers)
         y = table.columns[column]
         feats = operator_features(spec[column], model, hw, tokens)
         out["measured"] += reps * y[complete]
         out["bare"] += reps * feats.bare[complete]
+        if transfer is not None:
+            predict = column_predictor(spec[column], model, hw, tokens, MEASURED_OPTIONS)
+            out["transfer"] += reps * predict(transfer)[complete]
         if train.sum() >= MIN_TRAIN:
             out["calibrated"] += (
                 reps * calibrate_column(feats, tokens, y, train).predict(feats)[complete]
@@ -124,13 +136,16 @@ def decision_regret(
     hw: HardwareProfile,
     curves: Mapping[str, Array],
     max_measured: int = MAX_MEASURED,
+    transfer: KernelParams | None = None,
 ) -> list[RegretRecord]:
-    """Each mode's regret over ``curves`` (name → τ(N) for N = 1 … len, τ(1) = 1)."""
+    """Each mode's regret over ``curves`` (name → τ(N) for N = 1 … len, τ(1) = 1);
+    ``transfer``: also the kernel model's with these parameters (fitted on other GPUs' tables,
+    :func:`bastion.cost.transfer.fit_kernel_params`)."""
     if isinstance(max_measured, bool) or not isinstance(max_measured, int) or max_measured < 2:
         raise ConfigError(f"max_measured must be an integer ≥ 2; got {max_measured!r}")
     if not curves:
         raise ConfigError("decision regret needs at least one acceptance curve")
-    tokens, times = pass_times(table, model, hw)
+    tokens, times = pass_times(table, model, hw, transfer)
     if tokens.size < 2 or tokens[0] != 1:
         raise ConfigError(
             f"{table.path}: the pass must be measured at 1 token and at least one more size "
@@ -144,7 +159,8 @@ def decision_regret(
             )
     measured_idx = measured_sizes(tokens, max_measured)
     records = []
-    for mode in REGRET_MODES:
+    modes = REGRET_MODES if transfer is None else ("bare", "transfer", *REGRET_MODES[1:])
+    for mode in modes:
         candidates = measured_idx if mode == "measured" else np.arange(tokens.size)
         belief = times["measured" if mode == "measured" else mode]
         regrets, chosen = [], {}
