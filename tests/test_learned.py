@@ -302,3 +302,19 @@ def test_new_inputs_are_checked() -> None:
         SizeCalibration(decay=0.0)
     with pytest.raises(BudgetError):
         calibrate_cycles(LearnedCostModel(FlatPrior()), lambda k, c, s: 1.0, repeats=0)
+
+
+def test_batch_bucket_is_the_nearest_power_of_two_in_log_scale() -> None:
+    """The table fast path and the general form agree (numpy integers, B past 1024), and bad
+    batch sizes are refused."""
+    import math
+
+    from bastion.cycles import batch_bucket
+
+    for b in range(1, 3000):
+        want = min(10, round(math.log2(b)))
+        assert batch_bucket(b) == want
+        assert batch_bucket(np.int64(b)) == want
+    for bad in (0, -3, True, 2.0, "4"):
+        with pytest.raises(BudgetError):
+            batch_bucket(bad)  # type: ignore[arg-type]
