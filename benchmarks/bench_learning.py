@@ -37,13 +37,15 @@ import statistics
 import time
 
 import numpy as np
+import numpy.typing as npt
 
-from bastion.batch import StepRequests
+from bastion.batch import StepRequests, TreeBatch
 from bastion.bestfirst import accepted_paths
 from bastion.controller import DECIDE_EVERY, LearningPolicy
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.interfaces import BatchPolicyContext
+from bastion.learned import LearnedCostModel
 from bastion.policies import FixedPolicy
 from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.simulate import calibrated_cost_model
@@ -51,12 +53,35 @@ from bastion.sim.startup import learned_cost_model
 from bastion.sim.synthetic import SyntheticSource
 from bastion.sim.workloads import get_workload
 
+IntArray = npt.NDArray[np.int64]
 
-def run(batch: int, steps: int, repeats: int, every: int = DECIDE_EVERY) -> dict[str, float]:
+
+def _started(batch: int) -> tuple[SimulatedGPU, LearnedCostModel]:
+    """qwen3-8b on a simulated h100-sxm and a learned cost model after its start-up timing."""
     model = get_model("qwen3-8b")
     gpu = SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model))
     prior, _ = calibrated_cost_model(gpu)
-    start = learned_cost_model(gpu, prior, concurrency=batch)
+    return gpu, learned_cost_model(gpu, prior, concurrency=batch)
+
+
+def _admitted(batch: int, seed: int) -> tuple[SyntheticSource, IntArray]:
+    """A ``math`` source with ``batch`` requests admitted, and their slots."""
+    source = SyntheticSource(get_workload("math"), seed)
+    for i in range(batch):
+        source.admit(i, i)
+    return source, np.arange(batch)
+
+
+def _walk(trees: TreeBatch, target: IntArray) -> tuple[IntArray, IntArray]:
+    """(accepted draft tokens per request, accepted nodes) of the verified trees."""
+    walked = accepted_paths(trees.parents, trees.tokens, trees.depths, trees.offsets, target)
+    if walked is None:
+        raise SystemExit("the compiled kernel is needed (pip install with a C compiler)")
+    return walked[0], walked[3]
+
+
+def run(batch: int, steps: int, repeats: int, every: int = DECIDE_EVERY) -> dict[str, float]:
+    gpu, start = _started(batch)
     policy, fixed = LearningPolicy(decide_every=every), FixedPolicy(64)
     means: list[tuple[float, float, float]] = []  # per repeat: mean host, fixed, verify
     kinds: dict[bool, list[float]] = {False: [], True: []}  # per repeat: mean of decisions, …
@@ -65,10 +90,7 @@ def run(batch: int, steps: int, repeats: int, every: int = DECIDE_EVERY) -> dict
         host_s, base_s, verify_s = [], [], []
         by_kind: dict[bool, list[float]] = {False: [], True: []}
         learner = start.copy()
-        source = SyntheticSource(get_workload("math"), rep)
-        slots = np.arange(batch)
-        for i in range(batch):
-            source.admit(i, i)
+        source, slots = _admitted(batch, rep)
         contexts = np.full(batch, 512, np.int64)
         previous = np.zeros(batch, np.int64)
         for _ in range(steps):
@@ -79,12 +101,7 @@ def run(batch: int, steps: int, repeats: int, every: int = DECIDE_EVERY) -> dict
             choice = policy.choose_batch(marginals, context)
             t1 = time.perf_counter()
             trees = choice.trees
-            walked = accepted_paths(
-                trees.parents, trees.tokens, trees.depths, trees.offsets, target
-            )
-            if walked is None:
-                raise SystemExit("the compiled kernel is needed (pip install with a C compiler)")
-            counts, _, _, nodes = walked
+            counts, nodes = _walk(trees, target)
             verify = gpu.verify_truth(trees.sizes, contexts)
             cycle = gpu.draft_truth(contexts) + verify
             t2 = time.perf_counter()
@@ -129,20 +146,14 @@ def standing(batch: int, steps: int, repeats: int) -> dict[str, float]:
     and ``observe_step``; the decision forced to stand every step), median over repeats of the
     per-repeat median: what the simulator's ``controller_repeat_*`` charge bounds for a standing
     chain."""
-    model = get_model("qwen3-8b")
-    gpu = SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model))
-    prior, _ = calibrated_cost_model(gpu)
-    start = learned_cost_model(gpu, prior, concurrency=batch)
+    _, start = _started(batch)
     out: dict[str, list[float]] = {"chain": [], "tree": []}
     for rep in range(repeats):
         for kind in ("chain", "tree"):
             learner = start.copy()
             learner.explore_every = 0
             policy = LearningPolicy()
-            source = SyntheticSource(get_workload("math"), rep)
-            slots = np.arange(batch)
-            for i in range(batch):
-                source.admit(i, i)
+            source, slots = _admitted(batch, rep)
             contexts = np.full(batch, 512, np.int64)
             previous = np.zeros(batch, np.int64)
             times = []
@@ -158,12 +169,7 @@ def standing(batch: int, steps: int, repeats: int) -> dict[str, float]:
                 if not getattr(choice.diagnostics, "repeated", False):
                     raise SystemExit("internal error: the decision did not stand")
                 trees = choice.trees
-                walked = accepted_paths(
-                    trees.parents, trees.tokens, trees.depths, trees.offsets, target
-                )
-                if walked is None:
-                    raise SystemExit("the compiled kernel is needed")
-                counts, _, _, nodes = walked
+                counts, nodes = _walk(trees, target)
                 prep = "argmax" if plan == "chain" else "topk"
                 t2 = time.perf_counter()
                 learner.observe_step(kind, contexts, trees, counts + 1, nodes, 0.01, prep)
