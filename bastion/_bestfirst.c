@@ -914,8 +914,128 @@ done:
     return result;
 }
 
+static const char choose_doc[] =
+    "choose(probs, token_ids, depth, k, start, sizes, gain, cycles, ar_s)\n"
+    "    -> (parents, depths, ranks, scores, tokens, best, built, cap, expected, s_hat)\n\n"
+    "The batch-1 size choice of bastion.controller.choose_size in one call. probs/token_ids:\n"
+    "depth*k float64/int64 (C order, rows sorted descending); sizes: the m candidate sizes\n"
+    "(int64, ascending, sizes[0] == 1); gain, cycles: m float64 (gain ratio and learned cycle\n"
+    "per candidate); ar_s: the AR cycle. Grows the best-first tree from min(start, sizes[m-1])\n"
+    "nodes, doubling while the best candidate lies in the upper half of what was built, exactly\n"
+    "as the Python loop does (same floating-point operations in the same order). Returns the\n"
+    "tree arrays of every node built (bytes: int64 x3, float64, int64 tokens, root token -1),\n"
+    "the best candidate's index, how many candidates were built, the candidates that exist\n"
+    "(fewer than m when the lattice ran out of nodes with rho > 0) and Â-credited expectation\n"
+    "and Ŝ of the built candidates (bytes, float64).";
+
+static PyObject *choose(PyObject *self, PyObject *args) {
+    Py_buffer probs, ids, sizes, gain, cycles;
+    Py_ssize_t depth, k, start;
+    double ar_s;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*nnny*y*y*d", &probs, &ids, &depth, &k, &start, &sizes,
+                          &gain, &cycles, &ar_s))
+        return NULL;
+    Py_ssize_t m = sizes.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *sz = (const int64_t *)sizes.buf;
+    entry *heap = NULL;
+    int64_t *parents = NULL, *dep = NULL, *ranks = NULL, *tokens = NULL;
+    double *scores = NULL, *expected = NULL, *s_hat = NULL;
+    if (!holds_exactly(probs.len, (Py_ssize_t)sizeof(double), 1, depth, k) ||
+        !holds_exactly(ids.len, (Py_ssize_t)sizeof(int64_t), 1, depth, k)) {
+        PyErr_SetString(PyExc_ValueError, "probs/token_ids do not hold depth * k values");
+        goto done;
+    }
+    if (m < 1 || sizes.len % (Py_ssize_t)sizeof(int64_t) ||
+        !holds_exactly(gain.len, (Py_ssize_t)sizeof(double), m, 1, 1) ||
+        !holds_exactly(cycles.len, (Py_ssize_t)sizeof(double), m, 1, 1)) {
+        PyErr_SetString(PyExc_ValueError, "sizes, gain and cycles must hold m >= 1 values each");
+        goto done;
+    }
+    if (sz[0] != 1 || sz[m - 1] > INT32_MAX / 2) {
+        PyErr_SetString(PyExc_ValueError, "sizes must start at 1 and stay below 2^30");
+        goto done;
+    }
+    for (Py_ssize_t j = 1; j < m; j++) {
+        if (sz[j] <= sz[j - 1]) {
+            PyErr_SetString(PyExc_ValueError, "sizes must be strictly ascending");
+            goto done;
+        }
+    }
+    {
+        Py_ssize_t cap = (Py_ssize_t)sz[m - 1], mc = m;
+        Py_ssize_t budget = start < 1 ? 1 : start;
+        if (budget > cap) budget = cap;
+        size_t most = (size_t)cap;
+        heap = PyMem_Malloc(sizeof(entry) * (2 * most + 2));
+        parents = PyMem_Malloc(sizeof(int64_t) * most);
+        dep = PyMem_Malloc(sizeof(int64_t) * most);
+        ranks = PyMem_Malloc(sizeof(int64_t) * most);
+        tokens = PyMem_Malloc(sizeof(int64_t) * most);
+        scores = PyMem_Malloc(sizeof(double) * most);
+        expected = PyMem_Malloc(sizeof(double) * (size_t)m);
+        s_hat = PyMem_Malloc(sizeof(double) * (size_t)m);
+        if (!heap || !parents || !dep || !ranks || !tokens || !scores || !expected || !s_hat) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        const double *p = (const double *)probs.buf;
+        const double *h = (const double *)gain.buf, *cyc = (const double *)cycles.buf;
+        Py_ssize_t n = 0, kb = 0, best = 0;
+        for (;;) {
+            n = build_one(p, depth, k, budget, heap, parents, dep, ranks, scores);
+            kb = 0; /* candidates built: sizes <= n */
+            while (kb < mc && sz[kb] <= n) kb++;
+            if (n < budget) { /* every node with rho > 0 is built: no larger size exists */
+                mc = kb;
+                cap = (Py_ssize_t)sz[kb - 1];
+            }
+            /* a_hat = cumsum(scores); expected = 1 + cumsum(h * diff(a_hat[sizes - 1], 1)) */
+            double a = 0.0, prev = 1.0, acc = 0.0;
+            Py_ssize_t at = 0;
+            best = 0;
+            int nan_seen = 0;
+            for (Py_ssize_t j = 0; j < kb; j++) {
+                while (at < (Py_ssize_t)sz[j]) a += scores[at++];
+                acc += h[j] * (a - prev);
+                prev = a;
+                expected[j] = 1.0 + acc;
+                s_hat[j] = expected[j] * ar_s / cyc[j];
+                if (!nan_seen && (isnan(s_hat[j]) || s_hat[j] > s_hat[best])) best = j;
+                if (isnan(s_hat[j]) && !nan_seen) nan_seen = 1;
+            }
+            if (n < budget || budget >= cap || 2 * sz[best] <= n) break;
+            budget = 2 * budget < cap ? 2 * budget : cap;
+        }
+        tokens[0] = -1;
+        const int64_t *tid = (const int64_t *)ids.buf;
+        for (Py_ssize_t i = 1; i < n; i++) tokens[i] = tid[(dep[i] - 1) * k + ranks[i]];
+        Py_ssize_t i8 = (Py_ssize_t)sizeof(int64_t), f8 = (Py_ssize_t)sizeof(double);
+        result = Py_BuildValue("(y#y#y#y#y#nnny#y#)", (char *)parents, n * i8, (char *)dep,
+                               n * i8, (char *)ranks, n * i8, (char *)scores, n * f8,
+                               (char *)tokens, n * i8, best, kb, mc, (char *)expected, kb * f8,
+                               (char *)s_hat, kb * f8);
+    }
+done:
+    PyMem_Free(heap);
+    PyMem_Free(parents);
+    PyMem_Free(dep);
+    PyMem_Free(ranks);
+    PyMem_Free(tokens);
+    PyMem_Free(scores);
+    PyMem_Free(expected);
+    PyMem_Free(s_hat);
+    PyBuffer_Release(&probs);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&gain);
+    PyBuffer_Release(&cycles);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"build", build, METH_VARARGS, "Best-first trees for B requests (see module comment)."},
+    {"choose", choose, METH_VARARGS, choose_doc},
     {"chunk", chunk, METH_VARARGS, chunk_doc},
     {"forest", forest, METH_VARARGS, "B best-first trees grown together in merged order."},
     {"accept", accept, METH_VARARGS, "Accepted paths of a batch of trees against targets."},

@@ -47,6 +47,11 @@ from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 if TYPE_CHECKING:
     from bastion.batch import StepRequests
 
+try:  # the compiled batch-1 size choice (bastion._bestfirst.choose); the loop below without it
+    from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised where no C compiler was available
+    _kernel = None
+
 __all__ = [
     "DECIDE_EVERY",
     "EXPLORE_COST",
@@ -143,6 +148,8 @@ def choose_size(
     """
     probs = marginals.probs
     all_sizes, cells, cycles, ar_s = learner.candidate_cycles(n_max, context_len)
+    if _kernel is not None and not explore:  # the hot path: the same loop, compiled
+        return _choose_compiled(marginals, learner, all_sizes, cycles, ar_s, start)
     cap = int(all_sizes[-1])  # lowered to what the lattice of ``probs`` holds once a build
     budget = min(max(start, 1), cap)  # comes back short of its budget
     while True:
@@ -170,6 +177,50 @@ def choose_size(
         chosen = min(target, int(arrays[3].shape[0]))
     tree = tree_from_arrays(tuple(a[:chosen] for a in arrays), marginals)  # type: ignore[arg-type]
     return tree, SizeDiagnostics(chosen, sizes, expected, cycles[:k], s_hat, ar_s, best)
+
+
+def _choose_compiled(
+    marginals: DraftMarginals,
+    learner: LearnedCostModel,
+    sizes: npt.NDArray[np.int64],
+    cycles: npt.NDArray[np.float64],
+    ar_s: float,
+    start: int,
+) -> tuple[DraftTree, SizeDiagnostics]:
+    """:func:`choose_size`'s loop (no exploration) in one compiled call: bit-identical
+    (``tests/test_controller_compiled.py``), without the interpreter between its steps."""
+    depth, k = marginals.probs.shape
+    gain = learner.sizes.gain_ratios(1)[: sizes.shape[0]]
+    par, dep, rnk, sco, tok, best, built, _, exp, s_hat = _kernel.choose(
+        np.ascontiguousarray(marginals.probs, np.float64),
+        np.ascontiguousarray(marginals.token_ids, np.int64),
+        depth,
+        k,
+        start,
+        sizes,
+        np.ascontiguousarray(gain, np.float64),
+        np.ascontiguousarray(cycles, np.float64),
+        float(ar_s),
+    )
+    chosen = int(sizes[best])
+    frombuffer = np.frombuffer
+    tree = DraftTree.trusted(
+        frombuffer(par, np.int64)[:chosen],
+        frombuffer(tok, np.int64)[:chosen],
+        frombuffer(dep, np.int64)[:chosen],
+        frombuffer(sco, np.float64)[:chosen],
+        frombuffer(rnk, np.int64)[:chosen],
+    )
+    diag = SizeDiagnostics(
+        chosen,
+        sizes[:built],
+        frombuffer(exp, np.float64),
+        cycles[:built],
+        frombuffer(s_hat, np.float64),
+        ar_s,
+        int(best),
+    )
+    return tree, diag
 
 
 def _plan(learner: LearnedCostModel, b: int) -> tuple[bool, tuple[str, int, float] | None]:

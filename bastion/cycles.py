@@ -12,6 +12,7 @@ What this module does not do: time anything, or know the prior (:mod:`bastion.le
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from typing import Literal
 
 import numpy as np
@@ -66,6 +67,12 @@ def token_lattice(hi: int = _TOP) -> IntArray:
 
 LATTICE = token_lattice()
 LATTICE.flags.writeable = False
+_LATTICE_POINTS = tuple(LATTICE.tolist())  # for bisect: one cell lookup per observation
+# the bucket of every batch size below this (batch_bucket's fast path)
+_BUCKETS_UP_TO = 4097
+_BUCKETS = (0, *(min(10, round(math.log2(b))) for b in range(1, _BUCKETS_UP_TO)))
+# per batch bucket, every bucket nearest first (ties: the smaller)
+_NEAREST = tuple(tuple(sorted(range(11), key=lambda x: (abs(x - b), x))) for b in range(11))
 
 
 def lattice_index(tokens: npt.ArrayLike) -> IntArray:
@@ -79,6 +86,8 @@ def lattice_index(tokens: npt.ArrayLike) -> IntArray:
 def batch_bucket(batch_size: int) -> int:
     """The batch-size bucket of a step: the power of two nearest to B in log scale (≤ 1024)."""
     # guarded in the body, not by @public: it runs a dozen times per decode step
+    if type(batch_size) is int and 0 < batch_size < _BUCKETS_UP_TO:
+        return _BUCKETS[batch_size]  # the common case, one lookup
     if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer):
         raise BudgetError(f"batch_size must be an integer ≥ 1; got {batch_size!r:.80}")
     if batch_size < 1:
@@ -114,7 +123,7 @@ class CycleTable:
         if not (math.isfinite(ratio) and ratio > 0):
             return  # a failed or degenerate measurement teaches nothing
         b = batch_bucket(batch_size)
-        cell = int(np.searchsorted(LATTICE, tokens)) if kind == "tree" else 0
+        cell = bisect_left(_LATTICE_POINTS, tokens) if kind == "tree" else 0
         count = self._count[kind]
         ring = self._ring[kind][b, cell]
         seen = int(count[b, cell])
@@ -155,6 +164,12 @@ class CycleTable:
         :meth:`count` move every observation and are read as of the stamp's change)."""
         return (self._kind_version[kind] >> REFRESH_SHIFT, len(self._first), self.version >> 6)
 
+    def ratio_stamp(self, kind: CycleKind) -> tuple[int, int, int]:
+        """Changes whenever :meth:`ratios` of ``kind`` may read differently in any bucket."""
+        versions = self._kind_version
+        tree = versions["tree"] >> REFRESH_SHIFT if kind != "tree" else 0
+        return (versions[kind] >> REFRESH_SHIFT, tree, len(self._first))
+
     def count(self, kind: CycleKind, batch_size: int) -> IntArray:
         """Observations per cell of ``kind`` in the bucket of ``batch_size`` (read-only)."""
         return np.asarray(self._count[kind][batch_bucket(batch_size)], dtype=np.int64)
@@ -181,7 +196,7 @@ class CycleTable:
 
     def _fill(self, kind: CycleKind, b: int) -> FloatArray:
         med = self._median[kind]
-        order = sorted(range(11), key=lambda x: (abs(x - b), x))  # this bucket, then nearest
+        order = _NEAREST[b]  # this bucket, then the nearest
         for bb in order:
             row = med[bb]
             ok = np.isfinite(row)

@@ -163,6 +163,13 @@ class LearnedCostModel:
         self._candidates: dict[
             tuple[int, int], tuple[int, IntArray, IntArray, FloatArray, float]
         ] = {}
+        # what candidate_cycles multiplies: the table's ratio and pessimism per lattice cell
+        # and AR ratio (per refresh), the prior's cycle per size and AR cycle (per context step)
+        self._single_table: tuple[int, FloatArray, FloatArray, float] | None = None
+        self._mode_single: dict[tuple[str, int, int], tuple[tuple[int, int, int], float]] = {}
+        self._single_priced: dict[
+            tuple[int, int], tuple[IntArray, IntArray, FloatArray, float]
+        ] = {}
         # the priors, per (what, batch size, …) and context step / anchor (see _anchored)
         self._lerped: dict[tuple[tuple[Any, ...], int], FloatArray] = {}
         self._anchors: dict[tuple[tuple[Any, ...], int], FloatArray] = {}
@@ -277,17 +284,33 @@ class LearnedCostModel:
         hit = self._candidates.get(key)
         epoch = self.table.version >> REFRESH_SHIFT
         if hit is None or hit[0] != epoch:
-            sizes = LATTICE[: int(np.searchsorted(LATTICE, int(n_max), side="right"))]
-            cells = np.arange(sizes.shape[0], dtype=np.int64)
-            prior, ar_prior = self._single(int(context_len), int(n_max))
-            cycle = prior[sizes - 1]
-            ratio = self.table.ratios("tree", 1)[cells]
-            seen = np.minimum(np.maximum(self.table.count("tree", 1)[cells], 1), self.table.window)
-            pessimism = 1.0 + self.table.noise("tree", 1) / np.sqrt(seen)
-            ar = ar_prior * float(self.table.ratios("ar", 1)[0])
+            # the table's part (per refresh) and the prior's (per context step) apart: a new
+            # context step costs two products, a refresh one more read of the table
+            table = self._single_table
+            if table is None or table[0] != epoch:
+                ratio = self.table.ratios("tree", 1)
+                seen = np.minimum(np.maximum(self.table.count("tree", 1), 1), self.table.window)
+                pessimism = 1.0 + self.table.noise("tree", 1) / np.sqrt(seen)
+                table = (epoch, ratio, pessimism, float(self.table.ratios("ar", 1)[0]))
+                self._single_table = table
+            priced = self._single_priced.get(key)
+            if priced is None:
+                sizes = LATTICE[: int(np.searchsorted(LATTICE, int(n_max), side="right"))]
+                prior, ar_prior = self._single(int(context_len), int(n_max))
+                if len(self._single_priced) > 64:
+                    self._single_priced.clear()
+                priced = (
+                    sizes,
+                    np.arange(sizes.shape[0], dtype=np.int64),
+                    prior[sizes - 1],
+                    ar_prior,
+                )
+                self._single_priced[key] = priced
+            m = priced[0].shape[0]
             if len(self._candidates) > 64:
                 self._candidates.clear()
-            hit = (epoch, sizes, cells, cycle * ratio * pessimism, ar)
+            cycles = priced[2] * table[1][:m] * table[2][:m]
+            hit = (epoch, priced[0], priced[1], cycles, priced[3] * table[3])
             self._candidates[key] = hit
         return hit[1], hit[2], hit[3], hit[4]
 
@@ -387,6 +410,21 @@ class LearnedCostModel:
         """The learned cycle of a whole step of ``kind`` ("ar" or "chain" with ``depth``
         draft positions per request) for requests with ``contexts``."""
         ctx = np.asarray(contexts, dtype=np.int64)
+        b = ctx.shape[0]
+        if b == 1:  # the batch-1 hot path (twice a step): memoised until the ratio may move
+            key = (kind, int(ctx[0]) // MODE_CONTEXT_STEP, depth)
+            stamp = self.table.ratio_stamp(kind)
+            hit = self._mode_single.get(key)
+            if hit is not None and hit[0] == stamp:
+                return hit[1]
+            value = self._mode_cycle(kind, ctx, depth)
+            if len(self._mode_single) > 64:
+                self._mode_single.clear()
+            self._mode_single[key] = (stamp, value)
+            return value
+        return self._mode_cycle(kind, ctx, depth)
+
+    def _mode_cycle(self, kind: CycleKind, ctx: IntArray, depth: int) -> float:
         b = ctx.shape[0]
         if kind == "ar":
             prior = self._ar_prior(ctx)
@@ -597,7 +635,7 @@ class LearnedCostModel:
             self.acceptance.observe(trees, accepted_nodes, committed)
             self._observe_chain(float(np.sum(committed)), float(trees.scores.sum()))
         ar = self.mode_cycle("ar", contexts, 0)
-        realised = float(np.sum(committed)) * ar / (b * cycle_s)
+        realised = float(np.add.reduce(committed)) * ar / (b * cycle_s)
         threshold = 1.0 + self.margin
         probing = self.speedup <= threshold
         recent = self._realised
