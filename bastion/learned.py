@@ -83,6 +83,8 @@ JOINT_HORIZON = 4096  # batch totals the joint decision looks ahead to, beyond i
 MODE_CONTEXT_STEP = 128  # the priors are priced per this step of (mean) context
 SINGLE_PRIOR_SIZES = 1024  # batch 1: the prior is priced for N = 1 … this (or 2^k ×) at once
 ANCHOR_STEP = 512  # … at contexts that are multiples of this, interpolated between
+PRIMED_CONTEXT = 16384  # start-up prices the batch-1 anchors up to this context (prime)
+MAX_PRIMED = 65536  # … and never beyond this (the anchor cache holds 256 entries)
 PriceFn = Callable[[IntArray], FloatArray]
 
 
@@ -166,6 +168,7 @@ class LearnedCostModel:
         # what candidate_cycles multiplies: the table's ratio and pessimism per lattice cell
         # and AR ratio (per refresh), the prior's cycle per size and AR cycle (per context step)
         self._single_table: tuple[int, FloatArray, FloatArray, float] | None = None
+        self._single_last: tuple[int, int, FloatArray, float] | None = None  # see _single
         self._mode_single: dict[tuple[str, int, int], tuple[tuple[int, int, int], float]] = {}
         self._single_priced: dict[
             tuple[int, int], tuple[IntArray, IntArray, FloatArray, float]
@@ -447,13 +450,31 @@ class LearnedCostModel:
         top = SINGLE_PRIOR_SIZES
         while top < n:
             top *= 2
+        step = int(context_len) // MODE_CONTEXT_STEP
+        last = self._single_last  # the same context step several times a step: one lookup
+        if last is not None and last[0] == step and last[1] == top:
+            return last[2], last[3]
+        both = self._anchored(("single", top), 1, int(context_len), self._single_price(top))
+        self._single_last = (step, top, both[:-1], float(both[-1]))
+        return both[:-1], float(both[-1])
 
+    def _single_price(self, top: int) -> PriceFn:
         def price(c: IntArray) -> FloatArray:
             cc = self.prior.cost_curve(top, StepLoad(int(c[0])))
             return np.append(cc.draft_s + cc.prep_s + cc.verify_s[:top], cc.ar_step_s)
 
-        both = self._anchored(("single", top), 1, int(context_len), price)
-        return both[:-1], float(both[-1])
+        return price
+
+    def prime(self, max_context: int = PRIMED_CONTEXT) -> None:
+        """Price the batch-1 prior at every anchor up to ``max_context`` tokens now (start-up),
+        instead of when a decode first reaches it: each anchor is a whole roofline curve,
+        about 0.5 ms of host time that would otherwise land on one decode step. The values
+        are the ones pricing them later would give (a cache, filled early)."""
+        if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 0:
+            raise BudgetError(f"max_context must be an integer ≥ 0; got {max_context!r}")
+        price = self._single_price(SINGLE_PRIOR_SIZES)
+        for index in range(min(max_context, MAX_PRIMED) // ANCHOR_STEP + 2):
+            self._anchor(("single", SINGLE_PRIOR_SIZES), index, 1, price)
 
     def _ar_prior(self, ctx: IntArray) -> float:
         b = ctx.shape[0]
@@ -714,6 +735,8 @@ def calibrate_cycles(
             if progress is not None:
                 progress(done, total)
     model.startup_s += spent
+    if 1 in batch_sizes:  # host work a decode at batch 1 would otherwise pay mid-stream
+        model.prime()
     return {"cells": len(plan), "passes": total, "device_s": spent}
 
 

@@ -360,8 +360,8 @@ def chain_shadow(
     ranks = trees.ranks
     accepted = np.asarray(accepted_nodes, dtype=np.int64)
     if b == 1:  # the batch-1 controller's hot path
-        d = int(trees.depths.max(initial=0))
-        predicted = 1.0 + float(np.add.reduce(np.cumprod(top1[0, :d])))
+        d = int(trees.depths.max())  # the root is always there
+        predicted = 1.0 + float(top1[0, :d].cumprod().sum())
         off = ranks[accepted] != 0
         run = int(off.argmax()) if off.any() else int(off.shape[0])
         return 1.0 + run, predicted

@@ -318,3 +318,17 @@ def test_batch_bucket_is_the_nearest_power_of_two_in_log_scale() -> None:
     for bad in (0, -3, True, 2.0, "4"):
         with pytest.raises(BudgetError):
             batch_bucket(bad)  # type: ignore[arg-type]
+
+
+def test_prime_prices_the_batch_1_anchors_early_and_changes_nothing() -> None:
+    """Start-up priming is a cache filled early: the candidate cycles a decode reads at any
+    context are the same with or without it, and the anchors exist before the decode."""
+    primed, lazy = LearnedCostModel(FlatPrior(slope=2e-6)), LearnedCostModel(FlatPrior(slope=2e-6))
+    primed.prime(4096)
+    assert len(primed._anchors) == 4096 // 512 + 2 and not lazy._anchors
+    for context in (0, 700, 3000, 9000):
+        a, b = primed.candidate_cycles(1024, context), lazy.candidate_cycles(1024, context)
+        assert np.array_equal(a[2], b[2]) and a[3] == b[3]
+    for bad in (-1, 1.5, True, "4096"):
+        with pytest.raises(BudgetError):
+            primed.prime(bad)  # type: ignore[arg-type]
