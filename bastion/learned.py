@@ -169,7 +169,7 @@ class LearnedCostModel:
         # and AR ratio (per refresh), the prior's cycle per size and AR cycle (per context step)
         self._single_table: tuple[int, FloatArray, FloatArray, float] | None = None
         self._single_last: tuple[int, int, FloatArray, float] | None = None  # see _single
-        self._mode_single: dict[tuple[str, int, int], tuple[tuple[int, int, int], float]] = {}
+        self._mode_memo: dict[tuple[str, int, int, int], tuple[tuple[int, int, int], float]] = {}
         self._single_priced: dict[
             tuple[int, int], tuple[IntArray, IntArray, FloatArray, float]
         ] = {}
@@ -413,19 +413,18 @@ class LearnedCostModel:
         """The learned cycle of a whole step of ``kind`` ("ar" or "chain" with ``depth``
         draft positions per request) for requests with ``contexts``."""
         ctx = np.asarray(contexts, dtype=np.int64)
-        b = ctx.shape[0]
-        if b == 1:  # the batch-1 hot path (twice a step): memoised until the ratio may move
-            key = (kind, int(ctx[0]) // MODE_CONTEXT_STEP, depth)
-            stamp = self.table.ratio_stamp(kind)
-            hit = self._mode_single.get(key)
-            if hit is not None and hit[0] == stamp:
-                return hit[1]
-            value = self._mode_cycle(kind, ctx, depth)
-            if len(self._mode_single) > 64:
-                self._mode_single.clear()
-            self._mode_single[key] = (stamp, value)
-            return value
-        return self._mode_cycle(kind, ctx, depth)
+        # a hot path (every step, and every decision): memoised per batch size and mean-context
+        # step (what the prior is priced at) until the table's ratio of ``kind`` may move
+        key = (kind, ctx.shape[0], _mean_context(ctx) // MODE_CONTEXT_STEP, depth)
+        stamp = self.table.ratio_stamp(kind)
+        hit = self._mode_memo.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        value = self._mode_cycle(kind, ctx, depth)
+        if len(self._mode_memo) > 256:
+            self._mode_memo.clear()
+        self._mode_memo[key] = (stamp, value)
+        return value
 
     def _mode_cycle(self, kind: CycleKind, ctx: IntArray, depth: int) -> float:
         b = ctx.shape[0]
