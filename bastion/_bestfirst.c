@@ -867,15 +867,20 @@ static PyObject *calibrate(PyObject *self, PyObject *args) {
     {
         const double *p = (const double *)pb.buf, *g = (const double *)gb.buf;
         const int64_t *ids = (const int64_t *)ib.buf;
-        Py_ssize_t gcount = gcells; /* the factor matrix repeats every D rows */
+        Py_ssize_t grows = gcells / k; /* the factor matrix repeats every D rows */
         o_q = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(double));
         if (!o_q) goto done;
         double *q = (double *)PyBytes_AS_STRING(o_q);
         int sorted = 1;
-        for (Py_ssize_t c = 0; c < cells; c++) {
-            double v = p[c] * g[c % gcount];
-            q[c] = v < 1.0 ? v : 1.0;
-            if (c % k && q[c - 1] < q[c]) sorted = 0;
+        for (Py_ssize_t r = 0, gr = 0; r < rows; r++) { /* no division in the inner loop */
+            const double *pr = p + r * k, *g_row = g + gr * k;
+            double *qr = q + r * k;
+            for (Py_ssize_t j = 0; j < k; j++) {
+                double v = pr[j] * g_row[j];
+                qr[j] = v < 1.0 ? v : 1.0;
+                if (j && qr[j - 1] < qr[j]) sorted = 0;
+            }
+            if (++gr == grows) gr = 0;
         }
         if (sorted) {
             result = Py_BuildValue("(OOO)", o_q, Py_None, Py_None);
