@@ -283,7 +283,10 @@ def best_first_forest(probs: FloatArray, caps: npt.ArrayLike, total: int) -> For
     ``caps[i]`` nodes for request i (root included), at most ``total`` nodes added beyond the
     roots. Compiled when the kernel is built; identical to :func:`best_first_forest_heap`."""
     b, depth, k = probs.shape
-    cap = np.ascontiguousarray(np.broadcast_to(np.asarray(caps, dtype=np.int64), (b,)))
+    if type(caps) is int:  # one cap for every request (the controller's n_max): no broadcast
+        cap = np.full(b, caps, np.int64)
+    else:
+        cap = np.ascontiguousarray(np.broadcast_to(np.asarray(caps, dtype=np.int64), (b,)))
     forest = getattr(_compiled, "forest", None)
     if forest is None:
         return best_first_forest_heap(probs, cap, total)

@@ -169,6 +169,7 @@ class LearnedCostModel:
         # and AR ratio (per refresh), the prior's cycle per size and AR cycle (per context step)
         self._single_table: tuple[int, FloatArray, FloatArray, float] | None = None
         self._single_last: tuple[int, int, FloatArray, float] | None = None  # see _single
+        self._even_last: tuple[int, int, int, FloatArray] | None = None  # see _even_prior
         self._mode_memo: dict[tuple[str, int, int, int], tuple[tuple[int, int, int], float]] = {}
         self._single_priced: dict[
             tuple[int, int], tuple[IntArray, IntArray, FloatArray, float]
@@ -405,9 +406,13 @@ class LearnedCostModel:
     def _even_prior(self, ctx: IntArray, top: int) -> FloatArray:
         """The prior's batch cycle for totals B … ``top`` along an even spread."""
         b = ctx.shape[0]
-        return self._anchored(
-            ("even", b, top), b, _mean_context(ctx), lambda c: self._prior(c, None, top).cycle
-        )
+        mean = _mean_context(ctx)
+        last = self._even_last  # the same batch several times a step: one lookup
+        if last is not None and last[:3] == (b, mean // MODE_CONTEXT_STEP, top):
+            return last[3]
+        even = self._anchored(("even", b, top), b, mean, lambda c: self._prior(c, None, top).cycle)
+        self._even_last = (b, mean // MODE_CONTEXT_STEP, top, even)
+        return even
 
     def mode_cycle(self, kind: CycleKind, contexts: IntArray, depth: int) -> float:
         """The learned cycle of a whole step of ``kind`` ("ar" or "chain" with ``depth``
