@@ -403,51 +403,14 @@ static void fpop(fentry *heap, Py_ssize_t *n) {
     if (*n > 0) freplace_top(heap, *n, last);
 }
 
-static PyObject *forest(PyObject *self, PyObject *args) {
-    Py_buffer probs, caps;
-    Py_ssize_t depth, k, total;
-    PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*nny*n", &probs, &depth, &k, &caps, &total)) return NULL;
-    Py_ssize_t b = caps.len / (Py_ssize_t)sizeof(int64_t);
-    const double *p = (const double *)probs.buf;
-    const int64_t *cap = (const int64_t *)caps.buf;
-    fentry *heap = NULL;
-    int64_t *count = NULL, *g_req = NULL, *g_pos = NULL, *g_par = NULL, *g_dep = NULL,
-            *g_rnk = NULL;
-    double *g_sco = NULL;
-    PyObject *o_par = NULL, *o_dep = NULL, *o_rnk = NULL, *o_sco = NULL, *o_off = NULL,
-             *o_ord = NULL, *o_osc = NULL;
-    if (depth < 1 || k < 1 || total < 0 || b <= 0 || caps.len % (Py_ssize_t)sizeof(int64_t) ||
-        depth > INT32_MAX || k > INT32_MAX || b > INT32_MAX ||
-        b > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(double) / depth / k ||
-        probs.len != b * depth * k * (Py_ssize_t)sizeof(double)) {
-        PyErr_SetString(PyExc_ValueError, "forest: inconsistent sizes");
-        goto done;
-    }
-    for (Py_ssize_t r = 0; r < b; r++) {
-        if (cap[r] < 1) {
-            PyErr_SetString(PyExc_ValueError, "forest: every cap must be >= 1");
-            goto done;
-        }
-    }
-    /* every added node pushes at most two entries and pops one: the heap never exceeds
-       B + total + 1 entries */
-    if (total > (PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(fentry)) - b - 1) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    heap = (fentry *)malloc((size_t)(b + total + 1) * sizeof(fentry));
-    count = (int64_t *)calloc((size_t)b, sizeof(int64_t));
-    g_req = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
-    g_pos = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
-    g_par = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
-    g_dep = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
-    g_rnk = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
-    g_sco = (double *)malloc((size_t)(total + 1) * sizeof(double));
-    if (!heap || !count || !g_req || !g_pos || !g_par || !g_dep || !g_rnk || !g_sco) {
-        PyErr_NoMemory();
-        goto done;
-    }
+/* The growth loop of forest(): adds up to `total` nodes beyond the B roots in merged order,
+   writing the j-th added node's request, position in its tree, parent position, depth, rank and
+   score into g_*[j] and each request's node count (root included) into count. Returns the
+   nodes added; *more says whether some request could still grow. heap holds B + total + 1. */
+static Py_ssize_t forest_grow(const double *p, Py_ssize_t b, Py_ssize_t depth, Py_ssize_t k,
+                              const int64_t *cap, Py_ssize_t total, fentry *heap, int64_t *count,
+                              int64_t *g_req, int64_t *g_pos, int64_t *g_par, int64_t *g_dep,
+                              int64_t *g_rnk, double *g_sco, int *more) {
     Py_ssize_t hn = 0, m = 0;
     for (Py_ssize_t r = 0; r < b; r++) {
         count[r] = 1;
@@ -497,8 +460,60 @@ static PyObject *forest(PyObject *self, PyObject *args) {
             if (n_add == 2) fpush(heap, &hn, add[late]);
         }
     }
+    int any = 0;
+    for (Py_ssize_t i = 0; i < hn && !any; i++) any = count[heap[i].request] < cap[heap[i].request];
+    *more = any;
+    return m;
+}
+
+static PyObject *forest(PyObject *self, PyObject *args) {
+    Py_buffer probs, caps;
+    Py_ssize_t depth, k, total;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*nny*n", &probs, &depth, &k, &caps, &total)) return NULL;
+    Py_ssize_t b = caps.len / (Py_ssize_t)sizeof(int64_t);
+    const double *p = (const double *)probs.buf;
+    const int64_t *cap = (const int64_t *)caps.buf;
+    fentry *heap = NULL;
+    int64_t *count = NULL, *g_req = NULL, *g_pos = NULL, *g_par = NULL, *g_dep = NULL,
+            *g_rnk = NULL;
+    double *g_sco = NULL;
+    PyObject *o_par = NULL, *o_dep = NULL, *o_rnk = NULL, *o_sco = NULL, *o_off = NULL,
+             *o_ord = NULL, *o_osc = NULL;
+    if (depth < 1 || k < 1 || total < 0 || b <= 0 || caps.len % (Py_ssize_t)sizeof(int64_t) ||
+        depth > INT32_MAX || k > INT32_MAX || b > INT32_MAX ||
+        b > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(double) / depth / k ||
+        probs.len != b * depth * k * (Py_ssize_t)sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "forest: inconsistent sizes");
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < b; r++) {
+        if (cap[r] < 1) {
+            PyErr_SetString(PyExc_ValueError, "forest: every cap must be >= 1");
+            goto done;
+        }
+    }
+    /* every added node pushes at most two entries and pops one: the heap never exceeds
+       B + total + 1 entries */
+    if (total > (PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(fentry)) - b - 1) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    heap = (fentry *)malloc((size_t)(b + total + 1) * sizeof(fentry));
+    count = (int64_t *)calloc((size_t)b, sizeof(int64_t));
+    g_req = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
+    g_pos = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
+    g_par = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
+    g_dep = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
+    g_rnk = (int64_t *)malloc((size_t)(total + 1) * sizeof(int64_t));
+    g_sco = (double *)malloc((size_t)(total + 1) * sizeof(double));
+    if (!heap || !count || !g_req || !g_pos || !g_par || !g_dep || !g_rnk || !g_sco) {
+        PyErr_NoMemory();
+        goto done;
+    }
     int more = 0;
-    for (Py_ssize_t i = 0; i < hn && !more; i++) more = count[heap[i].request] < cap[heap[i].request];
+    Py_ssize_t m = forest_grow(p, b, depth, k, cap, total, heap, count, g_req, g_pos, g_par, g_dep,
+                               g_rnk, g_sco, &more);
     Py_ssize_t n = b + m;
     o_par = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
     o_dep = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
@@ -553,6 +568,218 @@ done:
     free(g_sco);
     PyBuffer_Release(&probs);
     PyBuffer_Release(&caps);
+    return result;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * joint(probs, token_ids, depth, k, n_max, total, most, mass, cells, best_above, even, unit, ar)
+ *     -> (status, chosen, more, exhausted, parents, depths, ranks, scores, tokens, offsets,
+ *         a_hat, c_hat, s_hat)
+ *
+ * bastion.joint.choose_joint_batch in mode "auto" (the bounded argmax) on the learning
+ * controller's stepped decision curve (bastion.learned.LearnedCostModel.joint_decision_curve),
+ * in one call: the chain is forest()'s merged order, regrown while the bound needs more, its
+ * cost for m added nodes min(best_above[cells[j]], even[m] * unit[cells[m]]) for j = 0 … m.
+ * probs, token_ids: B * depth * k; mass: B lattice masses (bastion.joint._lattice_mass);
+ * cells: the lattice cell of every total B … B + len(cells) - 1; best_above, unit: per cell;
+ * even: per total; total: the first round's added nodes; most: B * (n_max - 1).
+ * status 0: done; -1: a priced cost is not finite and > 0 (the caller prices it again to
+ * raise); -2: the chain outgrew the priced totals (the caller runs the Python loop). The trees
+ * (roots' token -1) are each request's best-first prefix of the chosen allocation; a_hat,
+ * c_hat, s_hat: the last round's chain. Sums are sequential where numpy's are pairwise (the
+ * per-request built mass of the stop bound only, which carries a 1e-12 slack).
+ * ------------------------------------------------------------------------------------------- */
+static PyObject *joint(PyObject *self, PyObject *args) {
+    Py_buffer probs, ids, massb, cellsb, aboveb, evenb, unitb;
+    Py_ssize_t depth, k, n_max, total, most;
+    double ar;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*nnnnny*y*y*y*y*d", &probs, &ids, &depth, &k, &n_max, &total,
+                          &most, &massb, &cellsb, &aboveb, &evenb, &unitb, &ar))
+        return NULL;
+    Py_ssize_t b = massb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t ntot = cellsb.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t ncell = aboveb.len / (Py_ssize_t)sizeof(double);
+    const int64_t *cells = (const int64_t *)cellsb.buf;
+    fentry *heap = NULL;
+    int64_t *count = NULL, *g_req = NULL, *g_pos = NULL, *g_par = NULL, *g_dep = NULL,
+            *g_rnk = NULL, *cap = NULL, *alloc = NULL;
+    double *g_sco = NULL, *a_hat = NULL, *c_hat = NULL, *s_hat = NULL, *built = NULL;
+    if (depth < 1 || k < 1 || b < 1 || n_max < 1 || total < 0 || most < 0 || depth > INT32_MAX ||
+        k > INT32_MAX || b > INT32_MAX || !holds_exactly(probs.len, sizeof(double), b, depth, k) ||
+        !holds_exactly(ids.len, sizeof(int64_t), b, depth, k) || ntot < 1 || ncell < 1 ||
+        evenb.len != ntot * (Py_ssize_t)sizeof(double) ||
+        unitb.len != ncell * (Py_ssize_t)sizeof(double) || most > b * (n_max - 1)) {
+        PyErr_SetString(PyExc_ValueError, "joint: inconsistent sizes");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < ntot; j++) {
+        if (cells[j] < 0 || cells[j] >= ncell) {
+            PyErr_SetString(PyExc_ValueError, "joint: a cell index is out of range");
+            goto done;
+        }
+    }
+    if (total > most) total = most;
+    {
+        const double *p = (const double *)probs.buf, *mass = (const double *)massb.buf;
+        const double *above = (const double *)aboveb.buf, *even = (const double *)evenb.buf;
+        const double *unit = (const double *)unitb.buf;
+        const int64_t *tid = (const int64_t *)ids.buf;
+        size_t cap_nodes = (size_t)most + 1;
+        heap = malloc((size_t)(b + most + 1) * sizeof(fentry));
+        count = calloc((size_t)b, sizeof(int64_t));
+        cap = malloc((size_t)b * sizeof(int64_t));
+        alloc = calloc((size_t)b, sizeof(int64_t));
+        built = malloc((size_t)b * sizeof(double));
+        g_req = malloc(cap_nodes * sizeof(int64_t));
+        g_pos = malloc(cap_nodes * sizeof(int64_t));
+        g_par = malloc(cap_nodes * sizeof(int64_t));
+        g_dep = malloc(cap_nodes * sizeof(int64_t));
+        g_rnk = malloc(cap_nodes * sizeof(int64_t));
+        g_sco = malloc(cap_nodes * sizeof(double));
+        a_hat = malloc(cap_nodes * sizeof(double));
+        c_hat = malloc(cap_nodes * sizeof(double));
+        s_hat = malloc(cap_nodes * sizeof(double));
+        if (!heap || !count || !cap || !alloc || !built || !g_req || !g_pos || !g_par ||
+            !g_dep || !g_rnk || !g_sco || !a_hat || !c_hat || !s_hat) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t r = 0; r < b; r++) cap[r] = n_max;
+        int status = 0, more = 0;
+        Py_ssize_t m = 0, chosen = 0;
+        for (;;) {
+            if (total > ntot - 1) { /* beyond the priced totals: the Python loop prices more */
+                status = -2;
+                break;
+            }
+            m = forest_grow(p, b, depth, k, cap, total, heap, count, g_req, g_pos, g_par, g_dep,
+                            g_rnk, g_sco, &more);
+            double end = even[m] * unit[cells[m]];
+            int bad = !(isfinite(ar) && ar > 0.0);
+            for (Py_ssize_t j = 0; j <= m; j++) {
+                double c = above[cells[j]];
+                c_hat[j] = c < end ? c : end; /* np.minimum of two finite values */
+                if (isnan(c) || isnan(end)) c_hat[j] = NAN;
+                if (!(isfinite(c_hat[j]) && c_hat[j] > 0.0)) bad = 1;
+            }
+            if (bad) {
+                status = -1;
+                break;
+            }
+            a_hat[0] = (double)b;
+            for (Py_ssize_t j = 0; j < m; j++) a_hat[j + 1] = a_hat[j] + g_sco[j];
+            chosen = 0;
+            for (Py_ssize_t j = 0; j <= m; j++) {
+                s_hat[j] = a_hat[j] * ar / c_hat[j];
+                if (s_hat[j] > s_hat[chosen]) chosen = j;
+            }
+            if (!more) break;
+            Py_ssize_t growth = 2;
+            int monotone = m > 0;
+            for (Py_ssize_t j = 1; j <= m && monotone; j++) monotone = c_hat[j] >= c_hat[j - 1];
+            if (monotone) {
+                for (Py_ssize_t r = 0; r < b; r++) built[r] = 1.0;
+                for (Py_ssize_t j = 0; j < m; j++) built[g_req[j]] += g_sco[j];
+                double rho = g_sco[m - 1], unseen = 0.0;
+                for (Py_ssize_t r = 0; r < b; r++) {
+                    double left = mass[r] - built[r];
+                    double u = (double)(n_max - count[r]) * rho;
+                    left = left > 0.0 ? left : 0.0;
+                    unseen += u < left ? u : left;
+                }
+                double a_far = (a_hat[m] + unseen) * (1.0 + 1e-12);
+                double c_needed = a_far * ar / s_hat[chosen];
+                if (c_needed <= c_hat[m]) break;
+                /* bastion.joint._growth (the curve's growth_s is 0: no second bound) */
+                Py_ssize_t v = m;
+                if (v >= 2) {
+                    double slope = (c_hat[m] - c_hat[v / 2]) / (double)(v - v / 2);
+                    if (slope <= 0.0) {
+                        growth = 8;
+                    } else {
+                        double target = (double)v + (c_needed - c_hat[m]) / slope;
+                        double g = ceil(target / (double)v);
+                        growth = (Py_ssize_t)(g > 8.0 ? 8.0 : (g < 2.0 ? 2.0 : g));
+                    }
+                }
+            }
+            Py_ssize_t next = growth * total > total + b ? growth * total : total + b;
+            total = next < most ? next : most;
+        }
+        if (status != 0) {
+            result = Py_BuildValue("(innnOOOOOOOOO)", status, (Py_ssize_t)0, (Py_ssize_t)0,
+                                   (Py_ssize_t)0, Py_None, Py_None, Py_None, Py_None, Py_None,
+                                   Py_None, Py_None, Py_None, Py_None);
+            goto done;
+        }
+        int exhausted = !more;
+        for (Py_ssize_t r = 0; r < b; r++) {
+            alloc[r] = 1;
+            if (count[r] >= n_max) exhausted = 0;
+        }
+        for (Py_ssize_t j = 0; j < chosen; j++) alloc[g_req[j]]++;
+        Py_ssize_t n = b + chosen, i8 = sizeof(int64_t), f8 = sizeof(double);
+        PyObject *o[6] = {PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, n * f8),
+                          PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, (b + 1) * i8)};
+        if (!o[0] || !o[1] || !o[2] || !o[3] || !o[4] || !o[5]) {
+            for (int i = 0; i < 6; i++) Py_XDECREF(o[i]);
+            goto done;
+        }
+        int64_t *par = (int64_t *)PyBytes_AS_STRING(o[0]), *dep = (int64_t *)PyBytes_AS_STRING(o[1]);
+        int64_t *rnk = (int64_t *)PyBytes_AS_STRING(o[2]), *tok = (int64_t *)PyBytes_AS_STRING(o[4]);
+        double *sco = (double *)PyBytes_AS_STRING(o[3]);
+        int64_t *off = (int64_t *)PyBytes_AS_STRING(o[5]);
+        off[0] = 0;
+        for (Py_ssize_t r = 0; r < b; r++) {
+            off[r + 1] = off[r] + alloc[r];
+            par[off[r]] = -1;
+            dep[off[r]] = 0;
+            rnk[off[r]] = -1;
+            sco[off[r]] = 1.0;
+            tok[off[r]] = -1;
+        }
+        for (Py_ssize_t j = 0; j < m; j++) { /* each request's first alloc - 1 added nodes */
+            Py_ssize_t r = g_req[j], pos = g_pos[j];
+            if (pos >= alloc[r]) continue;
+            Py_ssize_t at = off[r] + pos;
+            par[at] = g_par[j];
+            dep[at] = g_dep[j];
+            rnk[at] = g_rnk[j];
+            sco[at] = g_sco[j];
+            tok[at] = tid[(r * depth + g_dep[j] - 1) * k + g_rnk[j]];
+        }
+        result = Py_BuildValue("(innnNNNNNNy#y#y#)", 0, chosen, (Py_ssize_t)more,
+                               (Py_ssize_t)exhausted, o[0], o[1], o[2], o[3], o[4], o[5],
+                               (char *)a_hat, (m + 1) * f8, (char *)c_hat, (m + 1) * f8,
+                               (char *)s_hat, (m + 1) * f8);
+    }
+done:
+    free(heap);
+    free(count);
+    free(cap);
+    free(alloc);
+    free(built);
+    free(g_req);
+    free(g_pos);
+    free(g_par);
+    free(g_dep);
+    free(g_rnk);
+    free(g_sco);
+    free(a_hat);
+    free(c_hat);
+    free(s_hat);
+    PyBuffer_Release(&probs);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&massb);
+    PyBuffer_Release(&cellsb);
+    PyBuffer_Release(&aboveb);
+    PyBuffer_Release(&evenb);
+    PyBuffer_Release(&unitb);
     return result;
 }
 
@@ -1043,6 +1270,7 @@ static PyMethodDef methods[] = {
     {"choose", choose, METH_VARARGS, choose_doc},
     {"chunk", chunk, METH_VARARGS, chunk_doc},
     {"forest", forest, METH_VARARGS, "B best-first trees grown together in merged order."},
+    {"joint", joint, METH_VARARGS, "The learning controller's joint budget (see above)."},
     {"accept", accept, METH_VARARGS, "Accepted paths of a batch of trees against targets."},
     {"calibrate", calibrate, METH_VARARGS, "Calibrated marginals, rows re-sorted (see above)."},
     {"learn", learn, METH_VARARGS, "A tree step folded into both calibrations, in place."},

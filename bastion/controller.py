@@ -46,6 +46,9 @@ from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 
 if TYPE_CHECKING:
     from bastion.batch import StepRequests
+    from bastion.joint import JointDiagnostics
+
+IntArray = npt.NDArray[np.int64]
 
 try:  # the compiled batch-1 size choice (bastion._bestfirst.choose); the loop below without it
     from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
@@ -223,6 +226,62 @@ def _choose_compiled(
     return tree, diag
 
 
+def _choose_joint_compiled(
+    cal: BatchMarginals, learner: LearnedCostModel, contexts: IntArray, n_max: int, initial: int
+) -> tuple[TreeBatch, JointDiagnostics] | None:
+    """``choose_joint_batch(cal, learner.joint_decision_curve …, n_max, "auto", initial)`` in
+    one compiled call (``tests/test_controller_compiled.py``), or None where the compiled loop
+    cannot answer (a chain beyond the priced totals, a cost that is not finite and > 0): the
+    caller then runs the Python loop, which prices further or raises."""
+    from bastion.joint import JointDiagnostics, _lattice_mass
+
+    probs = cal.probs
+    b, depth, k = probs.shape
+    cells, best_above, even, unit, ar = learner.joint_decision_arrays(contexts, n_max)
+    most = b * (n_max - 1)
+    out = _kernel.joint(
+        np.ascontiguousarray(probs, np.float64),
+        np.ascontiguousarray(cal.token_ids, np.int64),
+        depth,
+        k,
+        n_max,
+        min(b * (min(initial, n_max) - 1), most),
+        most,
+        _lattice_mass(probs),
+        cells,
+        np.ascontiguousarray(best_above, np.float64),
+        np.ascontiguousarray(even, np.float64),
+        np.ascontiguousarray(unit, np.float64),
+        float(ar),
+    )
+    status, chosen, _more, exhausted, par, dep, rnk, sco, tok, off, a_hat, c_hat, s_hat = out
+    if status != 0:
+        return None
+    frombuffer = np.frombuffer
+    offsets = frombuffer(off, np.int64)
+    trees = TreeBatch(
+        offsets,
+        frombuffer(par, np.int64),
+        frombuffer(tok, np.int64),
+        frombuffer(dep, np.int64),
+        frombuffer(sco, np.float64),
+        frombuffer(rnk, np.int64),
+    )
+    alloc = np.diff(offsets)
+    diag = JointDiagnostics(
+        tree_sizes=tuple(alloc.tolist()),
+        total_size=b + int(chosen),
+        mode="bounded",
+        a_hat_total=frombuffer(a_hat, np.float64),
+        c_hat=frombuffer(c_hat, np.float64),
+        s_hat=frombuffer(s_hat, np.float64),
+        ar_step_s=float(ar),
+        exhausted=bool(exhausted),
+        capped=bool((alloc == n_max).any()),
+    )
+    return trees, diag
+
+
 def _plan(learner: LearnedCostModel, b: int) -> tuple[bool, tuple[str, int, float] | None]:
     """(explore, the decision to repeat or None) of a drafted step of batch size ``b``. At
     batch 1 a tree decision is made every step (it is cheap and the step's own Â matters
@@ -304,7 +363,10 @@ class LearningPolicy:
 
             known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
             start = max(8, 4 * int(known.mean())) if known.size else 64
-            trees, jdiag = choose_joint_batch(
+            fast = None
+            if _kernel is not None:  # the hot path: the same loop, compiled
+                fast = _choose_joint_compiled(cal, learner, contexts, self.n_max, start)
+            trees, jdiag = fast or choose_joint_batch(
                 cal,
                 lambda grow: learner.joint_decision_curve(contexts, grow, self.n_max),
                 self.n_max,

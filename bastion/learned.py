@@ -346,6 +346,21 @@ class LearnedCostModel:
         ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
         return CostCurve(0.0, 0.0, deciding, ar)
 
+    def joint_decision_arrays(
+        self, context_lens: IntArray, n_max: int = 1024
+    ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray, float]:
+        """What :meth:`joint_decision_curve` is built from, for chains of up to
+        min(B·n_max, :data:`JOINT_HORIZON`) − B added nodes: the lattice cell of every total
+        B … top, the cheapest decision cost at or above each cell, the prior's cycle of every
+        total and the decision's factor per cell, and the learned AR cycle (the compiled joint
+        budget prices the chain from these)."""
+        ctx = np.asarray(context_lens, dtype=np.int64)
+        b = ctx.shape[0]
+        top = max(min(b * int(n_max), JOINT_HORIZON), b)
+        cells, best_above, even, unit = self._joint_deciding(ctx, top)
+        ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
+        return cells, best_above, even, unit, ar
+
     def _joint_deciding(
         self, ctx: IntArray, top: int
     ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:

@@ -5,15 +5,20 @@ expectations, Ŝ and choice, on any marginals, cost table, gain ratios and start
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bastion.controller as controller
+from bastion.batch import BatchMarginals
 from bastion.cycles import token_lattice
+from bastion.joint import choose_joint_batch
 from bastion.learned import LearnedCostModel
 from bastion.tree import DraftMarginals
 from tests.test_learned import FlatPrior
+
+IntArray = npt.NDArray[np.int64]
 
 pytestmark = pytest.mark.skipif(controller._kernel is None, reason="no compiled kernel")
 
@@ -81,3 +86,82 @@ def test_compiled_choice_refuses_bad_buffers() -> None:
         kernel.choose(p, ids, 2, 2, 4, sizes + 1, ones, ones, 1.0)
     with pytest.raises(ValueError, match="ascending"):
         kernel.choose(p, ids, 2, 2, 4, sizes[[0, 2, 1]], ones, ones, 1.0)
+
+
+@st.composite
+def _joint_cases(draw: st.DrawFn) -> tuple[BatchMarginals, LearnedCostModel, IntArray, int, int]:
+    b = draw(st.integers(2, 6))
+    depth = draw(st.integers(1, 5))
+    k = draw(st.integers(1, 3))
+    raw = draw(
+        st.lists(
+            st.sampled_from([0.0, 0.05, 0.2, 0.5, 0.9, 1.0]),
+            min_size=b * depth * k,
+            max_size=b * depth * k,
+        )
+    )
+    probs = -np.sort(-np.asarray(raw, np.float64).reshape(b, depth, k), axis=2)
+    probs /= np.maximum(probs.sum(axis=2, keepdims=True), 1.0)
+    ids = np.arange(b * depth * k, dtype=np.int64).reshape(b, depth, k) + 3
+    learner = LearnedCostModel(FlatPrior(slope=draw(st.sampled_from([0.0, 1e-6, 2e-5]))))
+    contexts = np.asarray(draw(st.lists(st.integers(0, 3000), min_size=b, max_size=b)), np.int64)
+    for total in draw(st.lists(st.integers(b, 40 * b), max_size=10)):
+        step = draw(st.sampled_from([0.5, 1.0, 1.3, 3.0]))
+        sizes = np.full(b, total // b, np.int64)
+        sizes[: total % b] += 1
+        learner.observe_cycle("tree", contexts, sizes, 10e-3 * step)
+    n_max = draw(st.sampled_from([1, 2, 5, 16, 64, 1024]))
+    start = draw(st.integers(1, 200))
+    return BatchMarginals(ids, probs), learner, contexts, n_max, start
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=_joint_cases())
+def test_compiled_joint_budget_is_the_python_loop(
+    case: tuple[BatchMarginals, LearnedCostModel, IntArray, int, int],
+) -> None:
+    """The compiled joint budget is choose_joint_batch on the learned decision curve: same
+    allocation, trees and chosen Ŝ; the chain's curves agree wherever both priced them (the
+    stop bound's sums are sequential in C, pairwise in numpy, within its 1e-12 slack)."""
+    marginals, learner, contexts, n_max, start = case
+    fast = controller._choose_joint_compiled(marginals, learner, contexts, n_max, start)
+    trees, ref = choose_joint_batch(
+        marginals,
+        lambda grow: learner.joint_decision_curve(contexts, grow, n_max),
+        n_max,
+        "auto",
+        min(start, n_max),
+    )
+    assert fast is not None
+    got, diag = fast
+    assert diag.tree_sizes == ref.tree_sizes and diag.total_size == ref.total_size
+    for name in ("offsets", "parents", "tokens", "depths", "scores", "ranks"):
+        assert np.array_equal(getattr(got, name), getattr(trees, name)), name
+    assert diag.predicted_speedup == ref.predicted_speedup
+    assert (diag.exhausted, diag.capped, diag.ar_step_s) == (
+        ref.exhausted,
+        ref.capped,
+        ref.ar_step_s,
+    )
+    n = min(diag.s_hat.shape[0], ref.s_hat.shape[0])
+    for name in ("a_hat_total", "c_hat", "s_hat"):
+        assert np.array_equal(getattr(diag, name)[:n], getattr(ref, name)[:n]), name
+
+
+def test_compiled_joint_budget_hands_back_what_it_cannot_price() -> None:
+    """A chain beyond the priced totals, or a cost that is not finite and > 0: status, not an
+    answer (the caller's Python loop prices further or raises)."""
+    kernel = controller._kernel
+    probs = np.full((2, 3, 2), 0.5)
+    ids = np.zeros((2, 3, 2), np.int64)
+    mass = np.full(2, 8.0)
+    cells = np.arange(3, dtype=np.int64)
+    ones = np.ones(3)
+    out = kernel.joint(probs, ids, 3, 2, 8, 4, 14, mass, cells, ones, ones, ones, 1.0)
+    assert out[0] == -2  # 4 added nodes, 2 priced
+    out = kernel.joint(probs, ids, 3, 2, 8, 1, 14, mass, cells, ones * -1.0, ones, ones, 1.0)
+    assert out[0] == -1
+    with pytest.raises(ValueError, match="inconsistent"):
+        kernel.joint(probs, ids, 3, 2, 8, 1, 15, mass, cells, ones, ones, ones, 1.0)
+    with pytest.raises(ValueError, match="out of range"):
+        kernel.joint(probs, ids, 3, 2, 8, 1, 14, mass, cells + 1, ones, ones, ones, 1.0)
