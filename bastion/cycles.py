@@ -166,9 +166,16 @@ class CycleTable:
 
     def ratio_stamp(self, kind: CycleKind) -> tuple[int, int, int]:
         """Changes whenever :meth:`ratios` of ``kind`` may read differently in any bucket."""
+        return (*self._stamp(kind), len(self._first))
+
+    def _stamp(self, kind: CycleKind) -> tuple[int, int]:
+        # an AR or chain row reads the tree cells only while no bucket of its kind is measured
         versions = self._kind_version
-        tree = versions["tree"] >> REFRESH_SHIFT if kind != "tree" else 0
-        return (versions[kind] >> REFRESH_SHIFT, tree, len(self._first))
+        reads_tree = kind != "tree" and versions[kind] == 0
+        return (
+            versions[kind] >> REFRESH_SHIFT,
+            versions["tree"] >> REFRESH_SHIFT if reads_tree else 0,
+        )
 
     def count(self, kind: CycleKind, batch_size: int) -> IntArray:
         """Observations per cell of ``kind`` in the bucket of ``batch_size`` (read-only)."""
@@ -182,10 +189,7 @@ class CycleTable:
         key = (kind, b)
         # what the fill reads: every bucket of this kind (nearest-bucket fallback), and the
         # tree cells for an AR or chain cell never measured
-        stamp = (
-            self._kind_version[kind] >> REFRESH_SHIFT,
-            self._kind_version["tree"] >> REFRESH_SHIFT if kind != "tree" else 0,
-        )
+        stamp = self._stamp(kind)
         hit = self._filled.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
