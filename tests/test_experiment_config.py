@@ -166,6 +166,7 @@ def test_shipped_configs_reproduce_the_builtin_grids() -> None:
     assert sizes == {
         "best-first-vs-beam": 6,
         "budget-sweep": 36,
+        "controller-heldout": 108,
         "controller-regret": 216,
         "latency-model": 24,
         "moe": 1,
