@@ -221,7 +221,12 @@ def main() -> None:
     if not args.no_eager:
         values.update(eager_constants(args.repeats))
     command = f"python benchmarks/bench_host.py --repeats {args.repeats}"
-    blocks = {name: toml_block(name, values, command) for name in BLOCKS}
+    # a block none of whose keys was measured (--no-eager) is left as the file has it
+    blocks = {
+        name: toml_block(name, values, command)
+        for name, keys in BLOCKS.items()
+        if any(k in values for k in keys)
+    }
     print("\n".join(blocks.values()))
     for f in args.write:
         print(f"{f}: replaced {', '.join(write_blocks(Path(f), blocks))}")
