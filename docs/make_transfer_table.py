@@ -191,10 +191,12 @@ FLOOR_STARTS = tuple(
 
 
 def monotone_floor(seconds: np.ndarray) -> float:
-    """The mean relative error of the best non-decreasing curve through ``seconds`` (an
-    isotonic fit of their logarithm by least absolute deviations: pool-adjacent-violators with
-    block medians). Any price that never falls as the token count grows errs at least about
-    this much; what is left of a model's error above it is its shape, not the data's dips."""
+    """The mean relative error of the non-decreasing curve through ``seconds`` with the least
+    mean absolute log error (an isotonic fit of their logarithm: pool-adjacent-violators with
+    block medians). A price that never falls as the token count grows errs about this much at
+    least (exactly, in log error); what a model errs above it is its shape, not the data's
+    dips. The kernel model itself need not be monotone (fewer real rows per tile after a new
+    row of tiles), so this bounds the data's non-monotonicity, not the model."""
     blocks: list[list[float]] = []
     for v in np.log(np.asarray(seconds, dtype=np.float64)):
         blocks.append([float(v)])
