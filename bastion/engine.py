@@ -371,6 +371,9 @@ class SpecEngine:
             if not isinstance(self.cost_model, LearnedCostModel):
                 self.cost_model = LearnedCostModel(self.cost_model)
         self._observe_step = getattr(self.cost_model, "observe_step", None)
+        # a learning cost model learns whole steps (observe_step); its verify-only observe is a
+        # no-op, so the engine does not build the load it would be handed
+        self._observe_verify = not getattr(self.cost_model, "learns_whole_steps", False)
         d, v = self.drafter, self.verifier
         self._draft = d.draft_batch if isinstance(d, BatchDrafter) else _draft_each(d)
         self._verify = v.verify_batch if isinstance(v, BatchVerifier) else _verify_each(v)
@@ -419,7 +422,8 @@ class SpecEngine:
             preparation,
         )
         if self.cost_model is not None and self.observe_costs:
-            self.cost_model.observe(*observed_load(requests, trees), t3 - t2)
+            if self._observe_verify:
+                self.cost_model.observe(*observed_load(requests, trees), t3 - t2)
             if self._observe_step is not None:
                 self.report(record, t3 - t0)
         return record

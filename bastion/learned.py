@@ -250,6 +250,8 @@ class LearnedCostModel:
         extra = cost.total_s * (ratio - 1.0)
         return StepCost(cost.draft_s, cost.prep_s, cost.verify_s + extra, cost.breakdown)
 
+    learns_whole_steps = True  # the engine reports steps (observe_step), not verify passes
+
     def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
         """A verify-only measurement: not what this model learns from (see observe_step)."""
 

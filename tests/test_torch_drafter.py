@@ -215,3 +215,22 @@ def test_dense_recording_matches_incremental_drafting() -> None:
     m = dense[len(prompt)]
     np.testing.assert_array_equal(m.token_ids, top.indices.numpy())
     np.testing.assert_allclose(m.probs, top.values.double().numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_tapped_feedback_is_gathered_on_first_read_and_equals_the_eager_gather() -> None:
+    """A verification's feedback gathers its rows from the tapped layers only when a drafter
+    reads them (an AR step's, handed over with the next draft); what it reads is the eager
+    gather, and chaining skipped steps needs only the lengths."""
+    gen = torch.Generator().manual_seed(3)
+    layers = [torch.randn(2, 7, 4, generator=gen) for _ in range(3)]
+    rows = [0, 2, 5]
+    lazy = TargetFeedback.tapped(layers, rows, 1, 10)
+    assert lazy.length == 3 and lazy._features is None
+    run = lazy.then(TargetFeedback.tapped(layers, [6], 1, 13))
+    assert lazy._features is None  # chaining reads no features
+    eager = torch.cat([h[1, torch.tensor(rows)] for h in layers], dim=-1)
+    assert torch.equal(lazy.features, eager)
+    merged = run.merged()  # type: ignore[attr-defined]
+    assert merged.start == 10 and merged.length == 4
+    assert torch.equal(merged.features[3], torch.cat([h[1, 6] for h in layers]))
+    assert not torch.equal(lazy.features, torch.cat([h[0, torch.tensor(rows)] for h in layers], -1))

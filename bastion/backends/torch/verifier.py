@@ -63,12 +63,45 @@ __all__ = ["TargetFeedback", "TorchVerifier", "VerifyTiming", "check_croppable"]
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
 class TargetFeedback:
-    """What the drafter needs after a target pass: features of the tokens newly in the cache."""
+    """What the drafter needs after a target pass: features of the tokens newly in the cache.
 
-    features: torch.Tensor  # [m, len(taps) · hidden]: hidden_states[j + 1] for each tapped j
-    start: int  # sequence position of the first of the m tokens
+    ``features`` [m, len(taps) · hidden] holds hidden_states[j + 1] of each tapped layer j at
+    the m tokens; ``start`` is the sequence position of the first. A verification builds them
+    lazily (:meth:`tapped`): the rows are gathered when a drafter first reads them, so a step
+    the drafter never reads at once (an AR step of the ``bastion`` policy, handed over only with
+    the next draft) costs no gather until then."""
+
+    __slots__ = ("_features", "_source", "length", "start")
+
+    def __init__(self, features: torch.Tensor, start: int) -> None:
+        self._features: torch.Tensor | None = features
+        self._source: tuple[list[torch.Tensor], list[int], int] | None = None
+        self.length = int(features.shape[0])  # m
+        self.start = int(start)
+
+    @classmethod
+    def tapped(
+        cls, layers: list[torch.Tensor], rows: list[int], batch_row: int, start: int
+    ) -> TargetFeedback:
+        """The features of ``rows`` of one batch row of the tapped layers' outputs, gathered
+        on first read (the outputs are the pass's own tensors: nothing overwrites them)."""
+        self = object.__new__(cls)
+        self._features = None
+        self._source = (layers, rows, batch_row)
+        self.length = len(rows)
+        self.start = int(start)
+        return self
+
+    @property
+    def features(self) -> torch.Tensor:
+        if self._features is None:
+            assert self._source is not None
+            layers, rows, batch_row = self._source
+            index = torch.tensor(rows, dtype=torch.long, device=layers[0].device)
+            self._features = torch.cat([h[batch_row, index] for h in layers], dim=-1)
+            self._source = None
+        return self._features
 
     def then(self, later: object) -> object:
         """This feedback followed by ``later`` (the next step's), for a drafter that skipped
@@ -87,7 +120,7 @@ class FeedbackRun:
         if not isinstance(later, TargetFeedback):
             return later if later is not None else self
         last = self.parts[-1]
-        if later.start != last.start + int(last.features.shape[0]):
+        if later.start != last.start + last.length:
             return later  # not contiguous: keep the newest, the drafter will say so
         self.parts.append(later)
         return self
@@ -441,8 +474,12 @@ class TorchVerifier:
         feedback = []
         for r, rid, w in zip(rows, ids, walks, strict=True):
             req = self._requests[rid]
-            path = torch.tensor(w.path, dtype=torch.long, device=dev)
-            feedback.append(TargetFeedback(self._features(hidden_states or (), path, r), req.past))
+            if self.tap_layer_ids and hidden_states:
+                layers = [hidden_states[j + 1] for j in self.tap_layer_ids]
+                feedback.append(TargetFeedback.tapped(layers, list(w.path), r, req.past))
+            else:
+                path = torch.tensor(w.path, dtype=torch.long, device=dev)
+                feedback.append(TargetFeedback(self._features((), path, r), req.past))
             for i, node in enumerate(w.path):
                 if length + node != req.past + i:
                     src_rows.append(r)
