@@ -75,6 +75,12 @@ class TargetFeedback:
     __slots__ = ("_features", "_source", "length", "start")
 
     def __init__(self, features: torch.Tensor, start: int) -> None:
+        if not isinstance(features, torch.Tensor) or features.dim() != 2:
+            raise BackendError(
+                f"features must be a 2-D tensor [tokens, taps · hidden]; got {features!r:.80}"
+            )
+        if isinstance(start, bool) or not isinstance(start, int | np.integer) or start < 0:
+            raise BackendError(f"start must be a sequence position ≥ 0; got {start!r:.80}")
         self._features: torch.Tensor | None = features
         self._source: tuple[list[torch.Tensor], list[int], int] | None = None
         self.length = int(features.shape[0])  # m
