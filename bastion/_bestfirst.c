@@ -466,6 +466,36 @@ static Py_ssize_t forest_grow(const double *p, Py_ssize_t b, Py_ssize_t depth, P
     return m;
 }
 
+/* The forest's trees as the caller returns them: each request's root, then the first
+   keep[r] - 1 nodes added for it (all of them where keep is forest_grow's count), at its
+   position in its own best-first order; offsets from keep. tokens (may be NULL): the roots'
+   -1 and each node's token from ids [B, depth, k]. */
+static void forest_scatter(Py_ssize_t b, Py_ssize_t m, const int64_t *keep, const int64_t *g_req,
+                           const int64_t *g_pos, const int64_t *g_par, const int64_t *g_dep,
+                           const int64_t *g_rnk, const double *g_sco, const int64_t *ids,
+                           Py_ssize_t depth, Py_ssize_t k, int64_t *off, int64_t *par,
+                           int64_t *dep, int64_t *rnk, double *sco, int64_t *tok) {
+    off[0] = 0;
+    for (Py_ssize_t r = 0; r < b; r++) {
+        off[r + 1] = off[r] + keep[r];
+        par[off[r]] = -1;
+        dep[off[r]] = 0;
+        rnk[off[r]] = -1;
+        sco[off[r]] = 1.0;
+        if (tok) tok[off[r]] = -1;
+    }
+    for (Py_ssize_t j = 0; j < m; j++) {
+        Py_ssize_t r = g_req[j], pos = g_pos[j];
+        if (pos >= keep[r]) continue;
+        Py_ssize_t at = off[r] + pos;
+        par[at] = g_par[j];
+        dep[at] = g_dep[j];
+        rnk[at] = g_rnk[j];
+        sco[at] = g_sco[j];
+        if (tok) tok[at] = ids[(r * depth + g_dep[j] - 1) * k + g_rnk[j]];
+    }
+}
+
 static PyObject *forest(PyObject *self, PyObject *args) {
     Py_buffer probs, caps;
     Py_ssize_t depth, k, total;
@@ -531,20 +561,9 @@ static PyObject *forest(PyObject *self, PyObject *args) {
         int64_t *off = (int64_t *)PyBytes_AS_STRING(o_off);
         int64_t *ord = (int64_t *)PyBytes_AS_STRING(o_ord);
         double *osc = (double *)PyBytes_AS_STRING(o_osc);
-        off[0] = 0;
-        for (Py_ssize_t r = 0; r < b; r++) {
-            off[r + 1] = off[r] + count[r];
-            par[off[r]] = -1;
-            dep[off[r]] = 0;
-            rnk[off[r]] = -1;
-            sco[off[r]] = 1.0;
-        }
+        forest_scatter(b, m, count, g_req, g_pos, g_par, g_dep, g_rnk, g_sco, NULL, depth, k,
+                       off, par, dep, rnk, sco, NULL);
         for (Py_ssize_t j = 0; j < m; j++) {
-            Py_ssize_t at = off[g_req[j]] + g_pos[j];
-            par[at] = g_par[j];
-            dep[at] = g_dep[j];
-            rnk[at] = g_rnk[j];
-            sco[at] = g_sco[j];
             ord[j] = g_req[j];
             osc[j] = g_sco[j];
         }
@@ -734,25 +753,9 @@ static PyObject *joint(PyObject *self, PyObject *args) {
         int64_t *rnk = (int64_t *)PyBytes_AS_STRING(o[2]), *tok = (int64_t *)PyBytes_AS_STRING(o[4]);
         double *sco = (double *)PyBytes_AS_STRING(o[3]);
         int64_t *off = (int64_t *)PyBytes_AS_STRING(o[5]);
-        off[0] = 0;
-        for (Py_ssize_t r = 0; r < b; r++) {
-            off[r + 1] = off[r] + alloc[r];
-            par[off[r]] = -1;
-            dep[off[r]] = 0;
-            rnk[off[r]] = -1;
-            sco[off[r]] = 1.0;
-            tok[off[r]] = -1;
-        }
-        for (Py_ssize_t j = 0; j < m; j++) { /* each request's first alloc - 1 added nodes */
-            Py_ssize_t r = g_req[j], pos = g_pos[j];
-            if (pos >= alloc[r]) continue;
-            Py_ssize_t at = off[r] + pos;
-            par[at] = g_par[j];
-            dep[at] = g_dep[j];
-            rnk[at] = g_rnk[j];
-            sco[at] = g_sco[j];
-            tok[at] = tid[(r * depth + g_dep[j] - 1) * k + g_rnk[j]];
-        }
+        /* each request's first alloc - 1 added nodes */
+        forest_scatter(b, m, alloc, g_req, g_pos, g_par, g_dep, g_rnk, g_sco, tid, depth, k, off,
+                       par, dep, rnk, sco, tok);
         result = Py_BuildValue("(innnNNNNNNy#y#y#)", 0, chosen, (Py_ssize_t)more,
                                (Py_ssize_t)exhausted, o[0], o[1], o[2], o[3], o[4], o[5],
                                (char *)a_hat, (m + 1) * f8, (char *)c_hat, (m + 1) * f8,
