@@ -168,8 +168,6 @@ class LearnedCostModel:
         # what candidate_cycles multiplies: the table's ratio and pessimism per lattice cell
         # and AR ratio (per refresh), the prior's cycle per size and AR cycle (per context step)
         self._single_table: tuple[int, FloatArray, FloatArray, float] | None = None
-        self._single_last: tuple[int, int, FloatArray, float] | None = None  # see _single
-        self._even_last: tuple[int, int, int, FloatArray] | None = None  # see _even_prior
         self._mode_memo: dict[tuple[str, int, int, int], tuple[tuple[int, int, int], float]] = {}
         self._single_priced: dict[
             tuple[int, int], tuple[IntArray, IntArray, FloatArray, float]
@@ -423,13 +421,9 @@ class LearnedCostModel:
     def _even_prior(self, ctx: IntArray, top: int) -> FloatArray:
         """The prior's batch cycle for totals B … ``top`` along an even spread."""
         b = ctx.shape[0]
-        mean = _mean_context(ctx)
-        last = self._even_last  # the same batch several times a step: one lookup
-        if last is not None and last[:3] == (b, mean // MODE_CONTEXT_STEP, top):
-            return last[3]
-        even = self._anchored(("even", b, top), b, mean, lambda c: self._prior(c, None, top).cycle)
-        self._even_last = (b, mean // MODE_CONTEXT_STEP, top, even)
-        return even
+        return self._anchored(
+            ("even", b, top), b, _mean_context(ctx), lambda c: self._prior(c, None, top).cycle
+        )
 
     def mode_cycle(self, kind: CycleKind, contexts: IntArray, depth: int) -> float:
         """The learned cycle of a whole step of ``kind`` ("ar" or "chain" with ``depth``
@@ -471,15 +465,12 @@ class LearnedCostModel:
         top = SINGLE_PRIOR_SIZES
         while top < n:
             top *= 2
-        step = int(context_len) // MODE_CONTEXT_STEP
-        last = self._single_last  # the same context step several times a step: one lookup
-        if last is not None and last[0] == step and last[1] == top:
-            return last[2], last[3]
         both = self._anchored(("single", top), 1, int(context_len), self._single_price(top))
-        self._single_last = (step, top, both[:-1], float(both[-1]))
         return both[:-1], float(both[-1])
 
     def _single_price(self, top: int) -> PriceFn:
+        """The batch-1 prior's pricing of N = 1 … ``top`` and AR."""
+
         def price(c: IntArray) -> FloatArray:
             cc = self.prior.cost_curve(top, StepLoad(int(c[0])))
             return np.append(cc.draft_s + cc.prep_s + cc.verify_s[:top], cc.ar_step_s)
