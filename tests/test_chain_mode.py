@@ -4,6 +4,8 @@ no decision), and only such steps price the chain in the learned table."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -213,3 +215,45 @@ def test_the_chain_shadow_is_what_the_chain_cut_at_the_tree_depth_commits(
     assert walked is not None
     assert realised == float(np.sum(walked[0] + 1))
     assert predicted == pytest.approx(float(chain_batch.scores.sum()), rel=1e-12)
+
+
+class CountingPrior(FlatPrior):
+    """A FlatPrior that counts the verify-only observations the engine hands it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observed = 0
+
+    def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
+        self.observed += 1
+
+
+class CountingLearner(LearnedCostModel):
+    """A LearnedCostModel that counts the verify-only observations the engine hands it."""
+
+    observed = 0
+    steps = 0
+
+    def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
+        self.observed += 1
+
+    def observe_step(self, *args: Any, **kwargs: Any) -> None:
+        self.steps += 1
+        super().observe_step(*args, **kwargs)
+
+
+def test_the_engine_hands_verify_passes_only_to_a_model_that_learns_from_them() -> None:
+    """A plain cost model sees every step's verify pass; a learning one (which learns whole
+    steps through observe_step and ignores verify passes) is not handed them: the engine
+    builds no load for it."""
+    prior = CountingPrior()
+    engine = SpecEngine(SureDrafter(), make_policy("fixed:4"), TopChainVerifier(), cost_model=prior)
+    for _ in range(3):
+        engine.step(_requests(2))
+    assert prior.observed == 3
+    learner = CountingLearner(FlatPrior(), explore_every=0)
+    engine = SpecEngine(SureDrafter(), LearningPolicy(64), TopChainVerifier(), cost_model=learner)
+    for _ in range(3):
+        engine.step(_requests(2))
+    assert learner.observed == 0
+    assert learner.steps == 3  # it learned the three steps instead

@@ -320,10 +320,39 @@ def test_batch_bucket_is_the_nearest_power_of_two_in_log_scale() -> None:
             batch_bucket(bad)  # type: ignore[arg-type]
 
 
+class ContextPrior(FlatPrior):
+    """A FlatPrior whose cycle also grows with the context (so an anchor priced at the wrong
+    context reads differently)."""
+
+    def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
+        n = np.arange(1, max_tree_size + 1, dtype=np.float64)
+        extra = 1e-6 * load.context_len
+        return CostCurve(0.0, 0.0, self.base + self.slope * n + extra, self.ar + extra)
+
+
+def test_memoised_cycles_follow_the_table() -> None:
+    """The batch-1 candidate cycles and the mode cycles are kept between steps, but not past a
+    change of the table: after the AR and N = 64 cells are measured at twice the prior, both
+    read twice the prior (the noise is 0, so no pessimism)."""
+    learner = LearnedCostModel(FlatPrior(), explore_every=0)
+    ctx, sixty_four = np.array([100]), np.array([64])
+    learner.observe_cycle("ar", ctx, np.array([1]), 8e-3)
+    learner.observe_cycle("tree", ctx, sixty_four, 10e-3 + 64 * 10e-6)
+    before_ar = learner.mode_cycle("ar", ctx, 0)
+    sizes, _, before, _ = learner.candidate_cycles(1024, 100)
+    cell = int(np.searchsorted(sizes, 64))
+    assert before_ar == pytest.approx(8e-3) and before[cell] == pytest.approx(10.64e-3)
+    for _ in range(16):
+        learner.observe_cycle("ar", ctx, np.array([1]), 16e-3)
+        learner.observe_cycle("tree", ctx, sixty_four, 2 * (10e-3 + 64 * 10e-6))
+    assert learner.mode_cycle("ar", ctx, 0) == pytest.approx(16e-3)
+    assert learner.candidate_cycles(1024, 100)[2][cell] == pytest.approx(21.28e-3)
+
+
 def test_prime_prices_the_batch_1_anchors_early_and_changes_nothing() -> None:
     """Start-up priming is a cache filled early: the candidate cycles a decode reads at any
     context are the same with or without it, and the anchors exist before the decode."""
-    primed, lazy = LearnedCostModel(FlatPrior(slope=2e-6)), LearnedCostModel(FlatPrior(slope=2e-6))
+    primed, lazy = LearnedCostModel(ContextPrior()), LearnedCostModel(ContextPrior())
     primed.prime(4096)
     assert len(primed._anchors) == 4096 // 512 + 2 and not lazy._anchors
     for context in (0, 700, 3000, 9000):
