@@ -343,8 +343,8 @@ done:
 }
 
 /* ---------------------------------------------------------------------------------------------
- * forest(probs, depth, k, caps, total)
- *     -> (parents, depths, ranks, scores, offsets, order, order_scores, more)
+ * forest(probs, depth, k, caps, total[, token_ids])
+ *     -> (parents, depths, ranks, scores, offsets, order, order_scores, more[, tokens])
  *
  * The B best-first trees of one serving step grown together: one heap over every request's
  * frontier, key (-score, request, depth, parent position, rank), so the nodes are added in the
@@ -354,7 +354,8 @@ done:
  *   outputs: the B trees concatenated request by request, each in its own best-first order,
  *            root first (as build() returns them), B + 1 offsets; order, order_scores: for the
  *            j-th added node, its request (int64) and its score; more: 1 if some request could
- *            still grow.
+ *            still grow; tokens (given token_ids, B * depth * k int64): each node's token,
+ *            the roots' -1.
  * ------------------------------------------------------------------------------------------- */
 typedef struct {
     double score;
@@ -497,10 +498,11 @@ static void forest_scatter(Py_ssize_t b, Py_ssize_t m, const int64_t *keep, cons
 }
 
 static PyObject *forest(PyObject *self, PyObject *args) {
-    Py_buffer probs, caps;
+    Py_buffer probs, caps, ids = {0};
     Py_ssize_t depth, k, total;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*nny*n", &probs, &depth, &k, &caps, &total)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*nny*n|y*", &probs, &depth, &k, &caps, &total, &ids))
+        return NULL;
     Py_ssize_t b = caps.len / (Py_ssize_t)sizeof(int64_t);
     const double *p = (const double *)probs.buf;
     const int64_t *cap = (const int64_t *)caps.buf;
@@ -509,11 +511,12 @@ static PyObject *forest(PyObject *self, PyObject *args) {
             *g_rnk = NULL;
     double *g_sco = NULL;
     PyObject *o_par = NULL, *o_dep = NULL, *o_rnk = NULL, *o_sco = NULL, *o_off = NULL,
-             *o_ord = NULL, *o_osc = NULL;
+             *o_ord = NULL, *o_osc = NULL, *o_tok = NULL;
     if (depth < 1 || k < 1 || total < 0 || b <= 0 || caps.len % (Py_ssize_t)sizeof(int64_t) ||
         depth > INT32_MAX || k > INT32_MAX || b > INT32_MAX ||
         b > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(double) / depth / k ||
-        probs.len != b * depth * k * (Py_ssize_t)sizeof(double)) {
+        probs.len != b * depth * k * (Py_ssize_t)sizeof(double) ||
+        (ids.buf && ids.len != b * depth * k * (Py_ssize_t)sizeof(int64_t))) {
         PyErr_SetString(PyExc_ValueError, "forest: inconsistent sizes");
         goto done;
     }
@@ -553,6 +556,10 @@ static PyObject *forest(PyObject *self, PyObject *args) {
     o_ord = PyBytes_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(int64_t));
     o_osc = PyBytes_FromStringAndSize(NULL, m * (Py_ssize_t)sizeof(double));
     if (!o_par || !o_dep || !o_rnk || !o_sco || !o_off || !o_ord || !o_osc) goto done;
+    if (ids.buf) {
+        o_tok = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+        if (!o_tok) goto done;
+    }
     {
         int64_t *par = (int64_t *)PyBytes_AS_STRING(o_par);
         int64_t *dep = (int64_t *)PyBytes_AS_STRING(o_dep);
@@ -561,15 +568,22 @@ static PyObject *forest(PyObject *self, PyObject *args) {
         int64_t *off = (int64_t *)PyBytes_AS_STRING(o_off);
         int64_t *ord = (int64_t *)PyBytes_AS_STRING(o_ord);
         double *osc = (double *)PyBytes_AS_STRING(o_osc);
-        forest_scatter(b, m, count, g_req, g_pos, g_par, g_dep, g_rnk, g_sco, NULL, depth, k,
-                       off, par, dep, rnk, sco, NULL);
+        forest_scatter(b, m, count, g_req, g_pos, g_par, g_dep, g_rnk, g_sco,
+                       ids.buf ? (const int64_t *)ids.buf : NULL, depth, k, off, par, dep, rnk,
+                       sco, o_tok ? (int64_t *)PyBytes_AS_STRING(o_tok) : NULL);
         for (Py_ssize_t j = 0; j < m; j++) {
             ord[j] = g_req[j];
             osc[j] = g_sco[j];
         }
     }
-    result = Py_BuildValue("(OOOOOOOi)", o_par, o_dep, o_rnk, o_sco, o_off, o_ord, o_osc, more);
+    if (o_tok)
+        result = Py_BuildValue("(OOOOOOOiO)", o_par, o_dep, o_rnk, o_sco, o_off, o_ord, o_osc,
+                               more, o_tok);
+    else
+        result = Py_BuildValue("(OOOOOOOi)", o_par, o_dep, o_rnk, o_sco, o_off, o_ord, o_osc,
+                               more);
 done:
+    Py_XDECREF(o_tok);
     Py_XDECREF(o_par);
     Py_XDECREF(o_dep);
     Py_XDECREF(o_rnk);
@@ -587,6 +601,7 @@ done:
     free(g_sco);
     PyBuffer_Release(&probs);
     PyBuffer_Release(&caps);
+    if (ids.buf) PyBuffer_Release(&ids);
     return result;
 }
 
@@ -871,7 +886,7 @@ done:
 }
 
 /* learn(offsets, parents, depths, ranks, scores, accepted, counts, order, raw, k,
- *       pred, real, ranks_tracked, a_decay, da, dt, weight, s_decay, lattice) -> None
+ *       pred, real, ranks_tracked, a_decay, da, dt, weight, s_decay, lattice) -> (run, deepest)
  *   One verified tree step of B requests folded into the learning controller's two
  *   calibrations, in place (bastion.observed: AcceptanceCalibration.observe and
  *   SizeCalibration.observe — the same operations in the same order, so the results are
@@ -907,10 +922,11 @@ static PyObject *learn(PyObject *self, PyObject *args) {
     Py_ssize_t k, ranks_tr;
     double a_decay, s_decay;
     PyObject *result = NULL;
-    char *on = NULL;
+    char *on = NULL, *on_rank = NULL;
     double *tmp = NULL, *gains = NULL;
     Py_ssize_t *rank = NULL, *path = NULL;
     merged *items = NULL;
+    PyObject *o_run = NULL, *o_deep = NULL;
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*nw*w*ndw*w*w*dy*", &off, &par, &dep, &rnk,
                           &sco, &acc, &cnt, &ord, &raw, &k, &prd, &rea, &ranks_tr, &a_decay, &da,
                           &dt, &wt, &s_decay, &lat))
@@ -998,6 +1014,29 @@ static PyObject *learn(PyObject *self, PyObject *args) {
         pred[c] += tmp[c];
         real[c] += tmp[cells + c];
     }
+    /* the chain's shadow: each request's leading rank-0 run and its tree's depth */
+    o_run = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
+    o_deep = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
+    if (!o_run || !o_deep) goto done;
+    {
+        int64_t *run = (int64_t *)PyBytes_AS_STRING(o_run);
+        int64_t *deep = (int64_t *)PyBytes_AS_STRING(o_deep);
+        Py_ssize_t t = 0;
+        for (Py_ssize_t i = 0; i < b; i++) {
+            Py_ssize_t a = offsets[i];
+            int64_t lead = 0, most = 0;
+            int open = 1;
+            for (int64_t c = 0; c < counts[i]; c++, t++) {
+                open = open && ranks[a + accepted[t]] == 0;
+                lead += open;
+            }
+            for (Py_ssize_t j = a; j < offsets[i + 1]; j++)
+                if (depths[j] > most) most = depths[j];
+            run[i] = lead;
+            deep[i] = most;
+        }
+    }
+    if (nl == 0) goto shadow;
     /* sizes: the merged order's gains and each accepted node's rank in it */
     Py_ssize_t m_all = n - b;
     if (b == 1) {
@@ -1011,11 +1050,55 @@ static PyObject *learn(PyObject *self, PyObject *args) {
             PyErr_NoMemory();
             goto done;
         }
-        Py_ssize_t t = 0;
-        for (Py_ssize_t i = 0; i < b; i++)
-            for (Py_ssize_t j = offsets[i] + 1; j < offsets[i + 1]; j++)
-                items[t++] = (merged){scores[j], i, j - offsets[i], j};
-        qsort(items, (size_t)m_all, sizeof(merged), merged_before);
+        int ordered = 1; /* each tree's non-root scores non-increasing (best-first order) */
+        for (Py_ssize_t i = 0; i < b && ordered; i++)
+            for (Py_ssize_t j = offsets[i] + 2; j < offsets[i + 1]; j++)
+                if (!(scores[j] <= scores[j - 1])) ordered = 0;
+        if (ordered) { /* then merging the B runs gives the sort's order, in O(N log B) */
+            merged *heads = (merged *)malloc((size_t)b * sizeof(merged));
+            if (!heads) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            Py_ssize_t h = 0;
+            for (Py_ssize_t i = 0; i < b; i++) {
+                if (offsets[i] + 1 >= offsets[i + 1]) continue;
+                merged e = {scores[offsets[i] + 1], i, 1, offsets[i] + 1};
+                Py_ssize_t at = h++; /* sift up */
+                while (at > 0 && merged_before(&e, &heads[(at - 1) / 2]) < 0) {
+                    heads[at] = heads[(at - 1) / 2];
+                    at = (at - 1) / 2;
+                }
+                heads[at] = e;
+            }
+            for (Py_ssize_t t = 0; t < m_all; t++) {
+                merged top = heads[0];
+                items[t] = top;
+                merged e;
+                if (top.node + 1 < offsets[top.request + 1]) {
+                    e = (merged){scores[top.node + 1], top.request, top.within + 1, top.node + 1};
+                } else {
+                    e = heads[--h];
+                }
+                Py_ssize_t at = 0; /* sift down */
+                for (;;) {
+                    Py_ssize_t c = 2 * at + 1;
+                    if (c >= h) break;
+                    if (c + 1 < h && merged_before(&heads[c + 1], &heads[c]) < 0) c++;
+                    if (merged_before(&heads[c], &e) >= 0) break;
+                    heads[at] = heads[c];
+                    at = c;
+                }
+                if (h > 0) heads[at] = e;
+            }
+            free(heads);
+        } else {
+            Py_ssize_t t = 0;
+            for (Py_ssize_t i = 0; i < b; i++)
+                for (Py_ssize_t j = offsets[i] + 1; j < offsets[i + 1]; j++)
+                    items[t++] = (merged){scores[j], i, j - offsets[i], j};
+            qsort(items, (size_t)m_all, sizeof(merged), merged_before);
+        }
         for (Py_ssize_t t2 = 0; t2 < m_all; t2++) {
             gains[t2] = items[t2].score;
             rank[items[t2].node] = t2 + 1;
@@ -1032,14 +1115,20 @@ static PyObject *learn(PyObject *self, PyObject *args) {
     }
     {
         double sum = 0.0, prev_a = (double)b, prev_t = (double)b;
-        Py_ssize_t summed = 0;
+        Py_ssize_t summed = 0, ranked = 0, hits = 0;
+        /* accepted nodes per merged rank 1 … N - B (each rank holds one node) */
+        on_rank = (char *)calloc((size_t)(m_all + 1), 1);
+        if (!on_rank) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t q = 0; q < np_; q++) on_rank[path[q]] = 1;
         for (Py_ssize_t c = 0; c < nl && lattice[c] <= n; c++) {
             if (lattice[c] < b) continue;
             Py_ssize_t m = (Py_ssize_t)lattice[c] - b;
             while (summed < m) sum += gains[summed++];
             double at = (double)b + sum;
-            Py_ssize_t hits = 0;
-            for (Py_ssize_t q = 0; q < np_; q++) hits += path[q] <= m;
+            while (ranked < m) hits += on_rank[++ranked];
             double tau = (double)(b + hits);
             sda[c] += at - prev_a;
             sdt[c] += tau - prev_t;
@@ -1048,10 +1137,13 @@ static PyObject *learn(PyObject *self, PyObject *args) {
             prev_t = tau;
         }
     }
-    result = Py_None;
-    Py_INCREF(result);
+shadow:
+    result = PyTuple_Pack(2, o_run, o_deep);
 done:
+    Py_XDECREF(o_run);
+    Py_XDECREF(o_deep);
     free(on);
+    free(on_rank);
     free(tmp);
     free(gains);
     free(rank);

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from bastion.joint import JointDiagnostics
 
 IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 
 try:  # the compiled batch-1 size choice (bastion._bestfirst.choose); the loop below without it
     from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
@@ -348,7 +349,12 @@ class LearningPolicy:
             explore, again = _plan(learner, b)
         if again is not None:
             return self._repeat(again, cal, context)
-        learner.last_top1 = cal.probs[:, :, 0]  # a deciding step's trees teach the chain's shadow
+        # a deciding step's trees teach the chain's shadow: its top-1 marginals and the chain's
+        # Â less its root, cut at every depth
+        top1 = cal.probs[:, :, 0]
+        chain_cut: FloatArray = np.cumprod(top1, axis=1, dtype=np.float64)
+        np.cumsum(chain_cut, axis=1, out=chain_cut)
+        learner.last_top1, learner.last_chain = top1, chain_cut
         if b == 1:
             ctx = int(contexts[0])
             start = 64
@@ -384,8 +390,7 @@ class LearningPolicy:
             s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
             c_tree = learner.joint_cycle(contexts, jdiag.total_size)
         depth = int(cal.probs.shape[1])
-        top1 = cal.probs[:, :, 0]
-        a_chain = (b + float(np.cumprod(top1, axis=1).sum())) * learner.chain_ratio()
+        a_chain = (b + float(chain_cut[:, -1].sum())) * learner.chain_ratio()
         c_chain = learner.mode_cycle("chain", contexts, depth)
         s_chain = a_chain * ar_s / c_chain
         if s_chain > s_tree and not explore:  # an exploring step keeps its tree

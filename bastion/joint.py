@@ -61,6 +61,11 @@ from bastion.guard import array, public
 from bastion.interfaces import CostCurve, CostModel, RequestLoad, StepLoad
 from bastion.tree import DraftMarginals, DraftTree
 
+try:
+    from bastion import _bestfirst as _compiled  # type: ignore[attr-defined]
+except ImportError:  # no C compiler at install time: the forest's Python heap instead
+    _compiled = None
+
 __all__ = [
     "JointCostModel",
     "JointCurve",
@@ -338,7 +343,20 @@ def forest_batch(marginals: BatchMarginals, n_max: int, total: int) -> TreeBatch
     """The B best-first trees of a batch grown together in merged order to ``total`` nodes,
     roots included (fewer where the lattices run out), at most ``n_max`` per request — the
     allocation the joint budget makes for that total; root tokens −1."""
-    b = marginals.probs.shape[0]
+    b, depth, k = marginals.probs.shape
+    if _compiled is not None:  # the hot path (a standing joint decision): tokens looked up there
+        out = _compiled.forest(
+            np.ascontiguousarray(marginals.probs, np.float64),
+            depth,
+            k,
+            np.full(b, n_max, np.int64),
+            max(total - b, 0),
+            np.ascontiguousarray(marginals.token_ids, np.int64),
+        )
+        offsets, parents, tokens, depths, ranks = (
+            np.frombuffer(out[i], np.int64) for i in (4, 0, 8, 1, 2)
+        )
+        return TreeBatch(offsets, parents, tokens, depths, np.frombuffer(out[3]), ranks)
     parents, depths, ranks, scores, offsets, *_ = best_first_forest(
         marginals.probs, n_max, max(total - b, 0)
     )

@@ -61,7 +61,8 @@ from bastion.observed import (
     AcceptanceCalibration,
     SizeCalibration,
     chain_shadow,
-    observe_tree_step,
+    learn_step,
+    shadow_of,
 )
 
 __all__ = [
@@ -159,6 +160,8 @@ class LearnedCostModel:
         self._interval = 1  # steps it stands for (see decided)
         # the top-1 calibrated marginals of the last step's trees (the chain's shadow)
         self.last_top1: FloatArray | None = None
+        # … and the chain's Â less its root cut at every depth ([B, depth], see shadow_of)
+        self.last_chain: FloatArray | None = None
         # the controller's plan for the next step, made before drafting: (B, explore, repeat)
         self.pending_plan: tuple[int, bool, tuple[str, int, float] | None] | None = None
         self._joint = getattr(prior, "joint_cost_curve", None)
@@ -657,16 +660,22 @@ class LearnedCostModel:
             return
         self._since_draft = 0
         if kind == "tree":
-            if not observe_tree_step(self.acceptance, self.sizes, trees, accepted_nodes, committed):
+            learned = learn_step(self.acceptance, self.sizes, trees, accepted_nodes, committed)
+            if learned is None:
                 self.acceptance.observe(trees, accepted_nodes, committed)
                 self.sizes.observe(trees, accepted_nodes, committed)
             top1, self.last_top1 = self.last_top1, None
+            chain, self.last_chain = self.last_chain, None
             if top1 is not None and top1.shape[0] == b and top1.shape[1] > 0:
                 # what the chain would have committed (it is rarely run once trees win)
-                self._observe_chain(*chain_shadow(trees, accepted_nodes, committed, top1))
+                if learned is not None and chain is not None:
+                    self._observe_chain(*shadow_of(*learned, chain))
+                else:
+                    self._observe_chain(*chain_shadow(trees, accepted_nodes, committed, top1))
         elif kind == "chain":  # what the chain's Â realised, as the size calibration does
-            self.acceptance.observe(trees, accepted_nodes, committed)
-            self._observe_chain(float(np.sum(committed)), float(trees.scores.sum()))
+            if learn_step(self.acceptance, None, trees, accepted_nodes, committed) is None:
+                self.acceptance.observe(trees, accepted_nodes, committed)
+            self._observe_chain(float(np.add.reduce(committed)), float(trees.scores.sum()))
         ar = self.mode_cycle("ar", contexts, 0)
         realised = float(np.add.reduce(committed)) * ar / (b * cycle_s)
         threshold = 1.0 + self.margin

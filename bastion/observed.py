@@ -392,37 +392,76 @@ def observe_tree_step(
     time. Returns False, having done nothing, where it does not apply (no compiled kernel,
     root-only trees, marginals not from ``acceptance.calibrate``): the caller then runs the
     two ``observe`` methods."""
+    return learn_step(acceptance, sizes, trees, accepted_nodes, committed) is not None
+
+
+def learn_step(
+    acceptance: AcceptanceCalibration,
+    sizes: SizeCalibration | None,
+    trees: TreeBatch,
+    accepted_nodes: IntArray,
+    committed: IntArray,
+) -> tuple[IntArray, IntArray] | None:
+    """:func:`observe_tree_step` (``sizes`` None: the acceptance calibration only, what a
+    chain step teaches), returning per request the leading run of rank-0 nodes on the accepted
+    path and the tree's depth — :func:`chain_shadow`'s inputs, see :func:`shadow_of` — or
+    None, having done nothing, where the compiled call does not apply. The engine's hot path:
+    its arguments are trusted (the controller's own trees and the verifier's paths)."""
     last = acceptance._last
-    b = trees.size
+    b = trees.offsets.shape[0] - 1
     if _kernel is None or last is None or int(trees.offsets[-1]) == b:
-        return False
+        return None
     raw, order = last
     if raw.probs.shape[0] != b:
-        return False
+        return None
     acceptance._last = None
-    probs = np.ascontiguousarray(raw.probs, dtype=np.float64)
-    bucket = batch_bucket(b)
-    _kernel.learn(
-        np.ascontiguousarray(trees.offsets, dtype=np.int64),
-        np.ascontiguousarray(trees.parents, dtype=np.int64),
-        np.ascontiguousarray(trees.depths, dtype=np.int64),
-        np.ascontiguousarray(trees.ranks, dtype=np.int64),
-        np.ascontiguousarray(trees.scores, dtype=np.float64),
-        np.ascontiguousarray(accepted_nodes, dtype=np.int64),
-        np.ascontiguousarray(np.asarray(committed, dtype=np.int64) - 1),
-        b"" if order is None else np.ascontiguousarray(order, dtype=np.int64),
+    lattice: npt.NDArray[np.generic] = LATTICE
+    if sizes is None:
+        da = dt = weight = lattice = _EMPTY
+        s_decay = 1.0
+    else:
+        bucket = batch_bucket(b)
+        da, dt, weight = sizes._da[bucket], sizes._dt[bucket], sizes._weight[bucket]
+        s_decay = float(sizes.decay)
+    contiguous = np.ascontiguousarray
+    probs = contiguous(raw.probs, dtype=np.float64)
+    run, deepest = _kernel.learn(
+        contiguous(trees.offsets, dtype=np.int64),
+        contiguous(trees.parents, dtype=np.int64),
+        contiguous(trees.depths, dtype=np.int64),
+        contiguous(trees.ranks, dtype=np.int64),
+        contiguous(trees.scores, dtype=np.float64),
+        contiguous(accepted_nodes, dtype=np.int64),
+        np.asarray(committed, dtype=np.int64) - 1,
+        b"" if order is None else contiguous(order, dtype=np.int64),
         probs,
         int(probs.shape[2]),
         acceptance._pred,
         acceptance._real,
         acceptance.ranks,
         float(acceptance.decay),
-        sizes._da[bucket],
-        sizes._dt[bucket],
-        sizes._weight[bucket],
-        float(sizes.decay),
-        LATTICE,
+        da,
+        dt,
+        weight,
+        s_decay,
+        lattice,
     )
     acceptance._refresh()
-    sizes.version += 1
-    return True
+    if sizes is not None:
+        sizes.version += 1
+    return np.frombuffer(run, np.int64), np.frombuffer(deepest, np.int64)
+
+
+def shadow_of(run: IntArray, deepest: IntArray, chain: FloatArray) -> tuple[float, float]:
+    """:func:`chain_shadow` from :func:`learn_step`'s per-request leading runs and tree depths
+    and ``chain`` [B, depth], the cumulative sum of the cumulative product of the top-1
+    marginals along each request's row (the chain's Â less its root, cut at every depth)."""
+    b = run.shape[0]
+    if b == 1:  # the batch-1 controller's hot path
+        d = int(deepest[0])
+        return 1.0 + float(run[0]), 1.0 + (float(chain[0, d - 1]) if d > 0 else 0.0)
+    cut = chain[np.arange(b), np.maximum(deepest - 1, 0)]
+    return float(b + int(run.sum())), b + float(cut[deepest > 0].sum())
+
+
+_EMPTY = np.zeros(0, np.float64)

@@ -26,7 +26,13 @@ from bastion.interfaces import (
     VerifyResult,
 )
 from bastion.learned import LearnedCostModel
-from bastion.observed import SizeCalibration, chain_shadow
+from bastion.observed import (
+    AcceptanceCalibration,
+    SizeCalibration,
+    chain_shadow,
+    learn_step,
+    shadow_of,
+)
 from bastion.policies import ChainPolicy, make_policy
 from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.truth import get_truth
@@ -204,6 +210,15 @@ def test_the_chain_shadow_is_what_the_chain_cut_at_the_tree_depth_commits(
     for i, m in enumerate(rows):
         top1[i, : m.depth] = m.probs[:, 0]
     realised, predicted = chain_shadow(batch, nodes, counts + 1, top1)
+    # the learner's hot path: the compiled step's leading runs and depths, the cut chain's Â
+    acceptance = AcceptanceCalibration()
+    acceptance.calibrate(BatchMarginals.from_rows(rows))
+    learned = learn_step(acceptance, SizeCalibration(), batch, nodes, counts + 1)
+    if learned is not None:  # None where every tree is a root alone
+        chain_cut = np.cumsum(np.cumprod(top1, axis=1), axis=1)
+        fast = shadow_of(*learned, chain_cut)
+        assert fast[0] == realised
+        assert fast[1] == pytest.approx(predicted, rel=1e-12)
     chains = []
     for m, t in zip(rows, trees, strict=True):
         cut = int(np.max(t.depths))

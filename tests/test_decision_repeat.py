@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bastion.batch import BatchMarginals, StepRequests, TreeBatch
 from bastion.controller import LearningPolicy
@@ -16,6 +18,8 @@ from bastion.joint import forest_batch
 from bastion.learned import LearnedCostModel
 from bastion.policies import make_policy
 from bastion.sim.gpu import GroundTruth, SimulatedGPU
+from bastion.tree import DraftMarginals
+from tests.strategies import batches
 
 
 class FlatPrior:
@@ -172,3 +176,28 @@ def test_the_simulator_charges_the_path_taken() -> None:
     )
     with pytest.raises(ConfigError, match="controller_repeat"):
         GroundTruth("v", controller_repeat_single_s=-2.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=batches(max_requests=4, max_depth=5), n_max=st.integers(1, 12), extra=st.integers(0, 40)
+)
+def test_the_compiled_forest_batch_equals_the_python_lookup(
+    rows: list[DraftMarginals], n_max: int, extra: int
+) -> None:
+    """A standing joint decision's trees: the kernel looks up the tokens itself, exactly as the
+    Python wrapping does from the forest's arrays (roots' token −1)."""
+    import bastion.joint as joint
+
+    if joint._compiled is None:
+        pytest.skip("the compiled kernel is not built")
+    cal = BatchMarginals.from_rows(rows)
+    total = len(rows) + extra
+    fast = forest_batch(cal, n_max, total)
+    saved, joint._compiled = joint._compiled, None
+    try:
+        slow = forest_batch(cal, n_max, total)
+    finally:
+        joint._compiled = saved
+    for name in ("offsets", "parents", "depths", "ranks", "scores", "tokens"):
+        assert np.array_equal(getattr(fast, name), getattr(slow, name)), name

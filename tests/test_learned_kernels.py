@@ -212,3 +212,96 @@ def test_learn_kernel_equals_the_two_observe_methods_batched(seed: int) -> None:
     assert a1.steps == a2.steps > 20 and s1.version == s2.version
     _assert_same_state(a1, s1, a2, s2)
     assert s1._weight[1:].sum() > 0  # batched buckets were learned
+
+
+def _unordered_steps(seed: int, count: int):  # type: ignore[no-untyped-def]
+    """Batched steps whose trees are not in best-first order: each request's root with its
+    depth-1 candidates in ascending probability (valid trees, scores rising along the order)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        b, k = int(rng.integers(2, 5)), int(rng.integers(2, 5))
+        p = np.sort(rng.dirichlet(np.ones(k + 1), size=(b, 1))[..., :k], axis=-1)[..., ::-1]
+        ids = np.broadcast_to(np.arange(k), (b, 1, k)).copy()
+        target = rng.integers(0, k + 1, size=b)  # k: a token never drafted
+        out.append((ids, np.ascontiguousarray(p), target))
+    return out
+
+
+def _run_unordered(steps, compiled: bool):  # type: ignore[no-untyped-def]
+    acc, sizes = AcceptanceCalibration(depth=2, ranks=3), SizeCalibration()
+    for ids, p, target in steps:
+        b, _, k = p.shape
+        cal = acc.calibrate(BatchMarginals(ids, p))
+        ranks = np.arange(k - 1, -1, -1)  # the least likely candidate first
+        trees, nodes = [], []
+        for i in range(b):
+            trees.append(
+                tree_from_arrays(
+                    (
+                        np.r_[-1, np.zeros(k, np.int64)],
+                        np.r_[0, np.ones(k, np.int64)],
+                        np.r_[-1, ranks],
+                        np.r_[1.0, cal.probs[i, 0, ranks]],
+                    ),
+                    cal.row(i),
+                )
+            )
+            hit = np.flatnonzero(trees[-1].tokens[1:] == target[i]) + 1
+            nodes.append(hit)
+        batch = TreeBatch.from_trees(trees)
+        flat = np.concatenate(nodes).astype(np.int64)
+        done = np.array([n.size + 1 for n in nodes])
+        if not (compiled and observe_tree_step(acc, sizes, batch, flat, done)):
+            acc.observe(batch, flat, done)
+            sizes.observe(batch, flat, done)
+    return acc, sizes
+
+
+@needs_kernel
+@pytest.mark.parametrize("seed", range(4))
+def test_learn_kernel_equals_numpy_on_trees_not_in_best_first_order(seed: int) -> None:
+    """The kernel merges each tree's run of non-increasing scores; a tree that is not sorted
+    so must take the general sort (the merged order the numpy form's lexsort gives)."""
+    steps = _unordered_steps(seed, 30)
+    a1, s1 = _run_unordered(steps, compiled=True)
+    a2, s2 = _run_unordered(steps, compiled=False)
+    assert s1.version == s2.version > 20
+    _assert_same_state(a1, s1, a2, s2)
+    assert s1._dt[1:].sum() > 0  # accepted nodes were ranked
+
+
+@needs_kernel
+@pytest.mark.parametrize("seed", range(4))
+def test_a_chain_step_teaches_the_acceptance_calibration_only(seed: int) -> None:
+    """learn_step without a size calibration (a chain step) is AcceptanceCalibration.observe
+    bit for bit, and returns each request's leading rank-0 run and its chain's depth."""
+    from bastion.batch import chain_batch
+    from bastion.observed import learn_step
+
+    states, accepted = [], 0
+    for compiled in (True, False):
+        acc = AcceptanceCalibration(depth=3, ranks=3)
+        for ids, p, _, target in _batch_steps(seed, 30):
+            cal = acc.calibrate(BatchMarginals(ids, p))
+            trees = chain_batch(cal)
+            counts = np.zeros(trees.size, np.int64)
+            for i in range(trees.size):  # the chain's accepted run against the target
+                for d in range(p.shape[1]):
+                    if cal.token_ids[i, d, 0] != target[i, d]:
+                        break
+                    counts[i] += 1
+            flat = np.concatenate([np.arange(1, c + 1) for c in counts]).astype(np.int64)
+            learned = learn_step(acc, None, trees, flat, counts + 1) if compiled else None
+            if learned is None:
+                acc.observe(trees, flat, counts + 1)
+            else:
+                assert np.array_equal(learned[0], counts)
+                assert np.array_equal(learned[1], np.diff(trees.offsets) - 1)
+                accepted += int(counts.sum())
+        states.append(acc)
+    a1, a2 = states
+    assert a1.steps == a2.steps > 20
+    for x, y in ((a1._pred, a2._pred), (a1._real, a2._real), (a1._g, a2._g)):
+        assert np.array_equal(x, y)
+    assert accepted > 0  # some chains accepted tokens
