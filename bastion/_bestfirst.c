@@ -614,7 +614,8 @@ done:
  * controller's stepped decision curve (bastion.learned.LearnedCostModel.joint_decision_curve),
  * in one call: the chain is forest()'s merged order, regrown while the bound needs more, its
  * cost for m added nodes min(best_above[cells[j]], even[m] * unit[cells[m]]) for j = 0 … m.
- * probs, token_ids: B * depth * k; mass: B lattice masses (bastion.joint._lattice_mass);
+ * probs, token_ids: B * depth * k; mass: B lattice masses (bastion.joint._lattice_mass), or
+ * empty: computed here, its sums sequential (the bound's slack of 1e-9 covers the order);
  * cells: the lattice cell of every total B … B + len(cells) - 1; best_above, unit: per cell;
  * even: per total; total: the first round's added nodes; most: B * (n_max - 1).
  * status 0: done; -1: a priced cost is not finite and > 0 (the caller prices it again to
@@ -631,7 +632,7 @@ static PyObject *joint(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*nnnnny*y*y*y*y*d", &probs, &ids, &depth, &k, &n_max, &total,
                           &most, &massb, &cellsb, &aboveb, &evenb, &unitb, &ar))
         return NULL;
-    Py_ssize_t b = massb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t b = depth > 0 && k > 0 ? probs.len / (Py_ssize_t)sizeof(double) / depth / k : 0;
     Py_ssize_t ntot = cellsb.len / (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t ncell = aboveb.len / (Py_ssize_t)sizeof(double);
     const int64_t *cells = (const int64_t *)cellsb.buf;
@@ -639,11 +640,13 @@ static PyObject *joint(PyObject *self, PyObject *args) {
     int64_t *count = NULL, *g_req = NULL, *g_pos = NULL, *g_par = NULL, *g_dep = NULL,
             *g_rnk = NULL, *cap = NULL, *alloc = NULL;
     double *g_sco = NULL, *a_hat = NULL, *c_hat = NULL, *s_hat = NULL, *built = NULL;
+    double *own_mass = NULL;
     if (depth < 1 || k < 1 || b < 1 || n_max < 1 || total < 0 || most < 0 || depth > INT32_MAX ||
         k > INT32_MAX || b > INT32_MAX || !holds_exactly(probs.len, sizeof(double), b, depth, k) ||
         !holds_exactly(ids.len, sizeof(int64_t), b, depth, k) || ntot < 1 || ncell < 1 ||
         evenb.len != ntot * (Py_ssize_t)sizeof(double) ||
-        unitb.len != ncell * (Py_ssize_t)sizeof(double) || most > b * (n_max - 1)) {
+        unitb.len != ncell * (Py_ssize_t)sizeof(double) || most > b * (n_max - 1) ||
+        (massb.len != 0 && massb.len != b * (Py_ssize_t)sizeof(double))) {
         PyErr_SetString(PyExc_ValueError, "joint: inconsistent sizes");
         goto done;
     }
@@ -656,6 +659,24 @@ static PyObject *joint(PyObject *self, PyObject *args) {
     if (total > most) total = most;
     {
         const double *p = (const double *)probs.buf, *mass = (const double *)massb.buf;
+        if (massb.len == 0) { /* bastion.joint._lattice_mass, its sums sequential */
+            own_mass = malloc((size_t)b * sizeof(double));
+            if (!own_mass) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (Py_ssize_t r = 0; r < b; r++) {
+                double row = 1.0, sum = 0.0;
+                for (Py_ssize_t d = 0; d < depth; d++) {
+                    double level = 0.0;
+                    for (Py_ssize_t j = 0; j < k; j++) level += p[(r * depth + d) * k + j];
+                    row *= level;
+                    sum += row;
+                }
+                own_mass[r] = (1.0 + sum) * (1.0 + 1e-9);
+            }
+            mass = own_mass;
+        }
         const double *above = (const double *)aboveb.buf, *even = (const double *)evenb.buf;
         const double *unit = (const double *)unitb.buf;
         const int64_t *tid = (const int64_t *)ids.buf;
@@ -777,6 +798,7 @@ static PyObject *joint(PyObject *self, PyObject *args) {
                                (char *)s_hat, (m + 1) * f8);
     }
 done:
+    free(own_mass);
     free(heap);
     free(count);
     free(cap);

@@ -234,7 +234,7 @@ def _choose_joint_compiled(
     one compiled call (``tests/test_controller_compiled.py``), or None where the compiled loop
     cannot answer (a chain beyond the priced totals, a cost that is not finite and > 0): the
     caller then runs the Python loop, which prices further or raises."""
-    from bastion.joint import JointDiagnostics, _lattice_mass
+    from bastion.joint import JointDiagnostics
 
     probs = cal.probs
     b, depth, k = probs.shape
@@ -248,7 +248,7 @@ def _choose_joint_compiled(
         n_max,
         min(b * (min(initial, n_max) - 1), most),
         most,
-        _lattice_mass(probs),
+        b"",  # the lattice masses: computed by the kernel
         cells,
         np.ascontiguousarray(best_above, np.float64),
         np.ascontiguousarray(even, np.float64),
@@ -352,8 +352,8 @@ class LearningPolicy:
         # a deciding step's trees teach the chain's shadow: its top-1 marginals and the chain's
         # Â less its root, cut at every depth
         top1 = cal.probs[:, :, 0]
-        chain_cut: FloatArray = np.cumprod(top1, axis=1, dtype=np.float64)
-        np.cumsum(chain_cut, axis=1, out=chain_cut)
+        chain_cut: FloatArray = top1.cumprod(axis=1)
+        chain_cut.cumsum(axis=1, out=chain_cut)
         learner.last_top1, learner.last_chain = top1, chain_cut
         if b == 1:
             ctx = int(contexts[0])

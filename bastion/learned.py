@@ -615,21 +615,22 @@ class LearnedCostModel:
         self, kind: CycleKind, contexts: IntArray, sizes: IntArray, cycle_s: float
     ) -> float:
         """Fold one measured cycle into the table; returns the ratio it recorded."""
-        ctx = np.asarray(contexts, dtype=np.int64)
+        total = int(np.add.reduce(np.asarray(sizes, dtype=np.int64)))
+        return self._observe_total(kind, np.asarray(contexts, dtype=np.int64), total, cycle_s)
+
+    def _observe_total(self, kind: CycleKind, ctx: IntArray, total: int, cycle_s: float) -> float:
+        """:meth:`observe_cycle` of a step with ``total`` tree nodes (roots included)."""
         b = ctx.shape[0]
-        s = np.asarray(sizes, dtype=np.int64)
         if kind == "ar":
             prior = self._ar_prior(ctx)
         elif b == 1:
-            n = int(s[0])
-            prior = float(self._single(int(ctx[0]), n)[0][n - 1])
+            prior = float(self._single(int(ctx[0]), total)[0][total - 1])
         else:  # the even-spread prior the joint decision prices with
-            total = int(s.sum())
             prior = float(
                 self._even_prior(ctx, max(total, min(b * 1024, JOINT_HORIZON)))[total - b]
             )
         ratio = cycle_s / prior if prior > 0 else math.nan
-        self.table.observe(kind, b, int(s.sum()), ratio)
+        self.table.observe(kind, b, total, ratio)
         return ratio
 
     def observe_step(
@@ -650,10 +651,11 @@ class LearnedCostModel:
         cycle would overstate; its acceptance still counts."""
         if not (math.isfinite(cycle_s) and cycle_s > 0):
             return
-        sizes = trees.sizes
+        offsets = trees.offsets
+        b = offsets.shape[0] - 1
         if kind != "chain" or preparation == "argmax":
-            self.observe_cycle(kind, contexts, sizes, cycle_s)
-        b = sizes.shape[0]
+            ctx = np.asarray(contexts, dtype=np.int64)
+            self._observe_total(kind, ctx, int(offsets[-1]), cycle_s)
         if kind == "ar":
             self._since_draft += 1
             self._decision = None  # the next drafted step decides afresh

@@ -165,3 +165,41 @@ def test_compiled_joint_budget_hands_back_what_it_cannot_price() -> None:
         kernel.joint(probs, ids, 3, 2, 8, 1, 15, mass, cells, ones, ones, ones, 1.0)
     with pytest.raises(ValueError, match="out of range"):
         kernel.joint(probs, ids, 3, 2, 8, 1, 14, mass, cells + 1, ones, ones, ones, 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=_joint_cases(), slope=st.sampled_from([1e-3, 1e-2, 0.1, 1.0]))
+def test_the_joint_kernel_computes_the_lattice_masses_it_is_not_given(
+    case: tuple[BatchMarginals, LearnedCostModel, IntArray, int, int], slope: float
+) -> None:
+    """Given no masses, the kernel computes bastion.joint._lattice_mass itself: the same
+    answer and the same chain grown. On a rising cost (every total its own cell) the stop
+    bound, which reads the masses, decides how far the chain grows."""
+    from bastion.joint import _lattice_mass
+
+    marginals, _, _, n_max, start = case
+    b, depth, k = marginals.probs.shape
+    most = b * (n_max - 1)
+    start = start % (2 * b) + 1
+    totals = most + 1
+    cells = np.arange(totals, dtype=np.int64)
+    even = 1.0 + slope * np.arange(totals)
+    runs = []
+    for mass in (b"", _lattice_mass(marginals.probs)):
+        out = controller._kernel.joint(
+            np.ascontiguousarray(marginals.probs),
+            np.ascontiguousarray(marginals.token_ids),
+            depth,
+            k,
+            n_max,
+            min(start, most),  # a small first round: the bound decides how far it grows
+            most,
+            mass,
+            cells,
+            even,  # the cheapest cost at or above each cell: the rising cost itself
+            even,
+            np.ones(totals),
+            1.0,
+        )
+        runs.append(out)
+    assert runs[0] == runs[1]
