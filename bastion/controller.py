@@ -153,7 +153,10 @@ def choose_size(
     probs = marginals.probs
     all_sizes, cells, cycles, ar_s = learner.candidate_cycles(n_max, context_len)
     if _kernel is not None and not explore:  # the hot path: the same loop, compiled
-        return _choose_compiled(marginals, learner, all_sizes, cycles, ar_s, start)
+        built, diag = _choose_compiled(
+            marginals.probs, marginals.token_ids, learner, all_sizes, cycles, ar_s, start
+        )
+        return DraftTree.trusted(*built), diag
     cap = int(all_sizes[-1])  # lowered to what the lattice of ``probs`` holds once a build
     budget = min(max(start, 1), cap)  # comes back short of its budget
     while True:
@@ -184,20 +187,22 @@ def choose_size(
 
 
 def _choose_compiled(
-    marginals: DraftMarginals,
+    probs: FloatArray,
+    token_ids: IntArray,
     learner: LearnedCostModel,
     sizes: npt.NDArray[np.int64],
     cycles: npt.NDArray[np.float64],
     ar_s: float,
     start: int,
-) -> tuple[DraftTree, SizeDiagnostics]:
+) -> tuple[tuple[IntArray, IntArray, IntArray, FloatArray, IntArray], SizeDiagnostics]:
     """:func:`choose_size`'s loop (no exploration) in one compiled call: bit-identical
-    (``tests/test_controller_compiled.py``), without the interpreter between its steps."""
-    depth, k = marginals.probs.shape
+    (``tests/test_controller_compiled.py``), without the interpreter between its steps. The
+    chosen tree's (parents, tokens, depths, scores, ranks) and the diagnostics."""
+    depth, k = probs.shape
     gain = learner.sizes.gain_ratios(1)[: sizes.shape[0]]
     par, dep, rnk, sco, tok, best, built, _, exp, s_hat = _kernel.choose(
-        np.ascontiguousarray(marginals.probs, np.float64),
-        np.ascontiguousarray(marginals.token_ids, np.int64),
+        np.ascontiguousarray(probs, np.float64),
+        np.ascontiguousarray(token_ids, np.int64),
         depth,
         k,
         start,
@@ -208,7 +213,7 @@ def _choose_compiled(
     )
     chosen = int(sizes[best])
     frombuffer = np.frombuffer
-    tree = DraftTree.trusted(
+    arrays = (
         frombuffer(par, np.int64)[:chosen],
         frombuffer(tok, np.int64)[:chosen],
         frombuffer(dep, np.int64)[:chosen],
@@ -224,7 +229,7 @@ def _choose_compiled(
         ar_s,
         int(best),
     )
-    return tree, diag
+    return arrays, diag
 
 
 def _choose_joint_compiled(
@@ -336,7 +341,8 @@ class LearningPolicy:
         learner = learner_of(context.cost_model, self.name)
         req = context.requests
         b = req.size
-        if marginals.probs.shape[1] == 0 or not marginals.probs.any():  # AR: nothing drafted
+        probs = marginals.probs  # rows sorted descending: a row is empty iff its top-1 is 0
+        if probs.shape[1] == 0 or probs.shape[2] == 0 or not probs[:, :, 0].any():  # AR
             cycle = learner.mode_cycle("ar", req.context_lens, 0)
             why = ControllerChoice("ar", 1.0, float("nan"), float("nan"), cycle)
             return BatchChoice(TreeBatch.roots(b), why, kind="ar")
@@ -360,9 +366,17 @@ class LearningPolicy:
             start = 64
             if req.previous_tree_sizes[0] > 0:
                 start = max(32, 2 * int(req.previous_tree_sizes[0]))
-            tree, sdiag = choose_size(cal.row(0), learner, ctx, self.n_max, start, explore)
+            if _kernel is not None and not explore:  # the hot path: choose_size, compiled
+                sizes, _, cycles, ar_cycle = learner.candidate_cycles(self.n_max, ctx)
+                arrays, sdiag = _choose_compiled(
+                    cal.probs[0], cal.token_ids[0], learner, sizes, cycles, ar_cycle, start
+                )
+                offsets = np.array([0, arrays[0].shape[0]], np.int64)
+                trees = TreeBatch(offsets, arrays[0], arrays[1], arrays[2], arrays[3], arrays[4])
+            else:
+                tree, sdiag = choose_size(cal.row(0), learner, ctx, self.n_max, start, explore)
+                trees = TreeBatch.from_trees([tree])
             diag: object = sdiag
-            trees = TreeBatch.from_trees([tree])
             s_tree, ar_s, c_tree = sdiag.predicted_speedup, sdiag.ar_step_s, sdiag.cycle_s
         else:
             from bastion.joint import choose_joint_batch

@@ -72,6 +72,40 @@ def test_compiled_choice_is_the_python_loop(
     assert diag.ar_step_s == ref.ar_step_s
 
 
+@settings(max_examples=100, deadline=None)
+@given(_cases(), st.sampled_from([0, 5, 40]))
+def test_the_batch_1_policy_step_is_choose_size(
+    case: tuple[DraftMarginals, LearnedCostModel, int, int, int], previous: int
+) -> None:
+    """LearningPolicy's batch-1 step (compiled, or the Python loop) verifies choose_size's tree
+    on the calibrated marginals, from the start the previous tree gives."""
+    from bastion.batch import StepRequests
+    from bastion.interfaces import BatchPolicyContext
+
+    marginals, learner, context, n_max, _ = case
+    learner.explore_every = 0
+    batch = BatchMarginals(marginals.token_ids[None], marginals.probs[None])
+    req = StepRequests.of(
+        np.array([0]), np.array([context]), np.array([0]), np.array([previous])
+    )
+    start = max(32, 2 * previous) if previous else 64
+    for compiled in (True, False):
+        kernel = controller._kernel
+        if not compiled:
+            controller._kernel = None
+        try:
+            choice = controller.LearningPolicy(n_max).choose_batch(batch, BatchPolicyContext(req, learner))
+            cal = learner.acceptance.calibrate(batch).row(0)
+            ref, _ = controller.choose_size(cal, learner, context, n_max, start)
+        finally:
+            controller._kernel = kernel
+        if choice.kind == "tree":
+            got = choice.trees
+            assert np.array_equal(got.offsets, [0, ref.size])
+            for name in ("parents", "tokens", "depths", "scores", "ranks"):
+                assert np.array_equal(getattr(got, name), getattr(ref, name)), name
+
+
 def test_compiled_choice_refuses_bad_buffers() -> None:
     p = np.full((2, 2), 0.5)
     ids = np.zeros((2, 2), np.int64)
