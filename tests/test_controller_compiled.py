@@ -85,16 +85,15 @@ def test_the_batch_1_policy_step_is_choose_size(
     marginals, learner, context, n_max, _ = case
     learner.explore_every = 0
     batch = BatchMarginals(marginals.token_ids[None], marginals.probs[None])
-    req = StepRequests.of(
-        np.array([0]), np.array([context]), np.array([0]), np.array([previous])
-    )
+    req = StepRequests.of(np.array([0]), np.array([context]), np.array([0]), np.array([previous]))
     start = max(32, 2 * previous) if previous else 64
     for compiled in (True, False):
         kernel = controller._kernel
         if not compiled:
             controller._kernel = None
         try:
-            choice = controller.LearningPolicy(n_max).choose_batch(batch, BatchPolicyContext(req, learner))
+            policy = controller.LearningPolicy(n_max)
+            choice = policy.choose_batch(batch, BatchPolicyContext(req, learner))
             cal = learner.acceptance.calibrate(batch).row(0)
             ref, _ = controller.choose_size(cal, learner, context, n_max, start)
         finally:
