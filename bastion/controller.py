@@ -150,13 +150,13 @@ def choose_size(
     :data:`EXPLORE_COST` times the best one's; its prefixes teach the size calibration what
     every size up to it gives.
     """
-    probs = marginals.probs
-    all_sizes, cells, cycles, ar_s = learner.candidate_cycles(n_max, context_len)
     if _kernel is not None and not explore:  # the hot path: the same loop, compiled
         built, diag = _choose_compiled(
-            marginals.probs, marginals.token_ids, learner, all_sizes, cycles, ar_s, start
+            marginals.probs, marginals.token_ids, learner, context_len, n_max, start
         )
         return DraftTree.trusted(*built), diag
+    probs = marginals.probs
+    all_sizes, cells, cycles, ar_s = learner.candidate_cycles(n_max, context_len)
     cap = int(all_sizes[-1])  # lowered to what the lattice of ``probs`` holds once a build
     budget = min(max(start, 1), cap)  # comes back short of its budget
     while True:
@@ -190,14 +190,14 @@ def _choose_compiled(
     probs: FloatArray,
     token_ids: IntArray,
     learner: LearnedCostModel,
-    sizes: npt.NDArray[np.int64],
-    cycles: npt.NDArray[np.float64],
-    ar_s: float,
+    context_len: int,
+    n_max: int,
     start: int,
 ) -> tuple[tuple[IntArray, IntArray, IntArray, FloatArray, IntArray], SizeDiagnostics]:
     """:func:`choose_size`'s loop (no exploration) in one compiled call: bit-identical
     (``tests/test_controller_compiled.py``), without the interpreter between its steps. The
     chosen tree's (parents, tokens, depths, scores, ranks) and the diagnostics."""
+    sizes, _, cycles, ar_s = learner.candidate_cycles(n_max, context_len)
     depth, k = probs.shape
     gain = learner.sizes.gain_ratios(1)[: sizes.shape[0]]
     par, dep, rnk, sco, tok, best, built, _, exp, s_hat = _kernel.choose(
@@ -367,9 +367,8 @@ class LearningPolicy:
             if req.previous_tree_sizes[0] > 0:
                 start = max(32, 2 * int(req.previous_tree_sizes[0]))
             if _kernel is not None and not explore:  # the hot path: choose_size, compiled
-                sizes, _, cycles, ar_cycle = learner.candidate_cycles(self.n_max, ctx)
                 arrays, sdiag = _choose_compiled(
-                    cal.probs[0], cal.token_ids[0], learner, sizes, cycles, ar_cycle, start
+                    cal.probs[0], cal.token_ids[0], learner, ctx, self.n_max, start
                 )
                 offsets = np.array([0, arrays[0].shape[0]], np.int64)
                 trees = TreeBatch(offsets, arrays[0], arrays[1], arrays[2], arrays[3], arrays[4])

@@ -179,6 +179,16 @@ def _batch_steps(seed: int, count: int):  # type: ignore[no-untyped-def]
     return out
 
 
+def _fold(acc, sizes, trees, nodes, committed, compiled: bool) -> None:  # type: ignore[no-untyped-def]
+    """One verified batched step into both calibrations: the compiled call where it applies
+    (``compiled``), else the two ``observe`` methods."""
+    batch = TreeBatch.from_trees(trees)
+    flat, done = np.concatenate(nodes).astype(np.int64), np.asarray(committed)
+    if not (compiled and observe_tree_step(acc, sizes, batch, flat, done)):
+        acc.observe(batch, flat, done)
+        sizes.observe(batch, flat, done)
+
+
 def _run_batched(steps, compiled: bool):  # type: ignore[no-untyped-def]
     acc, sizes = AcceptanceCalibration(depth=3, ranks=3), SizeCalibration()
     for ids, p, budgets, target in steps:
@@ -195,11 +205,7 @@ def _run_batched(steps, compiled: bool):  # type: ignore[no-untyped-def]
             trees.append(tree)
             nodes.append(path)
             committed.append(path.size + 1)
-        batch = TreeBatch.from_trees(trees)
-        flat, done = np.concatenate(nodes).astype(np.int64), np.array(committed)
-        if not (compiled and observe_tree_step(acc, sizes, batch, flat, done)):
-            acc.observe(batch, flat, done)
-            sizes.observe(batch, flat, done)
+        _fold(acc, sizes, trees, nodes, committed, compiled)
     return acc, sizes
 
 
@@ -249,12 +255,7 @@ def _run_unordered(steps, compiled: bool):  # type: ignore[no-untyped-def]
             )
             hit = np.flatnonzero(trees[-1].tokens[1:] == target[i]) + 1
             nodes.append(hit)
-        batch = TreeBatch.from_trees(trees)
-        flat = np.concatenate(nodes).astype(np.int64)
-        done = np.array([n.size + 1 for n in nodes])
-        if not (compiled and observe_tree_step(acc, sizes, batch, flat, done)):
-            acc.observe(batch, flat, done)
-            sizes.observe(batch, flat, done)
+        _fold(acc, sizes, trees, nodes, [n.size + 1 for n in nodes], compiled)
     return acc, sizes
 
 
