@@ -746,6 +746,33 @@ static PyObject *joint(PyObject *self, PyObject *args) {
                 double a_far = (a_hat[m] + unseen) * (1.0 + 1e-12);
                 double c_needed = a_far * ar / s_hat[chosen];
                 if (c_needed <= c_hat[m]) break;
+                /* bastion.joint._floor_bound on bastion.learned.decision_floor: the least cost
+                 * any longer chain prices at each total ahead, its suffix minimum built from
+                 * the end */
+                {
+                    double rate = rho * (1.0 + 1e-12), run = INFINITY, ahead = 0.0;
+                    double a_end = a_hat[m], c_end = c_hat[m];
+                    Py_ssize_t last = ntot - 1, high = last < most ? last : most;
+                    int nan_seen = 0;
+                    for (Py_ssize_t j = last; j > m; j--) {
+                        double e = even[j] * unit[cells[j]], c = above[cells[j]];
+                        if (isnan(e) || isnan(c)) nan_seen = 1;
+                        if (e < run) run = e;
+                        double f = c < run ? c : run;
+                        double den = c_end > f ? c_end : f;
+                        if (j <= high) {
+                            double a_up = a_end + (double)(j - m) * rate;
+                            if (a_up > a_far) a_up = a_far;
+                            double r = a_up / den;
+                            if (r > ahead) ahead = r;
+                        }
+                        if (j == last && most > last) {
+                            double r = a_far / den;
+                            if (r > ahead) ahead = r;
+                        }
+                    }
+                    if (!nan_seen && ahead * ar <= s_hat[chosen]) break;
+                }
                 /* bastion.joint._growth (the curve's growth_s is 0: no second bound) */
                 Py_ssize_t v = m;
                 if (v >= 2) {

@@ -381,7 +381,7 @@ class LearningPolicy:
             from bastion.joint import choose_joint_batch
 
             known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
-            start = max(8, 4 * int(known.mean())) if known.size else 64
+            start = max(8, 2 * int(known.mean())) if known.size else 64
             fast = None
             if _kernel is not None:  # the hot path: the same loop, compiled
                 fast = _choose_joint_compiled(cal, learner, contexts, self.n_max, start)

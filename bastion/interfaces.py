@@ -125,6 +125,9 @@ class CostCurve:
     # a guaranteed lower bound on how much verify_s grows per further node beyond its last
     # entry (0: only that it never decreases); joint curves use it to stop pricing early
     growth_s: float = 0.0
+    # joint curves only, optional: floor_s[j] ≤ verify_s[j] of *any* longer chain's curve, for
+    # j = 0 … len − 1 added nodes (beyond: its last entry); lets the stop rule bound Ĉ ahead
+    floor_s: npt.NDArray[np.float64] | None = None
 
     def __post_init__(self) -> None:
         """Types and shape only: values (finite, positive) are checked where a curve is used
@@ -144,6 +147,16 @@ class CostCurve:
         if verify.ndim != 1 or verify.shape[0] < 1:
             raise CostModelError(
                 f"CostCurve.verify_s must be 1-D with an entry per N ≥ 1; got shape {verify.shape}"
+            )
+        floor = self.floor_s
+        if floor is not None and not (
+            isinstance(floor, np.ndarray)
+            and floor.dtype == np.float64
+            and floor.ndim == 1
+            and floor.shape[0] >= 1
+        ):
+            raise CostModelError(
+                f"CostCurve.floor_s must be None or a 1-D float64 array; got {floor!r:.80}"
             )
 
     @property

@@ -185,6 +185,32 @@ def _lattice_mass(probs: FloatArray) -> FloatArray:
     return np.asarray((1.0 + rows.sum(axis=-1)) * (1.0 + 1e-9), dtype=np.float64)
 
 
+def _floor_bound(
+    floor: FloatArray,
+    extra: float,
+    a_end: float,
+    c_end: float,
+    a_far: float,
+    rate: float,
+    m: int,
+    most: int,
+) -> float:
+    """The largest Â/Ĉ any chain longer than ``m`` added nodes can reach, by a curve's
+    ``floor_s``: at j > m added nodes Â ≤ min(A + (j − m)·ρ, A_far) (gains never grow along
+    the merged order) and Ĉ ≥ max(Ĉ(m), ``extra`` + floor[j]) (Ĉ never decreases, as the
+    first bound assumes); beyond the floor's last entry, A_far over its last entry."""
+    last = floor.shape[0] - 1
+    high = min(last, most)
+    best = 0.0
+    if high > m:
+        j = np.arange(m + 1, high + 1, dtype=np.int64)
+        a_up = np.minimum(a_end + (j - m) * rate, a_far)
+        best = float((a_up / np.maximum(c_end, extra + floor[m + 1 : high + 1])).max())
+    if most > last:
+        best = max(best, a_far / max(c_end, extra + float(floor[last])))
+    return best
+
+
 def _growth(c_hat: FloatArray, c_needed: float) -> int:
     """How much to grow the chain so that it reaches Ĉ = ``c_needed`` (2 … 8).
 
@@ -312,6 +338,12 @@ def choose_joint_batch(
                     near = (a_end + rate) / (c_end + step)
                     far = min(a_end + k_star * rate, a_far) / (c_end + k_star * step)
                     if max(near, far) * cc.ar_step_s <= s_best:
+                        break
+                if cc.floor_s is not None:
+                    rate = float(rho[-1]) * (1.0 + 1e-12)
+                    extra = float(cc.draft_s + cc.prep_s)
+                    ahead = _floor_bound(cc.floor_s, extra, a_end, c_end, a_far, rate, m, most)
+                    if ahead * cc.ar_step_s <= s_best:
                         break
                 growth = _growth(c_hat, c_needed)
         total = min(max(growth * total, total + b), most)

@@ -347,7 +347,8 @@ class LearnedCostModel:
         # counts as a lattice point (a stepped curve's last entry)
         deciding = np.minimum(best_above[c], float(even[m]) * float(unit[c[-1]]))
         ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
-        return CostCurve(0.0, 0.0, deciding, ar)
+        floor = decision_floor(cells, best_above, even, unit)
+        return CostCurve(0.0, 0.0, deciding, ar, floor_s=floor)
 
     def joint_decision_arrays(
         self, context_lens: IntArray, n_max: int = 1024
@@ -695,6 +696,16 @@ class LearnedCostModel:
 
 
 MeasureFn = Callable[[CycleKind, IntArray, IntArray], float]
+
+
+def decision_floor(
+    cells: IntArray, best_above: FloatArray, even: FloatArray, unit: FloatArray
+) -> FloatArray:
+    """The joint decision curve's floor: at j added nodes, the least cost any chain of up to
+    ``len(cells) − 1`` added nodes can price there — its lattice cap (``best_above``) or, were
+    the chain to end at or after j, its end's cost, at least the cheapest end from j on."""
+    ends = even[: cells.shape[0]] * unit[cells]
+    return np.minimum(best_above[cells], np.minimum.accumulate(ends[::-1])[::-1])
 
 
 def _mean_context(ctx: IntArray) -> int:

@@ -7,15 +7,18 @@ capped by N_max, and Â_i(N_i) is the cumulative sum of its best-first scores.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
-from bastion.bestfirst import best_first
+from bastion.batch import BatchMarginals
+from bastion.bestfirst import best_first, best_first_forest
 from bastion.budget import ControllerMode, choose_tree
 from bastion.cost.calibration import Branch, LinearCalibration
 from bastion.cost.costmodel import CostMode, RooflineCostModel
@@ -30,8 +33,10 @@ from bastion.joint import (
     joint_curve_from_cost_model,
     merge_order,
 )
+from bastion.learned import LearnedCostModel
 from bastion.tree import DraftMarginals, best_first_tree
 from tests.strategies import convex_costs, marginals
+from tests.test_learned import FlatPrior
 
 Merge = Callable[[Sequence[np.ndarray]], np.ndarray]  # scores → request of each added node
 Batch = list[DraftMarginals]
@@ -634,3 +639,113 @@ def test_auto_with_the_marginal_bound_equals_exhaustive(
     _, d_ex = choose_joint_batch(stacked, curve, n_max, "exhaustive")
     assert d_auto.tree_sizes == d_ex.tree_sizes
     assert d_auto.predicted_speedup == pytest.approx(float(d_ex.s_hat.max()), rel=1e-12)
+
+
+# --- the floor of the learned decision curve (CostCurve.floor_s): a stop bound, never a miss ---
+
+
+def _best_beyond(
+    marginals: BatchMarginals,
+    curve: Callable[[npt.NDArray[np.int64]], CostCurve],
+    n_max: int,
+    m: int,
+) -> float:
+    """The best Ŝ any chain longer than ``m`` added nodes reaches beyond ``m``, each chain
+    priced by ``curve`` as the loop would price it (every length up to the lattices' end)."""
+    b = marginals.probs.shape[0]
+    order, rho = best_first_forest(marginals.probs, n_max, b * (n_max - 1))[5:7]
+    best = 0.0
+    for length in range(m + 1, order.shape[0] + 1):
+        cc = curve(order[:length])
+        cost = cc.draft_s + cc.prep_s + cc.verify_s[: length + 1]
+        a_hat = b + np.concatenate(([0.0], np.cumsum(rho[:length])))
+        best = max(best, float((a_hat * cc.ar_step_s / cost)[m + 1 :].max()))
+    return best
+
+
+@st.composite
+def _learned_joint_cases(
+    draw: st.DrawFn,
+) -> tuple[BatchMarginals, LearnedCostModel, npt.NDArray[np.int64], int, int]:
+    b = draw(st.integers(2, 4))
+    depth, k = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    raw = draw(
+        st.lists(
+            st.sampled_from([0.0, 0.05, 0.3, 0.6, 1.0]),
+            min_size=b * depth * k,
+            max_size=b * depth * k,
+        )
+    )
+    probs = -np.sort(-np.asarray(raw, np.float64).reshape(b, depth, k), axis=2)
+    probs /= np.maximum(probs.sum(axis=2, keepdims=True), 1.0)
+    ids = np.arange(b * depth * k, dtype=np.int64).reshape(b, depth, k)
+    learner = LearnedCostModel(FlatPrior(slope=draw(st.sampled_from([0.0, 1e-5, 1e-4, 1e-3]))))
+    contexts = np.full(b, draw(st.integers(0, 2000)), np.int64)
+    for total in draw(st.lists(st.integers(b, 16 * b), max_size=8)):  # steps, dips, cliffs
+        sizes = np.full(b, total // b, np.int64)
+        sizes[: total % b] += 1
+        learner.observe_cycle(
+            "tree", contexts, sizes, 10e-3 * draw(st.sampled_from([0.4, 1.0, 2.5]))
+        )
+    n_max = draw(st.sampled_from([2, 4, 8, 16]))
+    return BatchMarginals(ids, probs), learner, contexts, n_max, draw(st.integers(1, 16))
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=_learned_joint_cases())
+def test_the_decision_floor_never_stops_before_a_better_chain(
+    case: tuple[BatchMarginals, LearnedCostModel, npt.NDArray[np.int64], int, int],
+) -> None:
+    """Wherever the joint budget stops growing on the learned decision curve (its floor
+    bound, or the others), no longer chain reaches a higher Ŝ beyond where it stopped: the
+    floor is a true lower bound on what any longer chain prices ahead."""
+    marginals, learner, contexts, n_max, start = case
+
+    def curve(grow: npt.NDArray[np.int64]) -> CostCurve:
+        return learner.joint_decision_curve(contexts, grow, n_max)
+
+    _, diag = choose_joint_batch(marginals, curve, n_max, "auto", min(start, n_max))
+    m = diag.s_hat.shape[0] - 1
+    s_best = float(diag.s_hat[diag.total_size - marginals.probs.shape[0]])
+    assert _best_beyond(marginals, curve, n_max, m) <= s_best * (1.0 + 1e-9)
+
+
+def test_an_overstated_floor_stops_too_early() -> None:
+    """Negative control: on a flat cost (the best chain is the longest), a floor three times
+    the cost lets the bound stop early, and the check above catches the better chain."""
+    b, depth, k, n_max = 3, 4, 2, 8
+    probs = np.tile(np.array([0.6, 0.3]), (b, depth, 1))
+    marginals = BatchMarginals(np.zeros((b, depth, k), np.int64), probs)
+    learner = LearnedCostModel(FlatPrior(slope=0.0))
+    contexts = np.full(b, 100, np.int64)
+
+    def overstated(grow: npt.NDArray[np.int64]) -> CostCurve:
+        cc = learner.joint_decision_curve(contexts, grow, n_max)
+        assert cc.floor_s is not None
+        return dataclasses.replace(cc, floor_s=3.0 * cc.floor_s)
+
+    _, diag = choose_joint_batch(marginals, overstated, n_max, "auto", 2)
+    m = diag.s_hat.shape[0] - 1
+    s_best = float(diag.s_hat[diag.total_size - b])
+    assert m < b * (n_max - 1)  # it stopped before the lattices ran out …
+    assert _best_beyond(marginals, overstated, n_max, m) > s_best * 1.01  # … and missed
+    _, honest = choose_joint_batch(
+        marginals, lambda g: learner.joint_decision_curve(contexts, g, n_max), n_max, "auto", 2
+    )
+    assert honest.total_size == b * n_max  # the honest floor grows to the best, the longest
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=_learned_joint_cases())
+def test_the_decision_floor_is_below_every_chains_curve(
+    case: tuple[BatchMarginals, LearnedCostModel, npt.NDArray[np.int64], int, int],
+) -> None:
+    """floor_s[j] ≤ the decision cost at j of every chain that reaches j, whatever its length
+    (a chain's end counts as a lattice point, so one ending mid-cell is cheaper there)."""
+    marginals, learner, contexts, n_max, _ = case
+    b = marginals.probs.shape[0]
+    order = best_first_forest(marginals.probs, n_max, b * (n_max - 1))[5]
+    for length in range(order.shape[0] + 1):
+        cc = learner.joint_decision_curve(contexts, order[:length], n_max)
+        assert cc.floor_s is not None
+        assert np.all(cc.verify_s[: length + 1] >= cc.floor_s[: length + 1])
