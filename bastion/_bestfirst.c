@@ -680,23 +680,14 @@ static PyObject *joint(PyObject *self, PyObject *args) {
         const double *above = (const double *)aboveb.buf, *even = (const double *)evenb.buf;
         const double *unit = (const double *)unitb.buf;
         const int64_t *tid = (const int64_t *)ids.buf;
-        size_t cap_nodes = (size_t)most + 1;
-        heap = malloc((size_t)(b + most + 1) * sizeof(fentry));
+        /* the per-node arrays grow with the rounds (most can be 30 000 nodes where a round
+         * grows a few hundred: allocating for it cost more than the round) */
+        size_t cap_nodes = 0;
         count = calloc((size_t)b, sizeof(int64_t));
         cap = malloc((size_t)b * sizeof(int64_t));
         alloc = calloc((size_t)b, sizeof(int64_t));
         built = malloc((size_t)b * sizeof(double));
-        g_req = malloc(cap_nodes * sizeof(int64_t));
-        g_pos = malloc(cap_nodes * sizeof(int64_t));
-        g_par = malloc(cap_nodes * sizeof(int64_t));
-        g_dep = malloc(cap_nodes * sizeof(int64_t));
-        g_rnk = malloc(cap_nodes * sizeof(int64_t));
-        g_sco = malloc(cap_nodes * sizeof(double));
-        a_hat = malloc(cap_nodes * sizeof(double));
-        c_hat = malloc(cap_nodes * sizeof(double));
-        s_hat = malloc(cap_nodes * sizeof(double));
-        if (!heap || !count || !cap || !alloc || !built || !g_req || !g_pos || !g_par ||
-            !g_dep || !g_rnk || !g_sco || !a_hat || !c_hat || !s_hat) {
+        if (!count || !cap || !alloc || !built) {
             PyErr_NoMemory();
             goto done;
         }
@@ -707,6 +698,29 @@ static PyObject *joint(PyObject *self, PyObject *args) {
             if (total > ntot - 1) { /* beyond the priced totals: the Python loop prices more */
                 status = -2;
                 break;
+            }
+            if ((size_t)total + 1 > cap_nodes) {
+                cap_nodes = (size_t)total + 1;
+#define GROW(ptr, n)                                          \
+    do {                                                      \
+        void *grown_ = realloc((ptr), (n) * sizeof(*(ptr)));  \
+        if (!grown_) {                                        \
+            PyErr_NoMemory();                                 \
+            goto done;                                        \
+        }                                                     \
+        (ptr) = grown_;                                       \
+    } while (0)
+                GROW(heap, (size_t)b + cap_nodes); /* forest_grow's heap: B + total + 1 */
+                GROW(g_req, cap_nodes);
+                GROW(g_pos, cap_nodes);
+                GROW(g_par, cap_nodes);
+                GROW(g_dep, cap_nodes);
+                GROW(g_rnk, cap_nodes);
+                GROW(g_sco, cap_nodes);
+                GROW(a_hat, cap_nodes);
+                GROW(c_hat, cap_nodes);
+                GROW(s_hat, cap_nodes);
+#undef GROW
             }
             m = forest_grow(p, b, depth, k, cap, total, heap, count, g_req, g_pos, g_par, g_dep,
                             g_rnk, g_sco, &more);
