@@ -41,12 +41,12 @@ from bastion.bestfirst import best_first
 from bastion.errors import BudgetError
 from bastion.guard import integer, public
 from bastion.interfaces import BatchChoice, BatchPolicyContext, CostCurve, CostModel
+from bastion.joint import JointDiagnostics, choose_joint_batch, forest_batch
 from bastion.learned import LearnedCostModel
 from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 
 if TYPE_CHECKING:
     from bastion.batch import StepRequests
-    from bastion.joint import JointDiagnostics
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -239,8 +239,6 @@ def _choose_joint_compiled(
     one compiled call (``tests/test_controller_compiled.py``), or None where the compiled loop
     cannot answer (a chain beyond the priced totals, a cost that is not finite and > 0): the
     caller then runs the Python loop, which prices further or raises."""
-    from bastion.joint import JointDiagnostics
-
     probs = cal.probs
     b, depth, k = probs.shape
     cells, best_above, even, unit, ar = learner.joint_decision_arrays(contexts, n_max)
@@ -378,10 +376,8 @@ class LearningPolicy:
             diag: object = sdiag
             s_tree, ar_s, c_tree = sdiag.predicted_speedup, sdiag.ar_step_s, sdiag.cycle_s
         else:
-            from bastion.joint import choose_joint_batch
-
             known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
-            start = max(8, 2 * int(known.mean())) if known.size else 64
+            start = max(8, 3 * int(known.mean()) // 2) if known.size else 64
             fast = None
             if _kernel is not None:  # the hot path: the same loop, compiled
                 fast = _choose_joint_compiled(cal, learner, contexts, self.n_max, start)
@@ -432,8 +428,6 @@ class LearningPolicy:
             row = cal.row(0)
             trees = TreeBatch.from_trees([tree_from_arrays(best_first(row.probs, total), row)])
         else:
-            from bastion.joint import forest_batch
-
             trees = forest_batch(cal, self.n_max, total)
         why = ControllerChoice(kind, nan, nan, nan, cycle, None, repeated=True)
         return BatchChoice(trees, why, kind=kind)

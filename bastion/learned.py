@@ -381,7 +381,14 @@ class LearnedCostModel:
             even = self._even_prior(ctx, top)
             n_cells = int(lattice_index([top])[0]) + 1
             points = LATTICE[:n_cells]
-            unit = self._deciding(points, np.ones(n_cells), b)
+            # the factors do not depend on the context: a new context step reuses them
+            units = self._joint_cache.get((b, -1, n_cells))
+            if units is None or units[0] != stamp:
+                units = self._joint_cache[(b, -1, n_cells)] = (
+                    stamp,
+                    self._deciding(points, np.ones(n_cells), b),
+                )
+            unit = units[1]
             ok = (points >= b) & (points <= top)
             at_point = np.full(n_cells, np.inf)
             at_point[ok] = even[points[ok] - b] * unit[ok]
