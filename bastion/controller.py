@@ -29,7 +29,6 @@ the cost model's ``observe_step``) or store what was learned (:mod:`bastion.lear
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,7 +39,7 @@ from bastion.batch import BatchMarginals, TreeBatch, chain_batch
 from bastion.bestfirst import best_first
 from bastion.errors import BudgetError
 from bastion.guard import integer, public
-from bastion.interfaces import BatchChoice, BatchPolicyContext, CostCurve, CostModel
+from bastion.interfaces import BatchChoice, BatchPolicyContext, CostModel
 from bastion.joint import JointDiagnostics, choose_joint_batch, forest_batch
 from bastion.learned import LearnedCostModel
 from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
@@ -68,17 +67,6 @@ __all__ = [
 
 EXPLORE_COST = 1.5  # an exploring step verifies the largest size at most this many times as dear
 DECIDE_EVERY = 8  # the default: an agreeing batched decision stands for up to 8 steps
-
-
-def _flat_until(added: int) -> Callable[[npt.NDArray[np.int64]], CostCurve]:
-    """A joint curve that makes every total up to ``added`` nodes beyond the roots equally
-    cheap and anything beyond prohibitive: the joint budget then takes exactly that total."""
-
-    def curve(grow: npt.NDArray[np.int64]) -> CostCurve:
-        m = np.arange(grow.shape[0] + 1)
-        return CostCurve(0.0, 0.0, np.where(m <= added, 1.0, 1e9), 1.0)
-
-    return curve
 
 
 def learner_of(cost_model: CostModel | None, policy: str = "bastion") -> LearnedCostModel:
@@ -391,10 +379,8 @@ class LearningPolicy:
             if explore:  # the largest batch total at most EXPLORE_COST times as dear
                 total = int(trees.sizes.sum())
                 target = learner.affordable_total(contexts, total, self.n_max, EXPLORE_COST)
-                if target > total:
-                    trees = choose_joint_batch(
-                        cal, _flat_until(target - b), self.n_max, "auto", min(start, self.n_max)
-                    )[0]
+                if target > total:  # the joint budget's allocation of that total
+                    trees = forest_batch(cal, self.n_max, target)
             diag = jdiag
             s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
             c_tree = learner.joint_cycle(contexts, jdiag.total_size)

@@ -201,3 +201,41 @@ def test_the_compiled_forest_batch_equals_the_python_lookup(
         joint._compiled = saved
     for name in ("offsets", "parents", "depths", "ranks", "scores", "tokens"):
         assert np.array_equal(getattr(fast, name), getattr(slow, name)), name
+
+
+def _flat_until(added: int):  # type: ignore[no-untyped-def]
+    """A joint curve under which every total up to ``added`` nodes beyond the roots is equally
+    cheap and anything beyond prohibitive: the joint budget then takes exactly that total."""
+
+    def curve(grow: np.ndarray) -> CostCurve:
+        m = np.arange(grow.shape[0] + 1)
+        return CostCurve(0.0, 0.0, np.where(m <= added, 1.0, 1e9), 1.0)
+
+    return curve
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(2, 5), seed=st.integers(0, 10_000), n_max=st.sampled_from([4, 16, 64]))
+def test_a_batched_exploring_step_verifies_the_joint_allocation_of_the_dearer_total(
+    b: int, seed: int, n_max: int
+) -> None:
+    """An exploring batched step verifies the largest total at most EXPLORE_COST times as dear
+    as the decision's, allocated as the joint budget allocates a total (the forest grown in
+    merged order: the joint budget on a curve flat up to that total)."""
+    from bastion.controller import EXPLORE_COST
+    from bastion.joint import choose_joint_batch
+
+    learner = LearnedCostModel(FlatPrior(), explore_every=2)  # the first drafted step explores
+    req = StepRequests.of(np.arange(b), np.full(b, 300), np.zeros(b, np.int64))
+    m = _marginals(b, seed)
+    cal = learner.acceptance.calibrate(m)
+    decision = LearningPolicy(n_max).choose_batch(m, BatchPolicyContext(req, learner))
+    learner.explore_every = 0
+    plain = LearningPolicy(n_max).choose_batch(m, BatchPolicyContext(req, learner))
+    total = int(plain.trees.offsets[-1])
+    target = learner.affordable_total(req.context_lens, total, n_max, EXPLORE_COST)
+    ref = plain.trees
+    if target > total:
+        ref = choose_joint_batch(cal, _flat_until(target - b), n_max, "auto", 64)[0]
+    for name in ("offsets", "parents", "depths", "ranks", "scores", "tokens"):
+        assert np.array_equal(getattr(decision.trees, name), getattr(ref, name)), name
