@@ -154,7 +154,8 @@ class CycleTable:
         value = 0.0
         if many.any():
             dev = np.abs(ring[many] / med[many, None] - 1.0)
-            value = float(1.4826 * np.nanmedian(dev))
+            dev = dev[~np.isnan(dev)]  # the rings' empty slots (np.nanmedian, several × faster)
+            value = float(1.4826 * np.median(dev)) if dev.size else 0.0
         self._noise[(kind, b)] = (epoch, value)
         return value
 

@@ -73,6 +73,28 @@ def test_cycle_table_median_ignores_one_outlier_and_fills_gaps() -> None:
 
 
 @settings(max_examples=60, deadline=None)
+@given(obs=st.lists(st.tuples(st.sampled_from([8, 64, 72, 256]), st.floats(0.5, 2.0)), max_size=40))
+def test_cycle_table_noise_is_the_scaled_median_absolute_deviation(
+    obs: list[tuple[int, float]],
+) -> None:
+    """noise() is 1.4826 × the median, over the stored ratios of every cell observed at least
+    twice, of |ratio / the cell's median − 1| (0 with no such cell)."""
+    table = CycleTable(window=5)
+    stored: dict[int, list[float]] = {}
+    for tokens, ratio in obs:
+        table.observe("tree", 4, tokens, ratio)
+        stored.setdefault(tokens, []).append(ratio)
+    devs = [
+        abs(r / float(np.median(kept)) - 1.0)
+        for kept in (v[-5:] for v in stored.values())
+        if len(kept) >= 2
+        for r in kept
+    ]
+    expected = 1.4826 * float(np.median(devs)) if devs else 0.0
+    assert table.noise("tree", 4) == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+
+@settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.floats(0.5, 2.0), min_size=len(token_lattice(256)), max_size=80),
     st.lists(st.floats(0.0, 1.0), min_size=256, max_size=256),
