@@ -424,6 +424,8 @@ float32): a larger one would exhaust the host's memory before it could be used."
 def ancestor_matrix(tree: DraftTree) -> npt.NDArray[np.bool_]:
     """visible[i, j] is True iff node j is node i or one of its ancestors ([N, N])."""
     n = tree.size
+    if n > 1 and np.array_equal(tree.parents[1:], np.arange(n - 1)):
+        return np.tri(n, dtype=bool)  # a chain (the chain policy's, or a decision's): causal
     vis = np.eye(n, dtype=bool)
     order = np.argsort(tree.depths, kind="stable")
     bounds = np.searchsorted(tree.depths[order], np.arange(1, tree.max_depth + 2))

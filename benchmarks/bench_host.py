@@ -13,7 +13,9 @@ Measured on this machine, each a median over ``--repeats`` of back-to-back calls
   batch 1 the single-request controller (``controller_single_s``), above it the joint chooser,
   fitted as ``controller_step_s + B·controller_request_s`` — each the mean over the steps that
   decided; the steps that repeated the last decision (``bastion:every=K``) the same way
-  (``controller_repeat_*``);
+  (``controller_repeat_*``); and a step of a chain decision that stood (the argmax path,
+  ``bench_learning.py --standing``'s loop, the mean over steps) the same way
+  (``controller_chain_*``);
 - with torch and transformers installed: the host time of a Hugging Face Qwen3 forward pass in
   eager mode (a tiny configuration on the CPU, so that the kernels themselves cost next to
   nothing and what is timed is Python and the dispatcher), for 2 and 6 layers, one decode token
@@ -41,6 +43,7 @@ from pathlib import Path
 import numpy as np
 from bench_joint import median_time  # the same timing rule (benchmarks/ is on sys.path)
 from bench_learning import run as run_learning  # the controller's per-step loop
+from bench_learning import standing  # … and a standing chain decision's step
 
 from bastion.batch import BatchMarginals
 from bastion.files import write_text_atomic
@@ -124,6 +127,9 @@ def controller_constants(repeats: int) -> dict[str, float]:
             decide.append(1e-6 * r["decide_us"])
             repeat.append(1e-6 * r["repeat_us"])
             cols.append([1.0, float(b)])
+    # a chain decision that stood: its step on the argmax path (the mean over steps)
+    chain = {b: 1e-6 * standing(b, steps, 3, ("chain",))["chain_mean_us"] for b in BATCHES}
+    chain_step, chain_request = fit(cols, [chain[b] for b in BATCHES if b > 1])
     step, request = fit(cols, decide)
     # −1: not measured (no step repeated a decision — at batch 1 none does): charged as one
     single_repeat = single_repeat if np.isfinite(single_repeat) else -1.0
@@ -135,6 +141,9 @@ def controller_constants(repeats: int) -> dict[str, float]:
         "controller_repeat_single_s": single_repeat,
         "controller_repeat_step_s": step_r,
         "controller_repeat_request_s": request_r,
+        "controller_chain_single_s": chain[1],
+        "controller_chain_step_s": chain_step,
+        "controller_chain_request_s": chain_request,
     }
 
 

@@ -141,15 +141,19 @@ def run(batch: int, steps: int, repeats: int, every: int = DECIDE_EVERY) -> dict
     }
 
 
-def standing(batch: int, steps: int, repeats: int) -> dict[str, float]:
+def standing(
+    batch: int, steps: int, repeats: int, kinds: tuple[str, ...] = ("chain", "tree")
+) -> dict[str, float]:
     """µs per step of a standing decision, chain against tree (``plan_step``, ``choose_batch``
     and ``observe_step``; the decision forced to stand every step), median over repeats of the
-    per-repeat median: what the simulator's ``controller_repeat_*`` charge bounds for a standing
-    chain."""
+    per-repeat median (``chain_us``, ``tree_us``) and of the per-repeat mean (``chain_mean_us``,
+    what a serving loop pays and the simulator's ``controller_chain_*`` charge; the first 20 %
+    of the steps left out of both). At batch 1 only a chain decision stands."""
     _, start = _started(batch)
-    out: dict[str, list[float]] = {"chain": [], "tree": []}
+    out: dict[str, list[float]] = {k: [] for k in kinds}
+    means: dict[str, list[float]] = {k: [] for k in kinds}
     for rep in range(repeats):
-        for kind in ("chain", "tree"):
+        for kind in kinds:
             learner = start.copy()
             learner.explore_every = 0
             policy = LearningPolicy()
@@ -178,8 +182,12 @@ def standing(batch: int, steps: int, repeats: int) -> dict[str, float]:
                 previous = trees.sizes
                 contexts = contexts + counts + 1
             out[kind].append(statistics.median(times[steps // 5 :]))
-    chain, tree = (1e6 * statistics.median(out[k]) for k in ("chain", "tree"))
-    return {"chain_us": chain, "tree_us": tree, "ratio": chain / tree}
+            means[kind].append(statistics.fmean(times[steps // 5 :]))
+    result = {f"{k}_us": 1e6 * statistics.median(v) for k, v in out.items()}
+    result |= {f"{k}_mean_us": 1e6 * statistics.median(v) for k, v in means.items()}
+    if "chain" in out and "tree" in out:
+        result["ratio"] = result["chain_us"] / result["tree_us"]
+    return result
 
 
 def main() -> None:

@@ -202,6 +202,9 @@ _UNMEASURED = {  # −1 allowed: not measured (see GroundTruth)
     "controller_repeat_single_s",
     "controller_repeat_step_s",
     "controller_repeat_request_s",
+    "controller_chain_single_s",
+    "controller_chain_step_s",
+    "controller_chain_request_s",
 }
 
 
@@ -264,6 +267,12 @@ class GroundTruth:
     controller_repeat_single_s: float = -1.0
     controller_repeat_step_s: float = -1.0
     controller_repeat_request_s: float = -1.0
+    # a step of a chain decision that stood (the argmax path: no top-K, no decision; the
+    # chain's acceptance learned): at batch 1, per batched step, per request; −1: not
+    # measured, charged as a repeated decision (controller_repeat_*)
+    controller_chain_single_s: float = -1.0
+    controller_chain_step_s: float = -1.0
+    controller_chain_request_s: float = -1.0
     noise: float = 0.02  # σ of the log-normal noise per pass
     context_quantum: int = 16  # contexts are priced at multiples of this (cache granularity)
 
@@ -288,7 +297,8 @@ class GroundTruth:
         if bad:
             raise ConfigError(
                 f"ground truth {self.name!r} has out-of-range fields: {', '.join(bad)} (scales, "
-                "bandwidths and the context quantum must be > 0, controller_repeat_* ≥ 0 or −1 "
+                "bandwidths and the context quantum must be > 0, controller_repeat_* and "
+                "controller_chain_* ≥ 0 or −1 "
                 "(not measured), everything else ≥ 0, routing_correlation < 1)"
             )
         tokens = _floats(self.gemm_shape_tokens, "gemm_shape_tokens")
@@ -795,6 +805,7 @@ class SimulatedGPU:
         topk: bool = True,
         contexts: npt.ArrayLike | None = None,
         controller: bool | str = False,
+        path: bool = False,
     ) -> float:
         """Host and device preparation of one step, from its operations (``docs/simulator.md``).
 
@@ -803,11 +814,15 @@ class SimulatedGPU:
         best-first builder and the ancestor matrices on the host, the upload of the N × N
         matrices, the device-side mask over every (node, key) pair, and the KV compaction after
         acceptance. The chain (``topk=False``): an argmax per position and its copy back (plus,
-        for the learning controller's chain decision that stood, ``"repeat"``, its host time as a
-        repeated decision).
+        for the learning controller's chain decision that stood, ``"repeat"``, its host time on
+        that path, ``controller_chain_*``, or as a repeated decision where not measured).
         ``controller``: the adaptive controller's host time (which includes growing the trees)
         replaces the fixed builder's; ``"repeat"``: a step that repeated the learning
         controller's last decision, charged ``controller_repeat_*`` where measured.
+        ``path``: the trees are chains (a decision chose the chain after top-K drafting): the
+        top-K pass and its copy back, and the controller, but no tree work — a chain is
+        verified by a causal pass (no mask to build or upload) and its rejected suffix is cut
+        off (no KV compaction), as for the chain policy.
         """
         t = self.truth
         if isinstance(tree_sizes, np.ndarray) and tree_sizes.ndim == 1:
@@ -822,7 +837,15 @@ class SimulatedGPU:
             seconds += t.prep_chain_kernels * (t.host_kernel_s + self.device.launch_overhead_s)
             seconds += t.d2h_latency_s
             if controller == "repeat":  # a chain decision that stood: the learning controller's
-                seconds += self._repeat_s(b)  # step, charged as a repeated tree decision
+                seconds += self._chain_s(b)  # step on the argmax path
+        elif path:  # a chain chosen after top-K drafting: the top-K pass, no tree work
+            seconds = logits * t.prep_topk_bytes / bw
+            seconds += t.prep_tree_kernels * (t.host_kernel_s + self.device.launch_overhead_s)
+            seconds += t.d2h_latency_s
+            if controller == "repeat":
+                seconds += self._repeat_s(b)
+            elif controller:
+                seconds += self._decision_s(b)
         else:
             nodes = float(np.add.reduce(s))
             square = float(np.dot(s, s))
@@ -865,6 +888,17 @@ class SimulatedGPU:
         if b > 1 and t.controller_repeat_step_s >= 0:
             return t.controller_repeat_step_s + b * max(t.controller_repeat_request_s, 0)
         return self._decision_s(b)
+
+    def _chain_s(self, b: int) -> float:
+        """The learning controller's host time for a step of a chain decision that stood, as
+        measured (``controller_chain_*``), or as a repeated decision where the truth has no
+        measurement (−1)."""
+        t = self.truth
+        if b == 1 and t.controller_chain_single_s >= 0:
+            return t.controller_chain_single_s
+        if b > 1 and t.controller_chain_step_s >= 0:
+            return t.controller_chain_step_s + b * max(t.controller_chain_request_s, 0)
+        return self._repeat_s(b)
 
     # -- what a run observes ------------------------------------------------------------------
 
@@ -915,8 +949,9 @@ class SimulatedGPU:
         topk: bool = True,
         contexts: npt.ArrayLike | None = None,
         controller: bool | str = False,
+        path: bool = False,
     ) -> float:
-        return self._noisy(self.prep_truth(tree_sizes, topk, contexts, controller))
+        return self._noisy(self.prep_truth(tree_sizes, topk, contexts, controller, path))
 
     def step_s(
         self,
@@ -931,12 +966,13 @@ class SimulatedGPU:
         """(draft, preparation, verification) seconds of one decode step verified as ``kind``:
         "ar" is one unmasked pass and nothing else; "chain" and "tree" pay the drafter, the
         preparation (``topk``: top-K normalisation and tree work, else an argmax; a chain chosen
-        after top-K drafting keeps its top-K preparation) and a pass — causal for the chain,
-        masked for a tree. Prefill chunks ride in the pass. Noisy, drawn in that order."""
+        after top-K drafting keeps its top-K pass but has no tree work) and a pass — causal for
+        the chain, masked for a tree. Prefill chunks ride in the pass. Noisy, drawn in that
+        order."""
         if kind == "ar":
             return 0.0, 0.0, self.ar_s(contexts, prefill_tokens, prefill_contexts)
         draft = self.draft_s(contexts)
-        prep = self.prep_s(tree_sizes, topk, contexts, controller)
+        prep = self.prep_s(tree_sizes, topk, contexts, controller, kind == "chain")
         tree = kind == "tree"
         return (
             draft,

@@ -16,6 +16,7 @@ from bastion.controller import LearningPolicy
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.engine import SpecEngine
+from bastion.errors import ConfigError
 from bastion.interfaces import (
     BatchPolicyContext,
     CostCurve,
@@ -34,7 +35,7 @@ from bastion.observed import (
     shadow_of,
 )
 from bastion.policies import ChainPolicy, make_policy
-from bastion.sim.gpu import SimulatedGPU
+from bastion.sim.gpu import GroundTruth, SimulatedGPU
 from bastion.sim.truth import get_truth
 from bastion.tree import DraftMarginals, DraftTree, best_first_tree
 from tests.strategies import batches
@@ -148,6 +149,68 @@ def test_the_simulator_charges_a_standing_chain_the_argmax_preparation() -> None
     standing = gpu.prep_truth(sizes, topk=False, contexts=ctx, controller="repeat")
     decided = gpu.prep_truth(sizes, topk=True, contexts=ctx, controller=True)
     assert argmax < standing < decided  # the controller's repeat is charged, top-K is not
+
+
+def test_a_chain_chosen_after_top_k_drafting_pays_the_top_k_pass_but_no_tree_work() -> None:
+    """A decision that chose the chain paid the top-K pass and its own host time, but its
+    chains are verified causally: no mask, no upload, no KV compaction — the chain policy's
+    preparation with the top-K pass for the argmax and the decision on top (so a costlier
+    mask, a dearer host ancestor matrix or more compaction kernels leave it unchanged)."""
+    model = get_model("qwen3-8b")
+    hw = get_profile("h100-sxm")
+    sizes, ctx = np.full(8, 16), np.full(8, 512)
+
+    def gpu(**truth: Any) -> SimulatedGPU:
+        base = {"controller_step_s": 300e-6, "controller_request_s": 2e-6, "noise": 0.0}
+        return SimulatedGPU(
+            hw, model, DrafterSpec.dflash_for(model), GroundTruth("t", **(base | truth))
+        )
+
+    plain = gpu()
+    chain = plain.prep_truth(sizes, topk=True, contexts=ctx, controller=True, path=True)
+    tree = plain.prep_truth(sizes, topk=True, contexts=ctx, controller=True)
+    argmax = plain.prep_truth(sizes, topk=False, contexts=ctx)
+    assert argmax < chain < tree
+    t = plain.truth
+    logits = 8 * plain._depth * model.vocab
+    swap = logits * (t.prep_topk_bytes - t.prep_argmax_bytes) / plain._bw
+    swap += (t.prep_tree_kernels - t.prep_chain_kernels) * (
+        t.host_kernel_s + plain.device.launch_overhead_s
+    )
+    assert chain == pytest.approx(argmax + swap + 300e-6 + 8 * 2e-6, rel=1e-9)
+    dear = gpu(mask_host_request_s=1e-3, mask_bytes=30.0, compaction_kernels_per_layer=2.0)
+    assert dear.prep_truth(sizes, True, ctx, True, path=True) == pytest.approx(chain, rel=1e-12)
+    assert dear.prep_truth(sizes, True, ctx, True) > tree + 8 * 1e-3 * 0.99
+    # the engine's step: a "chain" step takes this path, a "tree" step the tree's
+    assert plain.step_s("chain", sizes, ctx, True, True)[1] == pytest.approx(chain, rel=1e-12)
+    assert plain.step_s("tree", sizes, ctx, True, True)[1] == pytest.approx(tree, rel=1e-12)
+
+
+def test_a_standing_chain_is_charged_its_own_measured_host_time() -> None:
+    """controller_chain_*: a standing chain's step (the argmax path) is charged its own
+    measured host time; without it (−1), the repeated decision's; other values are refused."""
+    model = get_model("qwen3-8b")
+    hw = get_profile("h100-sxm")
+    base = {"controller_repeat_single_s": 50e-6, "controller_repeat_step_s": 60e-6}
+    base |= {"controller_repeat_request_s": 2e-6, "noise": 0.0}
+    own = GroundTruth(
+        "own",
+        controller_chain_single_s=20e-6,
+        controller_chain_step_s=30e-6,
+        controller_chain_request_s=1e-6,
+        **base,
+    )
+    gpu = SimulatedGPU(hw, model, DrafterSpec.dflash_for(model), own)
+    plain = SimulatedGPU(hw, model, DrafterSpec.dflash_for(model), GroundTruth("plain", **base))
+    for b, repeat_s, chain_s in ((1, 50e-6, 20e-6), (4, 60e-6 + 4 * 2e-6, 30e-6 + 4e-6)):
+        sizes, ctx = np.full(b, 16), np.full(b, 300)
+        bare = gpu.prep_truth(sizes, topk=False, contexts=ctx)
+        standing = gpu.prep_truth(sizes, topk=False, contexts=ctx, controller="repeat")
+        assert standing - bare == pytest.approx(chain_s, rel=1e-9)
+        unmeasured = plain.prep_truth(sizes, topk=False, contexts=ctx, controller="repeat")
+        assert unmeasured - bare == pytest.approx(repeat_s, rel=1e-9)
+    with pytest.raises(ConfigError, match="controller_chain"):
+        GroundTruth("bad", controller_chain_step_s=-0.5)
 
 
 def test_size_factors_shrink_a_few_steps_towards_one() -> None:

@@ -106,6 +106,27 @@ def test_ancestor_matrix_matches_paths(m: DraftMarginals, budget: int) -> None:
         assert set(np.flatnonzero(vis[i]).tolist()) == set(path_to(tree, i))
 
 
+@given(st.integers(1, 20), st.integers(0, 19), st.booleans())
+def test_ancestor_matrix_of_a_chain_and_of_a_chain_with_a_branch(
+    n: int, fork: int, branch: bool
+) -> None:
+    """A chain (each node the child of the one before) is causal; one extra branch off it is
+    not, and both match their paths (the chain's fast path and the general one)."""
+    parents = [-1, *range(n - 1)]
+    depths = list(range(n))
+    if branch:  # one more node, a second child of node ``fork``
+        fork = fork % n
+        parents.append(fork)
+        depths.append(depths[fork] + 1)
+    size = len(parents)
+    tree = DraftTree(parents, list(range(size)), depths, [1.0] * size)
+    vis = ancestor_matrix(tree)
+    for i in range(size):
+        assert set(np.flatnonzero(vis[i]).tolist()) == set(path_to(tree, i))
+    # causal unless the branch leaves the chain before its last node (there it extends it)
+    assert np.array_equal(vis, np.tri(size, dtype=bool)) == (not branch or fork == n - 1)
+
+
 def test_mask_positions_and_graph() -> None:
     m = DraftMarginals([[10, 11], [12, 13]], [[0.6, 0.3], [0.9, 0.05]])
     tree = best_first_tree(m, 4, root_token=7)
