@@ -36,6 +36,8 @@ What this module does not do: choose trees (:mod:`bastion.controller`) or time a
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -165,6 +167,8 @@ class LearnedCostModel:
         # the controller's plan for the next step, made before drafting: (B, explore, repeat)
         self.pending_plan: tuple[int, bool, tuple[str, int, float] | None] | None = None
         self._joint = getattr(prior, "joint_cost_curve", None)
+        if self._joint is not None and _takes_growth(self._joint):  # priced entries only
+            self._joint = functools.partial(self._joint, growth=False)
         self._candidates: dict[
             tuple[int, int], tuple[int, IntArray, IntArray, FloatArray, float]
         ] = {}
@@ -713,6 +717,16 @@ def decision_floor(
     the chain to end at or after j, its end's cost, at least the cheapest end from j on."""
     ends = even[: cells.shape[0]] * unit[cells]
     return np.minimum(best_above[cells], np.minimum.accumulate(ends[::-1])[::-1])
+
+
+def _takes_growth(joint: Callable[..., Any]) -> bool:
+    """Whether a prior's ``joint_cost_curve`` can skip its growth proof (``growth=False``, as
+    :class:`bastion.cost.costmodel.RooflineCostModel`'s): the learned model never reads it."""
+    try:
+        parameter = inspect.signature(joint).parameters.get("growth")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def _mean_context(ctx: IntArray) -> int:

@@ -749,3 +749,11 @@ def test_the_decision_floor_is_below_every_chains_curve(
         cc = learner.joint_decision_curve(contexts, order[:length], n_max)
         assert cc.floor_s is not None
         assert np.all(cc.verify_s[: length + 1] >= cc.floor_s[: length + 1])
+
+
+@pytest.mark.parametrize(
+    "floor", [[1.0, 2.0], np.zeros((2, 2)), np.zeros(0), np.array([1, 2]), "cheap"]
+)
+def test_a_curve_refuses_a_floor_that_is_not_a_float_vector(floor: object) -> None:
+    with pytest.raises(CostModelError, match="floor_s"):
+        CostCurve(0.0, 0.0, np.ones(3), 1.0, floor_s=floor)  # type: ignore[arg-type]

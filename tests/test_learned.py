@@ -383,3 +383,31 @@ def test_prime_prices_the_batch_1_anchors_early_and_changes_nothing() -> None:
     for bad in (-1, 1.5, True, "4096"):
         with pytest.raises(BudgetError):
             primed.prime(bad)  # type: ignore[arg-type]
+
+
+def test_the_learned_model_prices_its_batched_prior_without_the_growth_proof() -> None:
+    """A roofline prior's joint curve with growth=False is the same curve with growth_s 0,
+    and the learned model asks for it that way (it never reads growth_s); a prior without the
+    keyword is called as it is."""
+    from bastion.cost.costmodel import RooflineCostModel
+    from bastion.cost.hardware import get_profile
+    from bastion.cost.models import get_model
+
+    prior = RooflineCostModel(get_profile("h100-sxm"), get_model("qwen3-8b"))
+    ctx, grow = np.array([300, 700, 50]), np.array([0, 1, 1, 2, 0, 0, 2])
+    full = prior.joint_cost_curve(ctx, grow)
+    bare = prior.joint_cost_curve(ctx, grow, growth=False)
+    assert np.array_equal(full.verify_s, bare.verify_s) and full.ar_step_s == bare.ar_step_s
+    assert full.growth_s > 0.0 and bare.growth_s == 0.0
+    learner = LearnedCostModel(prior)
+    assert learner._prior_joint(ctx, grow).growth_s == 0.0
+    assert np.array_equal(learner._prior_joint(ctx, grow).verify_s, full.verify_s)
+
+    class Plain:  # a joint cost model without the keyword
+        def joint_cost_curve(self, context_lens, grow):  # type: ignore[no-untyped-def]
+            return full
+
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]
+            return getattr(prior, name)
+
+    assert LearnedCostModel(Plain())._prior_joint(ctx, grow) is full  # type: ignore[arg-type]

@@ -368,7 +368,11 @@ class RooflineCostModel:
         self.ema.update(verify_s, float(self._uncorrected(bare_s, cal_s)[0]))
 
     def joint_cost_curve(
-        self, context_lens: npt.NDArray[np.int64], grow: npt.NDArray[np.int64]
+        self,
+        context_lens: npt.NDArray[np.int64],
+        grow: npt.NDArray[np.int64],
+        *,
+        growth: bool = True,
     ) -> CostCurve:
         """Ĉ of a whole batch along a joint allocation (:class:`bastion.joint.JointCostModel`).
 
@@ -378,7 +382,8 @@ class RooflineCostModel:
         raises T by 1, the attention pairs (and mask elements) by c_i + 2n + 1 and the KV
         tokens by 1, so the pass shapes are cumulative sums, priced exactly like ``cost_curve``
         (same context buckets, pricers, calibration and correction). L_AR is one unmasked step
-        of the B roots; T_draft the drafter's pass over the batch.
+        of the B roots; T_draft the drafter's pass over the batch. ``growth=False``: leave
+        ``growth_s`` at 0 (a caller that reads only the priced entries saves its proof).
         """
         ctx = np.asarray(context_lens)
         g = np.asarray(grow)
@@ -450,13 +455,13 @@ class RooflineCostModel:
             kv_tokens=pairs0 + added[-1:],
             mask_elems=pairs[-1:],
         )
-        growth = self._growth_beyond(end, float(c.min()))
+        rise = self._growth_beyond(end, float(c.min())) if growth else 0.0
         return CostCurve(
             draft_s=draft,
             prep_s=self.prep_s,
             verify_s=verify,
             ar_step_s=float(ar_s[0]),
-            growth_s=growth,
+            growth_s=rise,
         )
 
     def _growth_beyond(self, end: PassShape, c_min: float) -> float:
