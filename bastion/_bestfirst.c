@@ -613,7 +613,7 @@ done:
  * bastion.joint.choose_joint_batch in mode "auto" (the bounded argmax) on the learning
  * controller's stepped decision curve (bastion.learned.LearnedCostModel.joint_decision_curve),
  * in one call: the chain is forest()'s merged order, regrown while the bound needs more, its
- * cost for m added nodes min(best_above[cells[j]], even[m] * unit[cells[m]]) for j = 0 … m.
+ * cost for j added nodes best_above[cells[j]] (even and unit are checked, not read).
  * probs, token_ids: B * depth * k; mass: B lattice masses (bastion.joint._lattice_mass), or
  * empty: computed here, its sums sequential (the bound's slack of 1e-9 covers the order);
  * cells: the lattice cell of every total B … B + len(cells) - 1; best_above, unit: per cell;
@@ -677,8 +677,7 @@ static PyObject *joint(PyObject *self, PyObject *args) {
             }
             mass = own_mass;
         }
-        const double *above = (const double *)aboveb.buf, *even = (const double *)evenb.buf;
-        const double *unit = (const double *)unitb.buf;
+        const double *above = (const double *)aboveb.buf;
         const int64_t *tid = (const int64_t *)ids.buf;
         /* the per-node arrays grow with the rounds (most can be 30 000 nodes where a round
          * grows a few hundred: allocating for it cost more than the round) */
@@ -724,12 +723,9 @@ static PyObject *joint(PyObject *self, PyObject *args) {
             }
             m = forest_grow(p, b, depth, k, cap, total, heap, count, g_req, g_pos, g_par, g_dep,
                             g_rnk, g_sco, &more);
-            double end = even[m] * unit[cells[m]];
             int bad = !(isfinite(ar) && ar > 0.0);
             for (Py_ssize_t j = 0; j <= m; j++) {
-                double c = above[cells[j]];
-                c_hat[j] = c < end ? c : end; /* np.minimum of two finite values */
-                if (isnan(c) || isnan(end)) c_hat[j] = NAN;
+                c_hat[j] = above[cells[j]];
                 if (!(isfinite(c_hat[j]) && c_hat[j] > 0.0)) bad = 1;
             }
             if (bad) {
@@ -760,19 +756,16 @@ static PyObject *joint(PyObject *self, PyObject *args) {
                 double a_far = (a_hat[m] + unseen) * (1.0 + 1e-12);
                 double c_needed = a_far * ar / s_hat[chosen];
                 if (c_needed <= c_hat[m]) break;
-                /* bastion.joint._floor_bound on bastion.learned.decision_floor: the least cost
-                 * any longer chain prices at each total ahead, its suffix minimum built from
-                 * the end */
+                /* bastion.joint._floor_bound on the decision curve, its own floor: what any
+                 * longer chain prices at each total ahead */
                 {
-                    double rate = rho * (1.0 + 1e-12), run = INFINITY, ahead = 0.0;
+                    double rate = rho * (1.0 + 1e-12), ahead = 0.0;
                     double a_end = a_hat[m], c_end = c_hat[m];
                     Py_ssize_t last = ntot - 1, high = last < most ? last : most;
                     int nan_seen = 0;
                     for (Py_ssize_t j = last; j > m; j--) {
-                        double e = even[j] * unit[cells[j]], c = above[cells[j]];
-                        if (isnan(e) || isnan(c)) nan_seen = 1;
-                        if (e < run) run = e;
-                        double f = c < run ? c : run;
+                        double f = above[cells[j]];
+                        if (isnan(f)) nan_seen = 1;
                         double den = c_end > f ? c_end : f;
                         if (j <= high) {
                             double a_up = a_end + (double)(j - m) * rate;

@@ -338,21 +338,24 @@ class LearnedCostModel:
 
         The chain is grown only as far as the stop rule needs, so a cheaper measured total
         beyond its end (a kernel step's far side: 256 tokens after 136–255) would be invisible
-        and the controller would settle in front of it. Every entry is therefore also capped by
-        the cheapest lattice total beyond the end, up to B·n_max (at most
-        :data:`JOINT_HORIZON` tokens): the controller keeps growing towards it."""
+        and the controller would settle in front of it. Every entry is therefore priced at the
+        cheapest lattice total at or above it, up to B·n_max (at most :data:`JOINT_HORIZON`
+        tokens, itself counted as a lattice point): the controller keeps growing towards it.
+        A total between lattice points costs what its cell's lattice point costs, wherever the
+        chain ends: an earlier form also priced the chain's own end at its own total, which
+        made the totals just past a kernel step look cheap whenever the chain stopped there.
+        The price of a total does not depend on the chain, so the curve is its own
+        ``floor_s``."""
         ctx = np.asarray(context_lens, dtype=np.int64)
         b = ctx.shape[0]
         m = int(np.asarray(grow).shape[0])
         top = max(min(b * int(n_max), JOINT_HORIZON), b + m)
-        cells, best_above, even, unit = self._joint_deciding(ctx, top)
-        c = cells[: m + 1]
-        # the cheapest lattice total from each entry on, up to ``top``; the chain's own end
-        # counts as a lattice point (a stepped curve's last entry)
-        deciding = np.minimum(best_above[c], float(even[m]) * float(unit[c[-1]]))
+        cells, best_above, _, _ = self._joint_deciding(ctx, top)
+        # the cheapest lattice total from each entry on, up to ``top`` (itself counted as
+        # one): the same for any chain, however far it was grown, so it is its own floor
+        floor = best_above[cells]
         ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
-        floor = decision_floor(cells, best_above, even, unit)
-        return CostCurve(0.0, 0.0, deciding, ar, floor_s=floor)
+        return CostCurve(0.0, 0.0, floor[: m + 1], ar, floor_s=floor)
 
     def joint_decision_arrays(
         self, context_lens: IntArray, n_max: int = 1024
@@ -393,9 +396,11 @@ class LearnedCostModel:
                     self._deciding(points, np.ones(n_cells), b),
                 )
             unit = units[1]
-            ok = (points >= b) & (points <= top)
+            # a lattice point beyond ``top`` (the last cell's) is priced at ``top`` itself
+            reach = np.minimum(points, top)
+            ok = reach >= b
             at_point = np.full(n_cells, np.inf)
-            at_point[ok] = even[points[ok] - b] * unit[ok]
+            at_point[ok] = even[reach[ok] - b] * unit[ok]
             best_above = np.minimum.accumulate(at_point[::-1])[::-1]
             if len(self._joint_cache) > 64:
                 self._joint_cache.clear()
@@ -707,16 +712,6 @@ class LearnedCostModel:
 
 
 MeasureFn = Callable[[CycleKind, IntArray, IntArray], float]
-
-
-def decision_floor(
-    cells: IntArray, best_above: FloatArray, even: FloatArray, unit: FloatArray
-) -> FloatArray:
-    """The joint decision curve's floor: at j added nodes, the least cost any chain of up to
-    ``len(cells) − 1`` added nodes can price there — its lattice cap (``best_above``) or, were
-    the chain to end at or after j, its end's cost, at least the cheapest end from j on."""
-    ends = even[: cells.shape[0]] * unit[cells]
-    return np.minimum(best_above[cells], np.minimum.accumulate(ends[::-1])[::-1])
 
 
 def _takes_growth(joint: Callable[..., Any]) -> bool:

@@ -740,15 +740,21 @@ def test_an_overstated_floor_stops_too_early() -> None:
 def test_the_decision_floor_is_below_every_chains_curve(
     case: tuple[BatchMarginals, LearnedCostModel, npt.NDArray[np.int64], int, int],
 ) -> None:
-    """floor_s[j] ≤ the decision cost at j of every chain that reaches j, whatever its length
-    (a chain's end counts as a lattice point, so one ending mid-cell is cheaper there)."""
+    """floor_s[j] ≤ the decision cost at j of every chain that reaches j, whatever its length:
+    a total costs what its cell's cheapest lattice point at or above costs, never what the
+    chain's own end would (so the curve is its own floor, and it never falls)."""
     marginals, learner, contexts, n_max, _ = case
     b = marginals.probs.shape[0]
     order = best_first_forest(marginals.probs, n_max, b * (n_max - 1))[5]
+    floors = []
     for length in range(order.shape[0] + 1):
         cc = learner.joint_decision_curve(contexts, order[:length], n_max)
         assert cc.floor_s is not None
         assert np.all(cc.verify_s[: length + 1] >= cc.floor_s[: length + 1])
+        assert np.array_equal(cc.verify_s, cc.floor_s[: length + 1])
+        assert np.all(np.diff(cc.floor_s) >= 0)
+        floors.append(cc.floor_s)
+    assert all(np.array_equal(f, floors[0]) for f in floors)  # the same for every chain
 
 
 @pytest.mark.parametrize(
