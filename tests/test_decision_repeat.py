@@ -232,10 +232,15 @@ def test_a_batched_exploring_step_verifies_the_joint_allocation_of_the_dearer_to
     decision = LearningPolicy(n_max).choose_batch(m, BatchPolicyContext(req, learner))
     learner.explore_every = 0
     plain = LearningPolicy(n_max).choose_batch(m, BatchPolicyContext(req, learner))
-    total = int(plain.trees.offsets[-1])
-    target = learner.affordable_total(req.context_lens, total, n_max, EXPLORE_COST)
-    ref = plain.trees
-    if target > total:
+    total = int(plain.diagnostics.tree_diagnostics.total_size)  # the joint tree's (even where
+    target = learner.affordable_total(req.context_lens, total, n_max, EXPLORE_COST)  # … the
+    if target > total:  # decision then picked the chain: an exploring step keeps its tree)
         ref = choose_joint_batch(cal, _flat_until(target - b), n_max, "auto", 64)[0]
+    else:
+        contexts = req.context_lens
+        ref = choose_joint_batch(
+            cal, lambda g: learner.joint_decision_curve(contexts, g, n_max), n_max, "auto", 64
+        )[0]
+    assert decision.kind == "tree"
     for name in ("offsets", "parents", "depths", "ranks", "scores", "tokens"):
         assert np.array_equal(getattr(decision.trees, name), getattr(ref, name)), name

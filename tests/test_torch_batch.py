@@ -205,16 +205,20 @@ def test_llama_batched_deep_acceptance(free_refs) -> None:
 
 
 def test_adaptive_policy_takes_the_joint_budget_when_batched(target, dflash, monkeypatch) -> None:
-    import bastion.joint
+    import bastion.controller
 
     calls: list[int] = []
-    real = bastion.joint.choose_joint_batch
 
-    def spy(marginals, *args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(marginals.size)
-        return real(marginals, *args, **kwargs)
+    def spying(real):  # type: ignore[no-untyped-def]
+        def spy(marginals, *args, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(marginals.size)
+            return real(marginals, *args, **kwargs)
 
-    monkeypatch.setattr(bastion.joint, "choose_joint_batch", spy)
+        return spy
+
+    # the joint budget: compiled, or its Python loop where the kernel is missing or declines
+    for name in ("_choose_joint_compiled", "choose_joint_batch"):
+        monkeypatch.setattr(bastion.controller, name, spying(getattr(bastion.controller, name)))
     generate_batch(
         target,
         dflash,
