@@ -212,6 +212,10 @@ def main() -> None:
         print("| B | standing chain µs/step | repeated tree µs/step | chain / tree |")
         print("|---:|---:|---:|---:|")
         for b in (int(x) for x in args.batches.split(",")):
+            if b == 1:  # at batch 1 only a chain decision stands
+                r = standing(b, args.steps, args.repeats, ("chain",))
+                print(f"| {b} | {r['chain_us']:.0f} | — | — |")
+                continue
             r = standing(b, args.steps, args.repeats)
             print(f"| {b} | {r['chain_us']:.0f} | {r['tree_us']:.0f} | {r['ratio']:.2f} |")
         return
