@@ -135,9 +135,14 @@ class ProfiledCostModel(RooflineCostModel):
         return bare_s - covered + measured, cal_s * (1.0 - share) + measured
 
     def joint_cost_curve(
-        self, context_lens: npt.NDArray[np.int64], grow: npt.NDArray[np.int64]
+        self,
+        context_lens: npt.NDArray[np.int64],
+        grow: npt.NDArray[np.int64],
+        *,
+        growth: bool = True,
     ) -> CostCurve:
-        """The joint curve priced prefix by prefix with ``step_cost`` (correct, not vectorised)."""
+        """The joint curve priced prefix by prefix with ``step_cost`` (correct, not vectorised;
+        it proves no growth bound, so ``growth`` changes nothing)."""
         from bastion.interfaces import RequestLoad
 
         ctx = [int(c) for c in context_lens]
