@@ -606,18 +606,18 @@ done:
 }
 
 /* ---------------------------------------------------------------------------------------------
- * joint(probs, token_ids, depth, k, n_max, total, most, mass, cells, best_above, even, unit, ar)
+ * joint(probs, token_ids, depth, k, n_max, total, most, mass, cells, best_above, ar)
  *     -> (status, chosen, more, exhausted, parents, depths, ranks, scores, tokens, offsets,
  *         a_hat, c_hat, s_hat)
  *
  * bastion.joint.choose_joint_batch in mode "auto" (the bounded argmax) on the learning
  * controller's stepped decision curve (bastion.learned.LearnedCostModel.joint_decision_curve),
  * in one call: the chain is forest()'s merged order, regrown while the bound needs more, its
- * cost for j added nodes best_above[cells[j]] (even and unit are checked, not read).
+ * cost for j added nodes best_above[cells[j]].
  * probs, token_ids: B * depth * k; mass: B lattice masses (bastion.joint._lattice_mass), or
  * empty: computed here, its sums sequential (the bound's slack of 1e-9 covers the order);
- * cells: the lattice cell of every total B … B + len(cells) - 1; best_above, unit: per cell;
- * even: per total; total: the first round's added nodes; most: B * (n_max - 1).
+ * cells: the lattice cell of every total B … B + len(cells) - 1; best_above: per cell;
+ * total: the first round's added nodes; most: B * (n_max - 1).
  * status 0: done; -1: a priced cost is not finite and > 0 (the caller prices it again to
  * raise); -2: the chain outgrew the priced totals (the caller runs the Python loop). The trees
  * (roots' token -1) are each request's best-first prefix of the chosen allocation; a_hat,
@@ -625,12 +625,12 @@ done:
  * per-request built mass of the stop bound only, which carries a 1e-12 slack).
  * ------------------------------------------------------------------------------------------- */
 static PyObject *joint(PyObject *self, PyObject *args) {
-    Py_buffer probs, ids, massb, cellsb, aboveb, evenb, unitb;
+    Py_buffer probs, ids, massb, cellsb, aboveb;
     Py_ssize_t depth, k, n_max, total, most;
     double ar;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*nnnnny*y*y*y*y*d", &probs, &ids, &depth, &k, &n_max, &total,
-                          &most, &massb, &cellsb, &aboveb, &evenb, &unitb, &ar))
+    if (!PyArg_ParseTuple(args, "y*y*nnnnny*y*y*d", &probs, &ids, &depth, &k, &n_max, &total,
+                          &most, &massb, &cellsb, &aboveb, &ar))
         return NULL;
     Py_ssize_t b = depth > 0 && k > 0 ? probs.len / (Py_ssize_t)sizeof(double) / depth / k : 0;
     Py_ssize_t ntot = cellsb.len / (Py_ssize_t)sizeof(int64_t);
@@ -644,8 +644,7 @@ static PyObject *joint(PyObject *self, PyObject *args) {
     if (depth < 1 || k < 1 || b < 1 || n_max < 1 || total < 0 || most < 0 || depth > INT32_MAX ||
         k > INT32_MAX || b > INT32_MAX || !holds_exactly(probs.len, sizeof(double), b, depth, k) ||
         !holds_exactly(ids.len, sizeof(int64_t), b, depth, k) || ntot < 1 || ncell < 1 ||
-        evenb.len != ntot * (Py_ssize_t)sizeof(double) ||
-        unitb.len != ncell * (Py_ssize_t)sizeof(double) || most > b * (n_max - 1) ||
+        most > b * (n_max - 1) ||
         (massb.len != 0 && massb.len != b * (Py_ssize_t)sizeof(double))) {
         PyErr_SetString(PyExc_ValueError, "joint: inconsistent sizes");
         goto done;
@@ -852,8 +851,6 @@ done:
     PyBuffer_Release(&massb);
     PyBuffer_Release(&cellsb);
     PyBuffer_Release(&aboveb);
-    PyBuffer_Release(&evenb);
-    PyBuffer_Release(&unitb);
     return result;
 }
 

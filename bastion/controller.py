@@ -229,7 +229,7 @@ def _choose_joint_compiled(
     caller then runs the Python loop, which prices further or raises."""
     probs = cal.probs
     b, depth, k = probs.shape
-    cells, best_above, even, unit, ar = learner.joint_decision_arrays(contexts, n_max)
+    cells, best_above, ar = learner.joint_decision_arrays(contexts, n_max)
     most = b * (n_max - 1)
     out = _kernel.joint(
         np.ascontiguousarray(probs, np.float64),
@@ -242,8 +242,6 @@ def _choose_joint_compiled(
         b"",  # the lattice masses: computed by the kernel
         cells,
         np.ascontiguousarray(best_above, np.float64),
-        np.ascontiguousarray(even, np.float64),
-        np.ascontiguousarray(unit, np.float64),
         float(ar),
     )
     status, chosen, _more, exhausted, par, dep, rnk, sco, tok, off, a_hat, c_hat, s_hat = out

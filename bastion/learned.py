@@ -350,7 +350,7 @@ class LearnedCostModel:
         b = ctx.shape[0]
         m = int(np.asarray(grow).shape[0])
         top = max(min(b * int(n_max), JOINT_HORIZON), b + m)
-        cells, best_above, _, _ = self._joint_deciding(ctx, top)
+        cells, best_above = self._joint_deciding(ctx, top)
         # the cheapest lattice total from each entry on, up to ``top`` (itself counted as
         # one): the same for any chain, however far it was grown, so it is its own floor
         floor = best_above[cells]
@@ -359,27 +359,24 @@ class LearnedCostModel:
 
     def joint_decision_arrays(
         self, context_lens: IntArray, n_max: int = 1024
-    ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray, float]:
+    ) -> tuple[IntArray, FloatArray, float]:
         """What :meth:`joint_decision_curve` is built from, for chains of up to
         min(B·n_max, :data:`JOINT_HORIZON`) − B added nodes: the lattice cell of every total
-        B … top, the cheapest decision cost at or above each cell, the prior's cycle of every
-        total and the decision's factor per cell, and the learned AR cycle (the compiled joint
-        budget prices the chain from these)."""
+        B … top, the cheapest decision cost at or above each cell, and the learned AR cycle
+        (the compiled joint budget prices the chain from these)."""
         ctx = np.asarray(context_lens, dtype=np.int64)
         b = ctx.shape[0]
         top = max(min(b * int(n_max), JOINT_HORIZON), b)
-        cells, best_above, even, unit = self._joint_deciding(ctx, top)
+        cells, best_above = self._joint_deciding(ctx, top)
         ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
-        return cells, best_above, even, unit, ar
+        return cells, best_above, ar
 
-    def _joint_deciding(
-        self, ctx: IntArray, top: int
-    ) -> tuple[IntArray, FloatArray, FloatArray, FloatArray]:
+    def _joint_deciding(self, ctx: IntArray, top: int) -> tuple[IntArray, FloatArray]:
         """Batch > 1, for totals B … ``top`` (the added nodes spread evenly): each total's
-        lattice cell, per cell the cheapest decision cost of a lattice total at or above it
-        (up to ``top``), the prior's cycle per total and the decision's factor per cell
-        (:meth:`_deciding` = cycle × factor). Per batch size, mean-context step and ``top``,
-        recomputed when the learned table or the size calibration refreshes."""
+        lattice cell and, per cell, the cheapest decision cost of a lattice total at or above
+        it (up to ``top``): the prior's cycle there times the decision's factor
+        (:meth:`_deciding`). Per batch size, mean-context step and ``top``, recomputed when the
+        learned table or the size calibration refreshes."""
         b = ctx.shape[0]
         key = (b, _mean_context(ctx) // MODE_CONTEXT_STEP, top)
         stamp = (self.table.stamp("tree"), self.sizes.version >> REFRESH_SHIFT)
@@ -404,14 +401,14 @@ class LearnedCostModel:
             best_above = np.minimum.accumulate(at_point[::-1])[::-1]
             if len(self._joint_cache) > 64:
                 self._joint_cache.clear()
-            hit = self._joint_cache[key] = (stamp, best_above, even, unit)
+            hit = self._joint_cache[key] = (stamp, best_above)
         cells = self._cells.get((b, top))
         if cells is None:
             if len(self._cells) > 64:
                 self._cells.clear()
             totals = np.arange(b, top + 1, dtype=np.int64)
             cells = self._cells[(b, top)] = lattice_index(totals)
-        return cells, hit[1], hit[2], hit[3]
+        return cells, hit[1]
 
     def joint_cycle(self, context_lens: IntArray, total: int) -> float:
         """Batch > 1: the learned cycle of the batch with ``total`` tree nodes spread evenly

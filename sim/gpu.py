@@ -64,6 +64,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -832,19 +833,18 @@ class SimulatedGPU:
         b = s.shape[0]
         logits = b * self._depth * self.model.vocab
         bw = self._bw
-        if not topk:
-            seconds = logits * t.prep_argmax_bytes / bw
-            seconds += t.prep_chain_kernels * (t.host_kernel_s + self.device.launch_overhead_s)
+        if not topk or path:  # chains: the argmax, or a decision's top-K pass; no tree work
+            per_logit, launches = (
+                (t.prep_topk_bytes, t.prep_tree_kernels)
+                if topk
+                else (t.prep_argmax_bytes, t.prep_chain_kernels)
+            )
+            seconds = logits * per_logit / bw
+            seconds += launches * (t.host_kernel_s + self.device.launch_overhead_s)
             seconds += t.d2h_latency_s
-            if controller == "repeat":  # a chain decision that stood: the learning controller's
-                seconds += self._chain_s(b)  # step on the argmax path
-        elif path:  # a chain chosen after top-K drafting: the top-K pass, no tree work
-            seconds = logits * t.prep_topk_bytes / bw
-            seconds += t.prep_tree_kernels * (t.host_kernel_s + self.device.launch_overhead_s)
-            seconds += t.d2h_latency_s
-            if controller == "repeat":
-                seconds += self._repeat_s(b)
-            elif controller:
+            if controller == "repeat":  # a chain decision that stood (argmax), or a repeat
+                seconds += self._chain_s(b) if not topk else self._repeat_s(b)
+            elif controller and topk:
                 seconds += self._decision_s(b)
         else:
             nodes = float(np.add.reduce(s))
@@ -883,22 +883,37 @@ class SimulatedGPU:
         measured (``controller_repeat_*``), or as a decision where the truth has no measurement
         (−1)."""
         t = self.truth
-        if b == 1 and t.controller_repeat_single_s >= 0:
-            return t.controller_repeat_single_s
-        if b > 1 and t.controller_repeat_step_s >= 0:
-            return t.controller_repeat_step_s + b * max(t.controller_repeat_request_s, 0)
-        return self._decision_s(b)
+        return self._measured_s(
+            b,
+            (t.controller_repeat_single_s, t.controller_repeat_step_s),
+            t.controller_repeat_request_s,
+            self._decision_s,
+        )
 
     def _chain_s(self, b: int) -> float:
         """The learning controller's host time for a step of a chain decision that stood, as
         measured (``controller_chain_*``), or as a repeated decision where the truth has no
         measurement (−1)."""
         t = self.truth
-        if b == 1 and t.controller_chain_single_s >= 0:
-            return t.controller_chain_single_s
-        if b > 1 and t.controller_chain_step_s >= 0:
-            return t.controller_chain_step_s + b * max(t.controller_chain_request_s, 0)
-        return self._repeat_s(b)
+        return self._measured_s(
+            b,
+            (t.controller_chain_single_s, t.controller_chain_step_s),
+            t.controller_chain_request_s,
+            self._repeat_s,
+        )
+
+    @staticmethod
+    def _measured_s(
+        b: int, single_step: tuple[float, float], request: float, otherwise: Callable[[int], float]
+    ) -> float:
+        """A host time measured at batch 1 (``single_step[0]``) and above it as step +
+        B·request (``single_step[1]``, ``request``); a −1 (not measured): ``otherwise(b)``."""
+        single, step = single_step
+        if b == 1 and single >= 0:
+            return single
+        if b > 1 and step >= 0:
+            return step + b * max(request, 0)
+        return otherwise(b)
 
     # -- what a run observes ------------------------------------------------------------------
 

@@ -192,14 +192,14 @@ def test_compiled_joint_budget_hands_back_what_it_cannot_price() -> None:
     mass = np.full(2, 8.0)
     cells = np.arange(3, dtype=np.int64)
     ones = np.ones(3)
-    out = kernel.joint(probs, ids, 3, 2, 8, 4, 14, mass, cells, ones, ones, ones, 1.0)
+    out = kernel.joint(probs, ids, 3, 2, 8, 4, 14, mass, cells, ones, 1.0)
     assert out[0] == -2  # 4 added nodes, 2 priced
-    out = kernel.joint(probs, ids, 3, 2, 8, 1, 14, mass, cells, ones * -1.0, ones, ones, 1.0)
+    out = kernel.joint(probs, ids, 3, 2, 8, 1, 14, mass, cells, ones * -1.0, 1.0)
     assert out[0] == -1
     with pytest.raises(ValueError, match="inconsistent"):
-        kernel.joint(probs, ids, 3, 2, 8, 1, 15, mass, cells, ones, ones, ones, 1.0)
+        kernel.joint(probs, ids, 3, 2, 8, 1, 15, mass, cells, ones, 1.0)
     with pytest.raises(ValueError, match="out of range"):
-        kernel.joint(probs, ids, 3, 2, 8, 1, 14, mass, cells + 1, ones, ones, ones, 1.0)
+        kernel.joint(probs, ids, 3, 2, 8, 1, 14, mass, cells + 1, ones, 1.0)
 
 
 @settings(max_examples=200, deadline=None)
@@ -232,8 +232,6 @@ def test_the_joint_kernel_computes_the_lattice_masses_it_is_not_given(
             mass,
             cells,
             even,  # the cheapest cost at or above each cell: the rising cost itself
-            even,
-            np.ones(totals),
             1.0,
         )
         runs.append(out)
