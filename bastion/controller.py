@@ -272,6 +272,20 @@ def _choose_joint_compiled(
     return trees, diag
 
 
+def _ar_choice(learner: LearnedCostModel, req: StepRequests) -> BatchChoice:
+    """An AR step's choice: the hot path while AR stands (every step then), so the last one
+    is reused while its batch size and predicted cycle are the same (it is immutable)."""
+    cycle = learner.mode_cycle("ar", req.context_lens, 0)
+    b = req.size
+    last = learner.last_ar_choice
+    if last is not None and last[0] == b and last[1] == cycle:
+        return last[2]
+    why = ControllerChoice("ar", 1.0, float("nan"), float("nan"), cycle)
+    choice = BatchChoice(TreeBatch.roots(b), why, kind="ar")
+    learner.last_ar_choice = (b, cycle, choice)
+    return choice
+
+
 def _plan(learner: LearnedCostModel, b: int) -> tuple[bool, tuple[str, int, float] | None]:
     """(explore, the decision to repeat or None) of a drafted step of batch size ``b``. At
     batch 1 a tree decision is made every step (it is cheap and the step's own Â matters
@@ -326,10 +340,13 @@ class LearningPolicy:
         req = context.requests
         b = req.size
         probs = marginals.probs  # rows sorted descending: a row is empty iff its top-1 is 0
-        if probs.shape[1] == 0 or probs.shape[2] == 0 or not probs[:, :, 0].any():  # AR
-            cycle = learner.mode_cycle("ar", req.context_lens, 0)
-            why = ControllerChoice("ar", 1.0, float("nan"), float("nan"), cycle)
-            return BatchChoice(TreeBatch.roots(b), why, kind="ar")
+        if (
+            marginals is BatchMarginals.empty(b)  # what the engine hands an AR step
+            or probs.shape[1] == 0
+            or probs.shape[2] == 0
+            or not probs[:, :, 0].any()
+        ):
+            return _ar_choice(learner, req)
         cal = learner.acceptance.calibrate(marginals)
         contexts = req.context_lens
         pending, learner.pending_plan = learner.pending_plan, None

@@ -58,7 +58,7 @@ from bastion.cycles import (
 )
 from bastion.errors import BudgetError, CostModelError
 from bastion.guard import each, integer, public
-from bastion.interfaces import CostCurve, CostModel, StepCost, StepLoad
+from bastion.interfaces import BatchChoice, CostCurve, CostModel, StepCost, StepLoad
 from bastion.observed import (
     AcceptanceCalibration,
     SizeCalibration,
@@ -166,6 +166,9 @@ class LearnedCostModel:
         self.last_chain: FloatArray | None = None
         # the controller's plan for the next step, made before drafting: (B, explore, repeat)
         self.pending_plan: tuple[int, bool, tuple[str, int, float] | None] | None = None
+        # the controller's last AR choice (batch size, predicted cycle, the choice): reused
+        # while both are the same, since an AR step chooses it every step while AR stands
+        self.last_ar_choice: tuple[int, float, BatchChoice] | None = None
         self._joint = getattr(prior, "joint_cost_curve", None)
         if self._joint is not None and _takes_growth(self._joint):  # priced entries only
             self._joint = functools.partial(self._joint, growth=False)
@@ -182,6 +185,7 @@ class LearnedCostModel:
         # the priors, per (what, batch size, …) and context step / anchor (see _anchored)
         self._lerped: dict[tuple[tuple[Any, ...], int], FloatArray] = {}
         self._anchors: dict[tuple[tuple[Any, ...], int], FloatArray] = {}
+        self._ar_memo: dict[tuple[int, int], float] = {}  # the AR prior (see _ar_prior)
         self._joint_cache: dict[tuple[int, int, int], tuple[Any, ...]] = {}
         self._cells: dict[tuple[int, int], IntArray] = {}  # lattice cell of totals B … top
         self.mode = getattr(prior, "mode", "learned")
@@ -506,18 +510,31 @@ class LearnedCostModel:
             self._anchor(("single", SINGLE_PRIOR_SIZES), index, 1, price)
 
     def _ar_prior(self, ctx: IntArray) -> float:
+        """The prior's AR cycle (B requests, their mean context's step): a hot path, priced on
+        every AR step and every decision, so memoised per (B, context step) — the value
+        :meth:`_anchored` gives there, which never changes."""
         b = ctx.shape[0]
+        mean = int(ctx[0]) if b == 1 else _mean_context(ctx)
+        key = (b, mean // MODE_CONTEXT_STEP)
+        hit = self._ar_memo.get(key)
+        if hit is not None:
+            return hit
         if b == 1:
-            return self._single(int(ctx[0]), 1)[1]
-        zero = np.zeros(0, np.int64)
-        return float(
-            self._anchored(
-                ("ar", b),
-                b,
-                _mean_context(ctx),
-                lambda c: np.array([self._prior_joint(c, zero).ar_step_s]),
-            )[0]
-        )
+            value = self._single(mean, 1)[1]
+        else:
+            zero = np.zeros(0, np.int64)
+            value = float(
+                self._anchored(
+                    ("ar", b),
+                    b,
+                    mean,
+                    lambda c: np.array([self._prior_joint(c, zero).ar_step_s]),
+                )[0]
+            )
+        if len(self._ar_memo) > 512:
+            self._ar_memo.clear()
+        self._ar_memo[key] = value
+        return value
 
     def _anchored(
         self, key: tuple[Any, ...], b: int, mean_context: int, price: PriceFn
@@ -665,15 +682,18 @@ class LearnedCostModel:
         cycle would overstate; its acceptance still counts."""
         if not (math.isfinite(cycle_s) and cycle_s > 0):
             return
+        if kind == "ar":  # the hot path while AR stands: a root per request, nothing drafted
+            ctx = np.asarray(contexts, dtype=np.int64)
+            b = ctx.shape[0]
+            self.table.observe("ar", b, b, cycle_s / self._ar_prior(ctx))
+            self._since_draft += 1
+            self._decision = None  # the next drafted step decides afresh
+            return
         offsets = trees.offsets
         b = offsets.shape[0] - 1
         if kind != "chain" or preparation == "argmax":
             ctx = np.asarray(contexts, dtype=np.int64)
             self._observe_total(kind, ctx, int(offsets[-1]), cycle_s)
-        if kind == "ar":
-            self._since_draft += 1
-            self._decision = None  # the next drafted step decides afresh
-            return
         self._since_draft = 0
         if kind == "tree":
             learned = learn_step(self.acceptance, self.sizes, trees, accepted_nodes, committed)

@@ -3,7 +3,10 @@
 The machine's speed drifts by several per cent within a minute, so one run per policy (what
 `bastion demo` prints) cannot tell a 3 % difference. Here the policies run in alternation,
 ``--rounds`` times, on the same held-out prompts (batch 1, T = 0), and the report is the median
-over rounds of each policy's TPOT over AR's TPOT *in the same round*. The cost model is
+over rounds of each policy's TPOT over AR's TPOT *in the same round*, with a bootstrap 90 %
+interval of that median (2000 resamples of the rounds, seeded). AR and ``bastion`` run next to
+each other, in the order AB in even rounds and BA in odd ones, so a drift within a round
+favours neither; the other policies follow. The cost model is
 calibrated on this CPU once (roofline + drafter timing), the learning controller's start-up
 table timed once (``calibrate_cycles_on_device``), and one learner is kept across the rounds
 (what a server does); its first round includes an untimed warm-up run.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import random
 import statistics
 
 from bastion.backends.torch import DFlashDrafter, generate_batch, load_target
@@ -69,23 +73,45 @@ def main() -> None:
         )
         return float(report.to_dict()["repeats"]["tpot_s"]["median"])
 
+    if args.rounds < 1 or args.prompts < 1 or args.tokens < 1:
+        raise SystemExit("--rounds, --prompts and --tokens must be ≥ 1")
     ratios: dict[str, list[float]] = {p: [] for p in POLICIES}
     ar_ms = []
+    others = [p for p in POLICIES if p != "bastion"]
     for r in range(args.rounds):
-        ar = tpot("ar", 0)
-        ar_ms.append(1e3 * ar)
+        times: dict[str, float] = {}
+        for p in ("ar", "bastion") if r % 2 == 0 else ("bastion", "ar"):
+            times[p] = tpot(p, 1 if r == 0 and p != "ar" else 0)
+        for p in others:
+            times[p] = tpot(p, 1 if r == 0 else 0)
+        ar_ms.append(1e3 * times["ar"])
         for p in POLICIES:
-            ratios[p].append(tpot(p, 1 if r == 0 else 0) / ar)
+            ratios[p].append(times[p] / times["ar"])
     print(
         f"`python benchmarks/bench_real_controller.py --rounds {args.rounds} --prompts "
         f"{args.prompts} --tokens {args.tokens}` on {platform.machine()}, Python "
         f"{platform.python_version()}; start-up: {startup['passes']} passes, "
         f"{startup['device_s']:.2f} s; AR TPOT median {statistics.median(ar_ms):.2f} ms\n"
     )
-    print("| policy | TPOT / AR's in the same round, median | min | max |")
-    print("|---|---:|---:|---:|")
+    print("| policy | TPOT / AR's in the same round, median | 90 % interval | min | max |")
+    print("|---|---:|---:|---:|---:|")
     for p, xs in ratios.items():
-        print(f"| {p} | {statistics.median(xs):.3f} | {min(xs):.3f} | {max(xs):.3f} |")
+        lo, hi = median_interval(xs)
+        print(
+            f"| {p} | {statistics.median(xs):.3f} | {lo:.3f}–{hi:.3f} | {min(xs):.3f} | "
+            f"{max(xs):.3f} |"
+        )
+
+
+def median_interval(
+    xs: list[float], level: float = 0.90, resamples: int = 2000
+) -> tuple[float, float]:
+    """A percentile-bootstrap interval of the median of ``xs`` (seeded: the same rounds give
+    the same interval)."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(resamples))
+    tail = (1.0 - level) / 2
+    return meds[int(tail * resamples)], meds[min(resamples - 1, int((1 - tail) * resamples))]
 
 
 if __name__ == "__main__":

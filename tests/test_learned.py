@@ -411,3 +411,65 @@ def test_the_learned_model_prices_its_batched_prior_without_the_growth_proof() -
             return getattr(prior, name)
 
     assert LearnedCostModel(Plain())._prior_joint(ctx, grow) is full  # type: ignore[arg-type]
+
+
+def test_the_memoised_ar_prior_is_the_prior_priced_afresh() -> None:
+    """The AR prior is memoised per (batch size, context step): at every context and batch
+    size, revisited or not, a learner that has priced many others reads what a fresh one does
+    (an AR cycle at exactly the fresh prior observes a ratio of 1)."""
+    learner = LearnedCostModel(BatchPrior())
+    fresh = {}
+    for b in (1, 3, 1, 3):
+        for context in (0, 130, 700, 3000, 130, 9000, 0):
+            ctx = np.full(b, context, np.int64)
+            fresh[b, context] = LearnedCostModel(BatchPrior()).mode_cycle("ar", ctx, 0)
+            assert learner.mode_cycle("ar", ctx, 0) == fresh[b, context]
+            assert learner.observe_cycle("ar", ctx, np.ones(b, np.int64), fresh[b, context]) == 1
+            learner.table = LearnedCostModel(BatchPrior()).table  # keep the ratio at 1
+    assert fresh[1, 0] < fresh[3, 0] and fresh[1, 0] < fresh[1, 3000]  # all of it matters
+
+
+class BatchPrior(ContextPrior):
+    """A ContextPrior whose cycle also grows with the batch size."""
+
+    def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
+        cc = super().cost_curve(max_tree_size, load)
+        extra = 1e-3 * (load.batch_size - 1)
+        return CostCurve(0.0, 0.0, cc.verify_s + extra, cc.ar_step_s + extra)
+
+
+def test_standing_ar_steps_reuse_one_choice_whose_cycle_stays_current() -> None:
+    """While AR stands, each step's choice is an AR step over root-only trees whose predicted
+    cycle is the learned AR cycle of that step; the choice object is reused while that cycle
+    and the batch size stay the same, and replaced when either moves."""
+    learner = LearnedCostModel(ContextPrior(), probe_every=10_000)
+    learner.speedup = 0.5  # AR measured faster: it stands
+    policy = LearningPolicy()
+    seen = []
+    for step in range(48):
+        b = 2 if step >= 40 else 1
+        ctx = np.full(b, 100 + 5 * step, np.int64)
+        req = StepRequests.of(list(range(b)), ctx, np.zeros(b, np.int64), np.zeros(b, np.int64))
+        assert policy.plan_step(req, learner) == "ar"
+        choice = policy.choose_batch(BatchMarginals.empty(b), BatchPolicyContext(req, learner))
+        assert choice.kind == "ar" and choice.trees.sizes.tolist() == [1] * b
+        assert choice.diagnostics.predicted_cycle_s == learner.mode_cycle("ar", ctx, 0)
+        seen.append(choice)
+        cycle = 8e-3 if step < 20 else 16e-3  # AR measured slower from step 20 on
+        learner.observe_step("ar", ctx, choice.trees, np.ones(b, np.int64), np.zeros(0), cycle)
+    distinct = len({id(c) for c in seen})
+    assert 3 <= distinct < 24  # reused, but not past a move of the cycle or the batch
+    assert seen[-1] is not seen[39] and seen[-1].trees.size == 2
+    two, three = (
+        policy.choose_batch(
+            BatchMarginals.empty(b),
+            BatchPolicyContext(
+                StepRequests.of(list(range(b)), np.full(b, 400), np.zeros(b), np.zeros(b)),
+                learner,
+            ),
+        )
+        for b in (2, 3)
+    )
+    # the same cycle (batch 3 reads batch 2's bucket), yet batch 3 gets three roots
+    assert two.diagnostics.predicted_cycle_s == three.diagnostics.predicted_cycle_s
+    assert three.trees.sizes.tolist() == [1, 1, 1]

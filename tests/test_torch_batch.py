@@ -353,3 +353,24 @@ def test_batched_greedy_lossless_on_cuda() -> None:
             cost_model=COST,
         )
         assert [r.output_ids for r in rep.records] == refs, policy
+
+
+def test_the_cycle_report_prices_each_step_as_the_step_it_was() -> None:
+    """The report's predicted cycle: a drafted step is priced with its draft pass, a step that
+    drafted nothing (a learning controller's AR step) without it, and a step whose controller
+    predicted its own cycle counts that prediction."""
+    from bastion.backends.torch.runner import _cycle_report
+    from bastion.interfaces import StepCost
+
+    class Priced:
+        def step_cost(self, tree_size, load):  # type: ignore[no-untyped-def]
+            return StepCost(2e-3, 1e-3, 1e-3 * tree_size)
+
+    nan = float("nan")
+    tree = ([4], [10], 0.0, 0.0, 0.0, True, nan)  # 2 + 1 + 4 ms
+    ar = ([1], [10], 0.0, 0.0, 0.0, False, nan)  # 1 + 1 ms, no draft
+    own = ([8], [10], 0.0, 0.0, 0.0, True, 5e-3)  # the controller said 5 ms
+    report = _cycle_report(Priced(), [tree, ar, own], True)  # type: ignore[arg-type]
+    assert report["predicted_s"] == pytest.approx((7e-3 + 2e-3 + 5e-3) / 3)
+    assert report["predicted_draft_s"] == pytest.approx((2e-3 + 0 + 2e-3) / 3)
+    assert _cycle_report(Priced(), [ar], False)["predicted_s"] == pytest.approx(2e-3)  # type: ignore[arg-type]

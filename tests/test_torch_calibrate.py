@@ -153,7 +153,7 @@ def test_generate_prices_the_drafter_and_reports_the_cycle(
     drafter = DFlashDrafter.from_pretrained(ddir, target)
     with caplog.at_level(logging.INFO):
         rep = generate_batch(
-            target, drafter, "bastion", [[1, 2, 3], [4, 5]], batch_size=2, max_new_tokens=6
+            target, drafter, "bastion:paper", [[1, 2, 3], [4, 5]], batch_size=2, max_new_tokens=6
         )
     assert "T_draft from the drafter's timing" in caplog.text
     assert list(tmp_path.glob("drafter__*.json"))
@@ -186,7 +186,22 @@ def test_learning_controller_startup_times_the_lattice_on_the_device(
     assert learner.table.count("ar", 1)[0] == 2 and learner.table.count("chain", 1)[0] == 2
     assert np.all(np.isfinite(learner.table.ratios("tree", 1)[lattice_index(sizes)]))
     prompt = [3, 1, 4, 1, 5]
-    report = generate_batch(
-        target, drafter, "bastion", [prompt], max_new_tokens=12, cost_model=learner
-    )
+    from bastion.controller import LearningPolicy
+
+    predicted: list[float] = []
+    choose = LearningPolicy.choose_batch
+
+    def spy(self, marginals, context):  # type: ignore[no-untyped-def]
+        choice = choose(self, marginals, context)
+        predicted.append(choice.diagnostics.predicted_cycle_s)
+        return choice
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LearningPolicy, "choose_batch", spy)
+        report = generate_batch(
+            target, drafter, "bastion", [prompt], max_new_tokens=12, cost_model=learner
+        )
     assert list(report.records[0].output_ids) == greedy_reference(target, prompt, 12)
+    # the report's predicted cycle is the controller's own, step by step
+    assert len(predicted) == report.steps
+    assert report.cycle["predicted_s"] == pytest.approx(float(np.mean(predicted)), rel=1e-12)

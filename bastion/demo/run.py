@@ -55,7 +55,9 @@ class PolicyRow:
     tpot_min_s: float = float("nan")  # spread of tpot_s over the timed runs
     tpot_max_s: float = float("nan")
     throughput_tok_s: float = float("nan")  # median over timed runs, prefills included
-    cycle_predicted_s: float = float("nan")  # the cost model's mean Ĉ for the steps taken
+    # mean Ĉ of the steps taken: the learning controller's own prediction for its choice, the
+    # cost model's price of the step (AR steps without a draft pass) for any other policy
+    cycle_predicted_s: float = float("nan")
     cycle_observed_s: float = float("nan")  # mean measured draft + build + verify
     predicted_draft_s: float = float("nan")
     measured_draft_s: float = float("nan")

@@ -23,6 +23,7 @@ pass (:func:`~.calibrate.drafter_timing`).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import statistics
 import warnings
@@ -449,7 +450,9 @@ class _Live:
     accepted: list[int] = field(default_factory=list)  # per step: draft tokens among them
 
 
-_Cycle = tuple[list[int], list[int], float, float, float]  # sizes, contexts, draft, build, verify
+# sizes, contexts, draft, build, verify, whether the step drafted, and the controller's own
+# predicted cycle (a learning controller's diagnostics; NaN for any other policy)
+_Cycle = tuple[list[int], list[int], float, float, float, bool, float]
 
 
 @dataclass
@@ -537,8 +540,17 @@ def _run(
         stages["build"] += step.build_s
         stages["verify"] += step.verify_s
         sizes = step.trees.sizes.tolist()
+        predicted = getattr(step.diagnostics, "predicted_cycle_s", math.nan)
         cycles.append(
-            (sizes, requests.context_lens.tolist(), step.draft_s, step.build_s, step.verify_s)
+            (
+                sizes,
+                requests.context_lens.tolist(),
+                step.draft_s,
+                step.build_s,
+                step.verify_s,
+                step.kind != "ar",
+                float(predicted) if isinstance(predicted, (int, float)) else math.nan,
+            )
         )
         expected = step.trees.expected_tokens().tolist()
         still = []
@@ -572,18 +584,22 @@ def _run(
 def _cycle_report(
     cost_model: CostModel | None, cycles: Sequence[_Cycle], drafts: bool
 ) -> dict[str, float]:
-    """Mean predicted vs measured cycle over the steps (after the run: never timed)."""
+    """Mean predicted vs measured cycle over the steps (after the run: never timed).
+
+    A step is priced by ``cost_model`` as the step it was (an AR step, one the policy did not
+    draft for, without the draft pass), except that a learning controller's step counts what
+    the controller itself predicted for its choice (``predicted_cycle_s``), when it did."""
     if cost_model is None or not cycles:
         return {}
     pred_draft, pred_verify, pred_total = [], [], []
-    for sizes, contexts, *_ in cycles:
+    for sizes, contexts, _, _, _, drafted, own in cycles:
         others = tuple(RequestLoad(s, c) for s, c in zip(sizes[1:], contexts[1:], strict=True))
         cost = cost_model.step_cost(sizes[0], StepLoad(contexts[0], others))
-        draft = cost.draft_s if drafts else 0.0
+        draft = cost.draft_s if drafts and drafted else 0.0
         pred_draft.append(draft)
         pred_verify.append(cost.verify_s)
-        pred_total.append(draft + cost.prep_s + cost.verify_s)
-    measured = [d + b + v for _, _, d, b, v in cycles]
+        pred_total.append(own if math.isfinite(own) else draft + cost.prep_s + cost.verify_s)
+    measured = [c[2] + c[3] + c[4] for c in cycles]
     return {
         "predicted_s": float(np.mean(pred_total)),
         "measured_s": float(np.mean(measured)),
