@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from bastion.errors import MarginalsError
+from bastion.errors import BudgetError, MarginalsError
 from bastion.guard import public
 from bastion.tree import DraftMarginals, DraftTree
 
@@ -63,6 +63,9 @@ class StepRequests:
     previous_expected: FloatArray  # [B] last step's Â (expected tokens), 0 on the first step
     feedback: Sequence[object | None] | None = None  # per request, from last step's verify
     committed: Sequence[Sequence[int]] | None = None  # per request, every token so far
+    # prompt tokens of requests still being prefilled that ride in this step's forward pass
+    # (chunked prefill mixed into decode); 0: the pass verifies the trees alone
+    riding_tokens: int = 0
 
     @classmethod
     def of(
@@ -74,7 +77,15 @@ class StepRequests:
         previous_expected: npt.ArrayLike | None = None,
         feedback: Sequence[object | None] | None = None,
         committed: Sequence[Sequence[int]] | None = None,
+        riding_tokens: int = 0,
     ) -> StepRequests:
+        """The checked constructor (the dataclass's own takes its arguments as they are)."""
+        if (
+            isinstance(riding_tokens, bool)
+            or not isinstance(riding_tokens, (int, np.integer))
+            or riding_tokens < 0
+        ):
+            raise BudgetError(f"riding_tokens must be an integer ≥ 0; got {riding_tokens!r}")
         ids = _ints(request_ids)
         b = ids.shape[0]
         return cls(
@@ -85,6 +96,7 @@ class StepRequests:
             np.zeros(b) if previous_expected is None else np.asarray(previous_expected, float),
             feedback,
             committed,
+            int(riding_tokens),
         )
 
     @property

@@ -221,7 +221,12 @@ def _choose_compiled(
 
 
 def _choose_joint_compiled(
-    cal: BatchMarginals, learner: LearnedCostModel, contexts: IntArray, n_max: int, initial: int
+    cal: BatchMarginals,
+    learner: LearnedCostModel,
+    contexts: IntArray,
+    n_max: int,
+    initial: int,
+    riding: int = 0,
 ) -> tuple[TreeBatch, JointDiagnostics] | None:
     """``choose_joint_batch(cal, learner.joint_decision_curve …, n_max, "auto", initial)`` in
     one compiled call (``tests/test_controller_compiled.py``), or None where the compiled loop
@@ -229,7 +234,7 @@ def _choose_joint_compiled(
     caller then runs the Python loop, which prices further or raises."""
     probs = cal.probs
     b, depth, k = probs.shape
-    cells, best_above, ar = learner.joint_decision_arrays(contexts, n_max)
+    cells, best_above, ar = learner.joint_decision_arrays(contexts, n_max, riding)
     most = b * (n_max - 1)
     out = _kernel.joint(
         np.ascontiguousarray(probs, np.float64),
@@ -331,6 +336,9 @@ class LearningPolicy:
         if not cost_model.wants_draft(b):
             cost_model.pending_plan = None
             return "ar"
+        if b > 1 and requests.riding_tokens:  # a prefill chunk rides: decide for this pass
+            cost_model.pending_plan = (b, False, None)
+            return "tree"
         explore, again = _plan(cost_model, b)
         cost_model.pending_plan = (b, explore, again)
         return "chain" if again is not None and again[0] == "chain" else "tree"
@@ -349,8 +357,14 @@ class LearningPolicy:
             return _ar_choice(learner, req)
         cal = learner.acceptance.calibrate(marginals)
         contexts = req.context_lens
+        # a prefill chunk riding in the pass (batched serving): this step decides for itself,
+        # pricing each total as a pass with the chunk, and its decision does not stand for
+        # the steps without one (nor does it teach: the simulator does not learn such steps)
+        riding = req.riding_tokens if b > 1 else 0
         pending, learner.pending_plan = learner.pending_plan, None
-        if pending is not None and pending[0] == b:  # planned before drafting (plan_step)
+        if riding:
+            explore, again = False, None
+        elif pending is not None and pending[0] == b:  # planned before drafting (plan_step)
             explore, again = pending[1], pending[2]
         else:
             explore, again = _plan(learner, b)
@@ -361,7 +375,8 @@ class LearningPolicy:
         top1 = cal.probs[:, :, 0]
         chain_cut: FloatArray = top1.cumprod(axis=1)
         chain_cut.cumsum(axis=1, out=chain_cut)
-        learner.last_top1, learner.last_chain = top1, chain_cut
+        if not riding:
+            learner.last_top1, learner.last_chain = top1, chain_cut
         if b == 1:
             ctx = int(contexts[0])
             start = 64
@@ -383,10 +398,10 @@ class LearningPolicy:
             start = max(8, 3 * int(known.mean()) // 2) if known.size else 64
             fast = None
             if _kernel is not None:  # the hot path: the same loop, compiled
-                fast = _choose_joint_compiled(cal, learner, contexts, self.n_max, start)
+                fast = _choose_joint_compiled(cal, learner, contexts, self.n_max, start, riding)
             trees, jdiag = fast or choose_joint_batch(
                 cal,
-                lambda grow: learner.joint_decision_curve(contexts, grow, self.n_max),
+                lambda grow: learner.joint_decision_curve(contexts, grow, self.n_max, riding),
                 self.n_max,
                 "auto",
                 min(start, self.n_max),
@@ -398,17 +413,23 @@ class LearningPolicy:
                     trees = forest_batch(cal, self.n_max, target)
             diag = jdiag
             s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
-            c_tree = learner.joint_cycle(contexts, jdiag.total_size)
+            c_tree = learner.joint_cycle(contexts, jdiag.total_size + riding)
         depth = int(cal.probs.shape[1])
         a_chain = (b + float(chain_cut[:, -1].sum())) * learner.chain_ratio()
         c_chain = learner.mode_cycle("chain", contexts, depth)
+        if riding:  # the chunk makes the chain's pass dearer as it does a tree's of its total
+            chain_total = b * (depth + 1)
+            c_chain *= learner.joint_cycle(contexts, chain_total + riding) / learner.joint_cycle(
+                contexts, chain_total
+            )
         s_chain = a_chain * ar_s / c_chain
         if s_chain > s_tree and not explore:  # an exploring step keeps its tree
             chain = chain_batch(cal)
-            learner.decided("chain", b, int(chain.offsets[-1]), c_chain, self.decide_every)
+            if not riding:
+                learner.decided("chain", b, int(chain.offsets[-1]), c_chain, self.decide_every)
             why = ControllerChoice("chain", s_chain, s_tree, s_chain, c_chain, diag)
             return BatchChoice(chain, why, kind="chain")
-        if not explore:  # an exploring step's tree is not the decision
+        if not (explore or riding):  # an exploring step's tree is not the decision
             learner.decided("tree", b, int(trees.offsets[-1]), c_tree, self.decide_every)
         why = ControllerChoice("tree", s_tree, s_tree, s_chain, c_tree, diag)
         return BatchChoice(trees, why, kind="tree")

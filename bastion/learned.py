@@ -330,7 +330,7 @@ class LearnedCostModel:
         return hit[1], hit[2], hit[3], hit[4]
 
     def joint_decision_curve(
-        self, context_lens: IntArray, grow: IntArray, n_max: int = 1024
+        self, context_lens: IntArray, grow: IntArray, n_max: int = 1024, riding: int = 0
     ) -> CostCurve:
         """Batch > 1: the stepped decision cost of the batch for the totals along ``grow``.
 
@@ -349,29 +349,36 @@ class LearnedCostModel:
         chain ends: an earlier form also priced the chain's own end at its own total, which
         made the totals just past a kernel step look cheap whenever the chain stopped there.
         The price of a total does not depend on the chain, so the curve is its own
-        ``floor_s``."""
+        ``floor_s``.
+
+        ``riding`` prompt tokens of a prefill chunk in the same pass (see
+        :attr:`bastion.batch.StepRequests.riding_tokens`): a total T is priced as a pass of
+        T + riding tokens, the totals shifted along the same stepped curve."""
         ctx = np.asarray(context_lens, dtype=np.int64)
         b = ctx.shape[0]
         m = int(np.asarray(grow).shape[0])
         top = max(min(b * int(n_max), JOINT_HORIZON), b + m)
-        cells, best_above = self._joint_deciding(ctx, top)
+        cells, best_above = self._joint_deciding(ctx, top + _riding_room(riding))
         # the cheapest lattice total from each entry on, up to ``top`` (itself counted as
         # one): the same for any chain, however far it was grown, so it is its own floor
-        floor = best_above[cells]
+        floor = best_above[cells[riding : riding + top - b + 1]]
         ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
         return CostCurve(0.0, 0.0, floor[: m + 1], ar, floor_s=floor)
 
     def joint_decision_arrays(
-        self, context_lens: IntArray, n_max: int = 1024
+        self, context_lens: IntArray, n_max: int = 1024, riding: int = 0
     ) -> tuple[IntArray, FloatArray, float]:
         """What :meth:`joint_decision_curve` is built from, for chains of up to
         min(B·n_max, :data:`JOINT_HORIZON`) − B added nodes: the lattice cell of every total
-        B … top, the cheapest decision cost at or above each cell, and the learned AR cycle
-        (the compiled joint budget prices the chain from these)."""
+        B … top (of the pass: each total plus ``riding``), the cheapest decision cost at or
+        above each cell, and the learned AR cycle (the compiled joint budget prices the chain
+        from these)."""
         ctx = np.asarray(context_lens, dtype=np.int64)
         b = ctx.shape[0]
         top = max(min(b * int(n_max), JOINT_HORIZON), b)
-        cells, best_above = self._joint_deciding(ctx, top)
+        cells, best_above = self._joint_deciding(ctx, top + _riding_room(riding))
+        if riding:
+            cells = cells[riding : riding + top - b + 1]
         ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
         return cells, best_above, ar
 
@@ -420,7 +427,9 @@ class LearnedCostModel:
         pessimism and the size correction)."""
         ctx = np.asarray(context_lens, dtype=np.int64)
         b = ctx.shape[0]
-        top = max(min(b * 1024, JOINT_HORIZON), total)
+        top = max(min(b * 1024, JOINT_HORIZON), b)
+        if total > top:  # priced further (a pass with a prefill chunk): a power of two, cached
+            top = 1 << (total - 1).bit_length()
         even = self._even_prior(ctx, top)
         return float(self._learned(np.array([total]), even[total - b : total - b + 1], b)[0])
 
@@ -739,6 +748,13 @@ def _takes_growth(joint: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def _riding_room(riding: int) -> int:
+    """How far past the chains' own top the stepped decision curve is priced for a pass that
+    also carries ``riding`` prefill tokens: ``riding`` rounded up to a power of two (≥ 64), so
+    chunks of many sizes share a few cached curves."""
+    return 0 if riding <= 0 else max(64, 1 << (int(riding) - 1).bit_length())
 
 
 def _mean_context(ctx: IntArray) -> int:
