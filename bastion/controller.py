@@ -291,6 +291,13 @@ def _ar_choice(learner: LearnedCostModel, req: StepRequests) -> BatchChoice:
     return choice
 
 
+def _decides_for_chunk(learner: LearnedCostModel, req: StepRequests) -> bool:
+    """Whether a batched step with a prefill chunk in its pass decides for that pass: yes
+    unless a chain decision stands. A standing chain keeps its cheap step (argmax preparation,
+    no decision) through the chunk; a tree's best total is what the chunk moves most."""
+    return req.size > 1 and req.riding_tokens > 0 and learner.last_decision_kind() != "chain"
+
+
 def _plan(learner: LearnedCostModel, b: int) -> tuple[bool, tuple[str, int, float] | None]:
     """(explore, the decision to repeat or None) of a drafted step of batch size ``b``. At
     batch 1 a tree decision is made every step (it is cheap and the step's own Â matters
@@ -336,7 +343,7 @@ class LearningPolicy:
         if not cost_model.wants_draft(b):
             cost_model.pending_plan = None
             return "ar"
-        if b > 1 and requests.riding_tokens:  # a prefill chunk rides: decide for this pass
+        if _decides_for_chunk(cost_model, requests):
             cost_model.pending_plan = (b, False, None)
             return "tree"
         explore, again = _plan(cost_model, b)
@@ -357,10 +364,11 @@ class LearningPolicy:
             return _ar_choice(learner, req)
         cal = learner.acceptance.calibrate(marginals)
         contexts = req.context_lens
-        # a prefill chunk riding in the pass (batched serving): this step decides for itself,
-        # pricing each total as a pass with the chunk, and its decision does not stand for
-        # the steps without one (nor does it teach: the simulator does not learn such steps)
-        riding = req.riding_tokens if b > 1 else 0
+        # a prefill chunk riding in the pass (batched serving) while no chain stands: this
+        # step decides for itself, pricing each total as a pass with the chunk, and its
+        # decision does not stand for the steps without one (nor does it teach: the
+        # simulator does not learn such steps)
+        riding = req.riding_tokens if _decides_for_chunk(learner, req) else 0
         pending, learner.pending_plan = learner.pending_plan, None
         if riding:
             explore, again = False, None

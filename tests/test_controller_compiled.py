@@ -150,19 +150,20 @@ def _joint_cases(draw: st.DrawFn) -> tuple[BatchMarginals, LearnedCostModel, Int
 
 
 @settings(max_examples=300, deadline=None)
-@given(case=_joint_cases())
+@given(case=_joint_cases(), riding=st.sampled_from([0, 0, 1, 37, 512]))
 def test_compiled_joint_budget_is_the_python_loop(
-    case: tuple[BatchMarginals, LearnedCostModel, IntArray, int, int],
+    case: tuple[BatchMarginals, LearnedCostModel, IntArray, int, int], riding: int
 ) -> None:
     """The compiled joint budget is choose_joint_batch on the learned decision curve: same
     allocation, trees and chosen Ŝ, and the same chain grown, so both stop bounds (the
     unbuilt mass and the decision curve's floor) stop where the Python loop does (the mass
-    bound's sums are sequential in C, pairwise in numpy, within its 1e-12 slack)."""
+    bound's sums are sequential in C, pairwise in numpy, within its 1e-12 slack); with a
+    prefill chunk of ``riding`` tokens in the pass too."""
     marginals, learner, contexts, n_max, start = case
-    fast = controller._choose_joint_compiled(marginals, learner, contexts, n_max, start)
+    fast = controller._choose_joint_compiled(marginals, learner, contexts, n_max, start, riding)
     trees, ref = choose_joint_batch(
         marginals,
-        lambda grow: learner.joint_decision_curve(contexts, grow, n_max),
+        lambda grow: learner.joint_decision_curve(contexts, grow, n_max, riding),
         n_max,
         "auto",
         min(start, n_max),

@@ -473,3 +473,72 @@ def test_standing_ar_steps_reuse_one_choice_whose_cycle_stays_current() -> None:
     # the same cycle (batch 3 reads batch 2's bucket), yet batch 3 gets three roots
     assert two.diagnostics.predicted_cycle_s == three.diagnostics.predicted_cycle_s
     assert three.trees.sizes.tolist() == [1, 1, 1]
+
+
+@pytest.mark.parametrize("riding", [1, 37, 200, 512])
+def test_a_riding_chunk_shifts_the_decision_curve_along_the_pass(riding: int) -> None:
+    """With a prefill chunk of ``riding`` tokens in the pass, the batched decision curve prices
+    a total T as the curve without one prices T + riding (on a rising prior, where no total
+    past the chains' top is cheaper), in the Python curve and in the compiled arrays alike."""
+    learner = LearnedCostModel(BatchPrior())
+    ctx = np.array([300, 500, 700], np.int64)
+    b, n_max = 3, 256
+    plain = learner.joint_decision_curve(ctx, np.zeros(b * n_max - b, np.int64), n_max)
+    shifted = learner.joint_decision_curve(ctx, np.zeros(100, np.int64), n_max, riding)
+    assert np.array_equal(shifted.verify_s, plain.verify_s[riding : riding + 101])
+    cells, best, _ = learner.joint_decision_arrays(ctx, n_max, riding)
+    cells0, best0, _ = learner.joint_decision_arrays(ctx, n_max)
+    assert cells.shape == cells0.shape  # the same chains: totals B … B·n_max
+    top = b * n_max - b - riding  # totals whose shifted pass is still below the chains' top
+    assert np.array_equal(best[cells[:top]], best0[cells0[riding : riding + top]])
+
+
+def test_a_step_with_a_riding_chunk_decides_for_itself() -> None:
+    """A batched step with a prefill chunk in its pass decides afresh although a decision
+    stands, and leaves that decision standing for the next step without a chunk; its
+    predicted cycle is the pass's, chunk included."""
+    learner = LearnedCostModel(BatchPrior(), explore_every=0)
+    policy = LearningPolicy(n_max=64)
+    b = 4
+    ctx = np.full(b, 400, np.int64)
+    rng = np.random.default_rng(0)
+    probs = np.sort(rng.dirichlet(np.ones(4), size=(b, 6)), axis=-1)[..., ::-1].copy()
+    m = BatchMarginals(np.tile(np.arange(4), (b, 6, 1)), probs)
+
+    def step(riding: int):  # type: ignore[no-untyped-def]
+        req = StepRequests.of(range(b), ctx, np.zeros(b), np.full(b, 8), riding_tokens=riding)
+        plan = policy.plan_step(req, learner)
+        return plan, policy.choose_batch(m, BatchPolicyContext(req, learner))
+
+    for _ in range(2):  # two agreeing decisions: the next step would repeat them
+        _, first = step(0)
+        assert not first.diagnostics.repeated
+    standing = learner._decision
+    plan, mixed = step(512)
+    assert plan == "tree" and not mixed.diagnostics.repeated
+    assert learner._decision == standing  # still the one the next plain step repeats
+    # the decision priced the totals it grew as passes with the chunk
+    c_hat = mixed.diagnostics.tree_diagnostics.c_hat
+    curve = learner.joint_decision_curve(ctx, np.zeros(c_hat.shape[0] - 1, np.int64), 64, 512)
+    assert np.array_equal(c_hat, curve.verify_s)
+    total = int(mixed.trees.offsets[-1]) if mixed.kind == "tree" else b * 7
+    if mixed.kind == "tree":
+        assert mixed.diagnostics.predicted_cycle_s == learner.joint_cycle(ctx, total + 512)
+    _, plain = step(0)
+    assert plain.diagnostics.repeated
+    with pytest.raises(BudgetError, match="riding_tokens"):
+        StepRequests.of([0], [1], [0], riding_tokens=-1)
+    for bad in (True, 1.5, "8"):
+        with pytest.raises(BudgetError, match="riding_tokens"):
+            StepRequests.of([0], [1], [0], riding_tokens=bad)  # type: ignore[arg-type]
+
+
+def test_a_standing_chain_keeps_its_step_through_a_riding_chunk() -> None:
+    """A chain decision that stands keeps its cheap step (argmax preparation, no decision) on
+    a step with a prefill chunk; with a tree standing the same step decides afresh."""
+    for kind, plan in (("chain", "chain"), ("tree", "tree")):
+        learner = LearnedCostModel(BatchPrior(), explore_every=0)
+        for _ in range(2):  # two agreeing decisions: the next step stands
+            learner.decided(kind, 4, 4 * 16, 0.01, 8)
+        req = StepRequests.of(range(4), np.full(4, 400), np.zeros(4), riding_tokens=256)
+        assert LearningPolicy().plan_step(req, learner) == plan
