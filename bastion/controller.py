@@ -425,12 +425,14 @@ class LearningPolicy:
         depth = int(cal.probs.shape[1])
         a_chain = (b + float(chain_cut[:, -1].sum())) * learner.chain_ratio()
         c_chain = learner.mode_cycle("chain", contexts, depth)
-        if riding:  # the chunk makes the chain's pass dearer as it does a tree's of its total
-            chain_total = b * (depth + 1)
-            c_chain *= learner.joint_cycle(contexts, chain_total + riding) / learner.joint_cycle(
-                contexts, chain_total
-            )
         s_chain = a_chain * ar_s / c_chain
+        if riding:  # the chain charged as the trees are: what its nodes add to the chunk's
+            # pass (see LearnedCostModel.joint_decision_curve), against the tree's charge
+            chain_total = b * (depth + 1)
+            jc = learner.joint_cycle
+            added = jc(contexts, chain_total + riding) - jc(contexts, b + riding)
+            bare = jc(contexts, chain_total) - jc(contexts, b)
+            s_chain = a_chain * ar_s / (c_chain + added - bare)
         if s_chain > s_tree and not explore:  # an exploring step keeps its tree
             chain = chain_batch(cal)
             if not riding:

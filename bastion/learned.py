@@ -352,16 +352,23 @@ class LearnedCostModel:
         ``floor_s``.
 
         ``riding`` prompt tokens of a prefill chunk in the same pass (see
-        :attr:`bastion.batch.StepRequests.riding_tokens`): a total T is priced as a pass of
-        T + riding tokens, the totals shifted along the same stepped curve."""
+        :attr:`bastion.batch.StepRequests.riding_tokens`): the chunk's own cost is sunk (the
+        pass carries it whatever the trees), so a total T is charged what it adds to the
+        chunk's pass, on top of what a step without a chunk costs bare:
+        Ĉ(B + riding + (T − B)) − Ĉ(B + riding) + Ĉ(B), the totals shifted along the same
+        stepped curve. (Charging the whole pass instead, Ĉ(T + riding), makes the chunk a
+        fixed cost that larger trees amortise: the step's own ratio grows trees the run's
+        throughput does not pay for.)"""
         ctx = np.asarray(context_lens, dtype=np.int64)
         b = ctx.shape[0]
         m = int(np.asarray(grow).shape[0])
         top = max(min(b * int(n_max), JOINT_HORIZON), b + m)
         cells, best_above = self._joint_deciding(ctx, top + _riding_room(riding))
+        if riding:
+            cells, best_above = _with_riding(cells, best_above, riding, top - b + 1)
         # the cheapest lattice total from each entry on, up to ``top`` (itself counted as
         # one): the same for any chain, however far it was grown, so it is its own floor
-        floor = best_above[cells[riding : riding + top - b + 1]]
+        floor = best_above[cells]
         ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
         return CostCurve(0.0, 0.0, floor[: m + 1], ar, floor_s=floor)
 
@@ -378,7 +385,7 @@ class LearnedCostModel:
         top = max(min(b * int(n_max), JOINT_HORIZON), b)
         cells, best_above = self._joint_deciding(ctx, top + _riding_room(riding))
         if riding:
-            cells = cells[riding : riding + top - b + 1]
+            cells, best_above = _with_riding(cells, best_above, riding, top - b + 1)
         ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
         return cells, best_above, ar
 
@@ -755,6 +762,18 @@ def _riding_room(riding: int) -> int:
     also carries ``riding`` prefill tokens: ``riding`` rounded up to a power of two (≥ 64), so
     chunks of many sizes share a few cached curves."""
     return 0 if riding <= 0 else max(64, 1 << (int(riding) - 1).bit_length())
+
+
+def _with_riding(
+    cells: IntArray, best_above: FloatArray, riding: int, n: int
+) -> tuple[IntArray, FloatArray]:
+    """The decision arrays of a pass that also carries ``riding`` prefill tokens, for ``n``
+    totals B … (see :meth:`LearnedCostModel.joint_decision_curve`): each total's cell is its
+    pass's (shifted by ``riding``) and every price is lowered by the chunk's own cost at no
+    tree, Ĉ(B + riding) − Ĉ(B), so what a total is charged is what it adds to that pass on top
+    of a bare step's cost (still > 0 and non-decreasing: the curve stays its own floor)."""
+    sunk = float(best_above[cells[riding]] - best_above[cells[0]])
+    return cells[riding : riding + n], best_above - sunk
 
 
 def _mean_context(ctx: IntArray) -> int:

@@ -476,28 +476,48 @@ def test_standing_ar_steps_reuse_one_choice_whose_cycle_stays_current() -> None:
 
 
 @pytest.mark.parametrize("riding", [1, 37, 200, 512])
-def test_a_riding_chunk_shifts_the_decision_curve_along_the_pass(riding: int) -> None:
-    """With a prefill chunk of ``riding`` tokens in the pass, the batched decision curve prices
-    a total T as the curve without one prices T + riding (on a rising prior, where no total
-    past the chains' top is cheaper), in the Python curve and in the compiled arrays alike."""
+def test_a_riding_chunk_charges_what_each_total_adds_to_its_pass(riding: int) -> None:
+    """With a prefill chunk of ``riding`` tokens in the pass, the batched decision curve
+    charges a total T what it adds to the chunk's pass on top of a bare step:
+    Ĉ(T + riding) − Ĉ(B + riding) + Ĉ(B), read off the curve without a chunk (on a rising
+    prior, where no total past the chains' top is cheaper), in the Python curve and in the
+    compiled arrays alike; positive and non-decreasing, so still its own floor."""
     learner = LearnedCostModel(BatchPrior())
     ctx = np.array([300, 500, 700], np.int64)
     b, n_max = 3, 256
-    plain = learner.joint_decision_curve(ctx, np.zeros(b * n_max - b, np.int64), n_max)
+    plain = learner.joint_decision_curve(ctx, np.zeros(b * n_max - b, np.int64), n_max).verify_s
     shifted = learner.joint_decision_curve(ctx, np.zeros(100, np.int64), n_max, riding)
-    assert np.array_equal(shifted.verify_s, plain.verify_s[riding : riding + 101])
+    sunk = plain[riding] - plain[0]
+    assert np.array_equal(shifted.verify_s, plain[riding : riding + 101] - sunk)
+    assert np.all(shifted.verify_s > 0) and np.all(np.diff(shifted.floor_s) >= 0)
     cells, best, _ = learner.joint_decision_arrays(ctx, n_max, riding)
     cells0, best0, _ = learner.joint_decision_arrays(ctx, n_max)
     assert cells.shape == cells0.shape  # the same chains: totals B … B·n_max
     top = b * n_max - b - riding  # totals whose shifted pass is still below the chains' top
-    assert np.array_equal(best[cells[:top]], best0[cells0[riding : riding + top]])
+    assert np.array_equal(best[cells[:top]], best0[cells0[riding : riding + top]] - sunk)
+
+
+class ConvexPrior(BatchPrior):
+    """A BatchPrior whose cycle grows faster than linearly (so a chunk in the pass changes
+    what further nodes cost)."""
+
+    def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
+        cc = super().cost_curve(max_tree_size, load)
+        n = np.arange(1, max_tree_size + 1, dtype=np.float64)
+        return CostCurve(0.0, 0.0, cc.verify_s + 1e-7 * n**2, cc.ar_step_s)
+
+    def step_cost(self, tree_size: int, load: StepLoad):  # type: ignore[no-untyped-def]
+        from bastion.interfaces import StepCost
+
+        total = tree_size + sum(r.tree_size for r in load.co_batched)
+        return StepCost(0.0, 0.0, self.base + self.slope * total + 1e-7 * total**2)
 
 
 def test_a_step_with_a_riding_chunk_decides_for_itself() -> None:
     """A batched step with a prefill chunk in its pass decides afresh although a decision
     stands, and leaves that decision standing for the next step without a chunk; its
     predicted cycle is the pass's, chunk included."""
-    learner = LearnedCostModel(BatchPrior(), explore_every=0)
+    learner = LearnedCostModel(ConvexPrior(), explore_every=0)
     policy = LearningPolicy(n_max=64)
     b = 4
     ctx = np.full(b, 400, np.int64)
@@ -521,6 +541,14 @@ def test_a_step_with_a_riding_chunk_decides_for_itself() -> None:
     c_hat = mixed.diagnostics.tree_diagnostics.c_hat
     curve = learner.joint_decision_curve(ctx, np.zeros(c_hat.shape[0] - 1, np.int64), 64, 512)
     assert np.array_equal(c_hat, curve.verify_s)
+    # … and the chain as it charges the trees: what its nodes add to the chunk's pass
+    top1 = learner.acceptance.calibrate(m).probs[:, :, 0]
+    a_chain = (b + float(top1.cumprod(axis=1).sum())) * learner.chain_ratio()
+    jc = learner.joint_cycle
+    added = jc(ctx, 7 * b + 512) - jc(ctx, b + 512) - (jc(ctx, 7 * b) - jc(ctx, b))
+    c_chain = learner.mode_cycle("chain", ctx, 6) + added
+    ar = mixed.diagnostics.tree_diagnostics.ar_step_s
+    assert mixed.diagnostics.chain_speedup == pytest.approx(a_chain * ar / c_chain, rel=1e-12)
     total = int(mixed.trees.offsets[-1]) if mixed.kind == "tree" else b * 7
     if mixed.kind == "tree":
         assert mixed.diagnostics.predicted_cycle_s == learner.joint_cycle(ctx, total + 512)
