@@ -249,3 +249,36 @@ def test_shipped_drafter_matches_the_format(tmp_path: Path) -> None:
     cfg = json.loads((DRAFTER_DIR / "config.json").read_text())
     assert cfg["block_size"] == 16 and "dflash_config" in cfg
     assert (DRAFTER_DIR / "model.safetensors").exists()
+
+
+def test_demo_times_the_repeats_in_rounds_over_the_policies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``repeats`` > 1 each policy's first timed run follows its warm-up, and the others
+    go in rounds over the policies, the order reversed every other round (so the machine's
+    drift reaches every policy's median alike); every run counts in the policy's TPOT."""
+    import bastion.backends.torch as backend
+
+    calls: list[tuple[str, int]] = []
+    first: dict[str, object] = {}
+    real = backend.generate_batch
+
+    def spy(target, drafter, policy, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((policy, kwargs.get("warmup", 0)))
+        report = real(target, drafter, policy, *args, **kwargs)
+        first.setdefault(policy, report)
+        return report
+
+    monkeypatch.setattr(backend, "generate_batch", spy)
+    result = run_demo(
+        load_prompts()[:2], 6, ("ar", "chain", "fixed:16"), calibrate=False, repeats=3, warmup=1
+    )
+    assert calls == [
+        ("ar", 1), ("chain", 1), ("fixed:16", 1),  # first timed runs, after a warm-up each
+        ("fixed:16", 0), ("chain", 0), ("ar", 0),  # round 2: reversed
+        ("ar", 0), ("chain", 0), ("fixed:16", 0),  # round 3
+    ]  # fmt: skip
+    assert result.identical
+    for row in result.rows:
+        runs = first[row.policy].runs  # type: ignore[attr-defined]
+        assert len(runs) == 3 and row.tpot_s == sorted(r.tpot_s for r in runs)[1]
