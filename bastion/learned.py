@@ -114,6 +114,10 @@ class LearnedCostModel:
     (bounded exploration, deterministic). ``margin``: speculate only when its realised speedup
     over AR exceeds 1 + margin. ``evidence``: the realised speedup is the mean over the last so
     many drafted steps, and AR is chosen only once at least half of them were seen.
+    While AR stands, the drafted evidence is re-priced at the learned AR cycle of the moment
+    (the realised speedup scales with it): once it says speculation would pay (the machine
+    changed: a busier CPU slows every pass by about as much, which favours the pass that
+    commits more), the evidence is void and the policy drafts until it has enough again.
     """
 
     def __init__(
@@ -147,6 +151,7 @@ class LearnedCostModel:
         self.acceptance = acceptance or AcceptanceCalibration()
         self.sizes = SizeCalibration()
         self.probe_every, self.margin, self.evidence = probe_every, margin, evidence
+        self._ar_seen = math.nan  # the AR cycle's learned ratio when the evidence was gathered
         self._realised: list[float] = []  # the last ``evidence`` drafted steps' speedups
         self.startup_s = 0.0  # device seconds spent by calibrate_cycles
         self.speedup = math.inf  # mean realised speedup of recent drafted steps over AR (∞: too
@@ -653,8 +658,16 @@ class LearnedCostModel:
     def wants_draft(self, batch_size: int) -> bool:
         """Whether the next step should draft: yes while speculation has paid (or is untried);
         while AR has been faster, every ``probe_every``-th step, the interval doubling after
-        each probe that confirms it (up to 64 × ``probe_every``)."""
-        if self.always_draft or self.speedup > 1.0 + self.margin:
+        each probe that confirms it (up to 64 × ``probe_every``), and at once when the evidence
+        re-priced at the learned AR cycle of the moment says speculation would pay."""
+        threshold = 1.0 + self.margin
+        if self.always_draft or self.speedup > threshold:
+            return True
+        # the evidence re-priced at today's AR cycle (NaN before any drafted step: never)
+        if self.speedup * float(self.table.ratios("ar", batch_size)[0]) / self._ar_seen > threshold:
+            self._realised.clear()  # measured against an AR cycle that is no longer so
+            self.speedup = math.inf
+            self._probe_interval = self.probe_every
             return True
         return self._since_draft + 1 >= self._probe_interval
 
@@ -729,6 +742,7 @@ class LearnedCostModel:
                 self.acceptance.observe(trees, accepted_nodes, committed)
             self._observe_chain(float(np.add.reduce(committed)), float(trees.scores.sum()))
         ar = self.mode_cycle("ar", contexts, 0)
+        self._ar_seen = float(self.table.ratios("ar", b)[0])
         realised = float(np.add.reduce(committed)) * ar / (b * cycle_s)
         threshold = 1.0 + self.margin
         probing = self.speedup <= threshold

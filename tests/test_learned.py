@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -570,3 +571,32 @@ def test_a_standing_chain_keeps_its_step_through_a_riding_chunk() -> None:
             learner.decided(kind, 4, 4 * 16, 0.01, 8)
         req = StepRequests.of(range(4), np.full(4, 400), np.zeros(4), riding_tokens=256)
         assert LearningPolicy().plan_step(req, learner) == plan
+
+
+@pytest.mark.parametrize(("slower", "redrafts"), [(1.3, True), (1.2, False), (0.7, False)])
+def test_a_moved_ar_cycle_voids_the_evidence_for_ar(slower: float, redrafts: bool) -> None:
+    """While AR stands, the drafted evidence (here: realised speedup 0.8) is re-priced at the
+    learned AR cycle of the moment: an AR cycle 1.3× slower says speculation would pay now
+    (0.8 × 1.3 > 1), so the evidence is void and the policy drafts until it has enough again;
+    1.2× slower (0.96) or a faster AR cycle does not, and nothing does before any drafted step
+    was seen."""
+    learner = LearnedCostModel(FlatPrior(), probe_every=10_000)
+    ctx = np.array([100])
+    one = TreeBatch.roots(1)
+    tree = _chain_tree(4)
+    for _ in range(12):  # AR's cycle (1.25× its prior), then drafted steps that do not pay
+        learner.observe_step("ar", ctx, one, np.ones(1, np.int64), np.zeros(0), 10e-3)
+    assert learner.wants_draft(1)  # untried
+    for _ in range(16):
+        learner.observe_step("tree", ctx, tree, np.ones(1, np.int64), np.zeros(0), 12.5e-3)
+    assert not learner.wants_draft(1)  # AR measured faster: it stands
+    asked = []
+    for _ in range(12):
+        learner.observe_step("ar", ctx, one, np.ones(1, np.int64), np.zeros(0), slower * 10e-3)
+        asked.append(learner.wants_draft(1))
+    assert any(asked) == redrafts
+    if redrafts:  # the old evidence is gone: a few drafted steps do not decide yet
+        assert learner.speedup == math.inf
+        for _ in range(3):
+            learner.observe_step("tree", ctx, tree, np.ones(1, np.int64), np.zeros(0), 12e-3)
+        assert learner.wants_draft(1)
