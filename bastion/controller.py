@@ -365,9 +365,9 @@ class LearningPolicy:
         cal = learner.acceptance.calibrate(marginals)
         contexts = req.context_lens
         # a prefill chunk riding in the pass (batched serving) while no chain stands: this
-        # step decides for itself, pricing each total as a pass with the chunk, and its
-        # decision does not stand for the steps without one (nor does it teach: the
-        # simulator does not learn such steps)
+        # step decides for itself, charging each total what it adds to the chunk's pass, and
+        # its decision does not stand for the steps without one (nor does it teach the chain's
+        # shadow: the simulator does not learn such steps)
         riding = req.riding_tokens if _decides_for_chunk(learner, req) else 0
         pending, learner.pending_plan = learner.pending_plan, None
         if riding:
