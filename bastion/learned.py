@@ -742,7 +742,6 @@ class LearnedCostModel:
                 self.acceptance.observe(trees, accepted_nodes, committed)
             self._observe_chain(float(np.add.reduce(committed)), float(trees.scores.sum()))
         ar = self.mode_cycle("ar", contexts, 0)
-        self._ar_seen = float(self.table.ratios("ar", b)[0])
         realised = float(np.add.reduce(committed)) * ar / (b * cycle_s)
         threshold = 1.0 + self.margin
         probing = self.speedup <= threshold
@@ -754,7 +753,11 @@ class LearnedCostModel:
         self.speedup = sum(recent) / len(recent) if 2 * len(recent) >= self.evidence else math.inf
         if self.speedup > threshold:
             self._probe_interval = self.probe_every
-        elif probing:  # a probe that found AR still faster: look again less often
+            return
+        # AR stands on this evidence: the AR cycle's ratio it was measured against (what
+        # wants_draft re-prices it by)
+        self._ar_seen = float(self.table.ratios("ar", b)[0])
+        if probing:  # a probe that found AR still faster: look again less often
             self._probe_interval = min(2 * self._probe_interval, 64 * self.probe_every)
 
 
