@@ -368,14 +368,11 @@ class LearnedCostModel:
         b = ctx.shape[0]
         m = int(np.asarray(grow).shape[0])
         top = max(min(b * int(n_max), JOINT_HORIZON), b + m)
-        cells, best_above = self._joint_deciding(ctx, top + _riding_room(riding))
-        if riding:
-            cells, best_above = _with_riding(cells, best_above, riding, top - b + 1)
+        cells, best_above = self._joint_deciding(ctx, top, riding)
         # the cheapest lattice total from each entry on, up to ``top`` (itself counted as
         # one): the same for any chain, however far it was grown, so it is its own floor
         floor = best_above[cells]
-        ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
-        return CostCurve(0.0, 0.0, floor[: m + 1], ar, floor_s=floor)
+        return CostCurve(0.0, 0.0, floor[: m + 1], self.mode_cycle("ar", ctx, 0), floor_s=floor)
 
     def joint_decision_arrays(
         self, context_lens: IntArray, n_max: int = 1024, riding: int = 0
@@ -388,19 +385,22 @@ class LearnedCostModel:
         ctx = np.asarray(context_lens, dtype=np.int64)
         b = ctx.shape[0]
         top = max(min(b * int(n_max), JOINT_HORIZON), b)
-        cells, best_above = self._joint_deciding(ctx, top + _riding_room(riding))
-        if riding:
-            cells, best_above = _with_riding(cells, best_above, riding, top - b + 1)
-        ar = self._ar_prior(ctx) * float(self.table.ratios("ar", b)[0])
-        return cells, best_above, ar
+        cells, best_above = self._joint_deciding(ctx, top, riding)
+        return cells, best_above, self.mode_cycle("ar", ctx, 0)
 
-    def _joint_deciding(self, ctx: IntArray, top: int) -> tuple[IntArray, FloatArray]:
+    def _joint_deciding(
+        self, ctx: IntArray, top: int, riding: int = 0
+    ) -> tuple[IntArray, FloatArray]:
         """Batch > 1, for totals B … ``top`` (the added nodes spread evenly): each total's
         lattice cell and, per cell, the cheapest decision cost of a lattice total at or above
         it (up to ``top``): the prior's cycle there times the decision's factor
         (:meth:`_deciding`). Per batch size, mean-context step and ``top``, recomputed when the
-        learned table or the size calibration refreshes."""
+        learned table or the size calibration refreshes. With ``riding`` prefill tokens in the
+        pass, those of the totals' passes, charged as :func:`_with_riding` says."""
         b = ctx.shape[0]
+        if riding:
+            further = self._joint_deciding(ctx, top + _riding_room(riding))
+            return _with_riding(*further, riding, top - b + 1)
         key = (b, _mean_context(ctx) // MODE_CONTEXT_STEP, top)
         stamp = (self.table.stamp("tree"), self.sizes.version >> REFRESH_SHIFT)
         hit = self._joint_cache.get(key)
@@ -713,8 +713,7 @@ class LearnedCostModel:
             return
         if kind == "ar":  # the hot path while AR stands: a root per request, nothing drafted
             ctx = np.asarray(contexts, dtype=np.int64)
-            b = ctx.shape[0]
-            self.table.observe("ar", b, b, cycle_s / self._ar_prior(ctx))
+            self._observe_total("ar", ctx, ctx.shape[0], cycle_s)
             self._since_draft += 1
             self._decision = None  # the next drafted step decides afresh
             return

@@ -209,6 +209,21 @@ def run_demo(
     acceptance: dict[str, list[list[int]]] = {}
     rows = []
     repeated = True  # every timed run of a policy decoded what its first did
+
+    def decode(name: str, b: int, model: Any, **options: Any) -> Any:
+        """One generate_batch run of policy ``name`` on the prompts at batch ``b``."""
+        return generate_batch(
+            target,
+            drafter if name != "ar" else None,
+            name,
+            prompt_ids,
+            batch_size=b,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos,
+            cost_model=model,
+            **options,
+        )
+
     for b_i, b in enumerate(batch_sizes):
         reports: dict[str, Any] = {}
         models: dict[str, Any] = {}
@@ -230,15 +245,10 @@ def run_demo(
                 if name.startswith("bastion")
                 else None
             )
-            reports[name] = generate_batch(
-                target,
-                drafter if name != "ar" else None,
+            reports[name] = decode(
                 name,
-                prompt_ids,
-                batch_size=b,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=eos,
-                cost_model=models[name],
+                b,
+                models[name],
                 predict_cycles=cost_model,
                 record_traces=traces,
                 trace_metadata={"target": "bastion-demo"},
@@ -252,16 +262,8 @@ def run_demo(
             for name in policies if r % 2 == 0 else policies[::-1]:
                 if progress:
                     progress(f"timed run {r + 1} of {repeats}: {name} at batch {b}")
-                again = generate_batch(
-                    target,
-                    drafter if name != "ar" else None,
-                    name,
-                    prompt_ids,
-                    batch_size=b,
-                    max_new_tokens=max_new_tokens,
-                    eos_token_id=eos,
-                    cost_model=models[name],  # a learner keeps learning, as in one session
-                )
+                # a learner keeps learning, as in one session
+                again = decode(name, b, models[name])
                 reports[name].runs.extend(again.runs)
                 outputs = [list(x.output_ids) for x in again.records]
                 repeated &= outputs == [list(x.output_ids) for x in reports[name].records]
