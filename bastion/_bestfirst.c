@@ -82,20 +82,27 @@ static void replace_top(entry *heap, Py_ssize_t size, entry e) {
     heap[i] = e;
 }
 
-/* One request: writes up to `budget` nodes, returns how many. The top of the heap is the next
-   node; the (up to two) nodes it makes available replace it in one sift-down plus a push,
-   instead of a pop and two pushes. Any correct heap pops the same sequence: keys are unique. */
-static Py_ssize_t build_one(const double *p, Py_ssize_t depth, Py_ssize_t k, Py_ssize_t budget,
-                            entry *heap, int64_t *parents, int64_t *depths, int64_t *ranks,
-                            double *scores) {
-    Py_ssize_t n = 1, hn = 0;
-    parents[0] = -1;
-    depths[0] = 0;
-    ranks[0] = -1;
-    scores[0] = 1.0;
-    if (depth > 0 && k > 0 && p[0] > 0.0) {
-        entry e = {p[0], 1, 0, 0};
-        push(heap, &hn, e);
+/* One request's best-first tree, grown on from *n nodes (0: start with the root) to up to
+   `budget`, the frontier kept in heap[0 .. *hn): a larger budget resumes where a smaller one
+   stopped (best-first trees are nested), so growing in doublings builds every node once. The
+   top of the heap is the next node; the (up to two) nodes it makes available replace it in one
+   sift-down plus a push, instead of a pop and two pushes. Any correct heap pops the same
+   sequence: keys are unique. */
+static void grow_one(const double *p, Py_ssize_t depth, Py_ssize_t k, Py_ssize_t budget,
+                     entry *heap, Py_ssize_t *hn_io, Py_ssize_t *n_io, int64_t *parents,
+                     int64_t *depths, int64_t *ranks, double *scores) {
+    Py_ssize_t n = *n_io, hn = *hn_io;
+    if (n == 0) {
+        n = 1;
+        hn = 0;
+        parents[0] = -1;
+        depths[0] = 0;
+        ranks[0] = -1;
+        scores[0] = 1.0;
+        if (depth > 0 && k > 0 && p[0] > 0.0) {
+            entry e = {p[0], 1, 0, 0};
+            push(heap, &hn, e);
+        }
     }
     while (hn > 0 && n < budget) {
         entry e = heap[0];
@@ -130,6 +137,16 @@ static Py_ssize_t build_one(const double *p, Py_ssize_t depth, Py_ssize_t k, Py_
             if (m == 2) push(heap, &hn, add[late]);
         }
     }
+    *n_io = n;
+    *hn_io = hn;
+}
+
+/* One request's best-first tree of up to `budget` nodes, built afresh; returns how many. */
+static Py_ssize_t build_one(const double *p, Py_ssize_t depth, Py_ssize_t k, Py_ssize_t budget,
+                            entry *heap, int64_t *parents, int64_t *depths, int64_t *ranks,
+                            double *scores) {
+    Py_ssize_t n = 0, hn = 0;
+    grow_one(p, depth, k, budget, heap, &hn, &n, parents, depths, ranks, scores);
     return n;
 }
 
@@ -1296,7 +1313,7 @@ done:
 
 static const char choose_doc[] =
     "choose(probs, token_ids, depth, k, start, sizes, gain, cycles, ar_s)\n"
-    "    -> (parents, depths, ranks, scores, tokens, best, built, cap, expected, s_hat)\n\n"
+    "    -> (parents, depths, ranks, scores, tokens, best, built, cap, expected, s_hat, chain)\n\n"
     "The batch-1 size choice of bastion.controller.choose_size in one call. probs/token_ids:\n"
     "depth*k float64/int64 (C order, rows sorted descending); sizes: the m candidate sizes\n"
     "(int64, ascending, sizes[0] == 1); gain, cycles: m float64 (gain ratio and learned cycle\n"
@@ -1306,7 +1323,8 @@ static const char choose_doc[] =
     "tree arrays of every node built (bytes: int64 x3, float64, int64 tokens, root token -1),\n"
     "the best candidate's index, how many candidates were built, the candidates that exist\n"
     "(fewer than m when the lattice ran out of nodes with rho > 0) and Â-credited expectation\n"
-    "and Ŝ of the built candidates (bytes, float64).";
+    "and Ŝ of the built candidates (bytes, float64), and the chain's Â less its root cut at\n"
+    "every depth, cumsum(cumprod(probs[:, 0])) (bytes, depth float64).";
 
 static PyObject *choose(PyObject *self, PyObject *args) {
     Py_buffer probs, ids, sizes, gain, cycles;
@@ -1320,7 +1338,7 @@ static PyObject *choose(PyObject *self, PyObject *args) {
     const int64_t *sz = (const int64_t *)sizes.buf;
     entry *heap = NULL;
     int64_t *parents = NULL, *dep = NULL, *ranks = NULL, *tokens = NULL;
-    double *scores = NULL, *expected = NULL, *s_hat = NULL;
+    double *scores = NULL, *expected = NULL, *s_hat = NULL, *chain = NULL;
     if (!holds_exactly(probs.len, (Py_ssize_t)sizeof(double), 1, depth, k) ||
         !holds_exactly(ids.len, (Py_ssize_t)sizeof(int64_t), 1, depth, k)) {
         PyErr_SetString(PyExc_ValueError, "probs/token_ids do not hold depth * k values");
@@ -1361,9 +1379,9 @@ static PyObject *choose(PyObject *self, PyObject *args) {
         }
         const double *p = (const double *)probs.buf;
         const double *h = (const double *)gain.buf, *cyc = (const double *)cycles.buf;
-        Py_ssize_t n = 0, kb = 0, best = 0;
+        Py_ssize_t n = 0, hn = 0, kb = 0, best = 0;
         for (;;) {
-            n = build_one(p, depth, k, budget, heap, parents, dep, ranks, scores);
+            grow_one(p, depth, k, budget, heap, &hn, &n, parents, dep, ranks, scores);
             kb = 0; /* candidates built: sizes <= n */
             while (kb < mc && sz[kb] <= n) kb++;
             if (n < budget) { /* every node with rho > 0 is built: no larger size exists */
@@ -1390,11 +1408,23 @@ static PyObject *choose(PyObject *self, PyObject *args) {
         tokens[0] = -1;
         const int64_t *tid = (const int64_t *)ids.buf;
         for (Py_ssize_t i = 1; i < n; i++) tokens[i] = tid[(dep[i] - 1) * k + ranks[i]];
+        /* the chain's Â less its root, cut at every depth: numpy's cumsum(cumprod(top-1)) */
+        chain = PyMem_Malloc(sizeof(double) * (size_t)(depth > 0 ? depth : 1));
+        if (!chain) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        double prod = 1.0, cum = 0.0;
+        for (Py_ssize_t d = 0; d < depth; d++) {
+            prod = d ? prod * p[d * k] : p[0];
+            cum = d ? cum + prod : prod;
+            chain[d] = cum;
+        }
         Py_ssize_t i8 = (Py_ssize_t)sizeof(int64_t), f8 = (Py_ssize_t)sizeof(double);
-        result = Py_BuildValue("(y#y#y#y#y#nnny#y#)", (char *)parents, n * i8, (char *)dep,
+        result = Py_BuildValue("(y#y#y#y#y#nnny#y#y#)", (char *)parents, n * i8, (char *)dep,
                                n * i8, (char *)ranks, n * i8, (char *)scores, n * f8,
                                (char *)tokens, n * i8, best, kb, mc, (char *)expected, kb * f8,
-                               (char *)s_hat, kb * f8);
+                               (char *)s_hat, kb * f8, (char *)chain, depth * f8);
     }
 done:
     PyMem_Free(heap);
@@ -1405,6 +1435,7 @@ done:
     PyMem_Free(scores);
     PyMem_Free(expected);
     PyMem_Free(s_hat);
+    PyMem_Free(chain);
     PyBuffer_Release(&probs);
     PyBuffer_Release(&ids);
     PyBuffer_Release(&sizes);

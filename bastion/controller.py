@@ -139,7 +139,7 @@ def choose_size(
     every size up to it gives.
     """
     if _kernel is not None and not explore:  # the hot path: the same loop, compiled
-        built, diag = _choose_compiled(
+        built, diag, _ = _choose_compiled(
             marginals.probs, marginals.token_ids, learner, context_len, n_max, start
         )
         return DraftTree.trusted(*built), diag
@@ -181,22 +181,24 @@ def _choose_compiled(
     context_len: int,
     n_max: int,
     start: int,
-) -> tuple[tuple[IntArray, IntArray, IntArray, FloatArray, IntArray], SizeDiagnostics]:
+) -> tuple[tuple[IntArray, IntArray, IntArray, FloatArray, IntArray], SizeDiagnostics, FloatArray]:
     """:func:`choose_size`'s loop (no exploration) in one compiled call: bit-identical
     (``tests/test_controller_compiled.py``), without the interpreter between its steps. The
-    chosen tree's (parents, tokens, depths, scores, ranks) and the diagnostics."""
+    chosen tree's (parents, tokens, depths, scores, ranks), the diagnostics and the chain's Â
+    less its root cut at every depth ([1, depth]: cumsum(cumprod(probs[:, 0])), the same
+    floating-point operations)."""
     sizes, _, cycles, ar_s = learner.candidate_cycles(n_max, context_len)
     depth, k = probs.shape
     gain = learner.sizes.gain_ratios(1)[: sizes.shape[0]]
-    par, dep, rnk, sco, tok, best, built, _, exp, s_hat = _kernel.choose(
+    par, dep, rnk, sco, tok, best, built, _, exp, s_hat, chain = _kernel.choose(
         np.ascontiguousarray(probs, np.float64),
         np.ascontiguousarray(token_ids, np.int64),
         depth,
         k,
         start,
         sizes,
-        np.ascontiguousarray(gain, np.float64),
-        np.ascontiguousarray(cycles, np.float64),
+        gain,  # both the learner's own float64 arrays
+        cycles,
         float(ar_s),
     )
     chosen = int(sizes[best])
@@ -217,7 +219,7 @@ def _choose_compiled(
         ar_s,
         int(best),
     )
-    return arrays, diag
+    return arrays, diag, frombuffer(chain, np.float64).reshape(1, depth)
 
 
 def _choose_joint_compiled(
@@ -275,6 +277,14 @@ def _choose_joint_compiled(
         capped=bool((alloc == n_max).any()),
     )
     return trees, diag
+
+
+def _chain_cut(top1: FloatArray) -> FloatArray:
+    """[B, depth] the chain's Â less its root, cut at every depth, of each request's top-1
+    marginals: the cumulative sum of their cumulative product."""
+    cut: FloatArray = top1.cumprod(axis=1)
+    cut.cumsum(axis=1, out=cut)
+    return cut
 
 
 def _ar_choice(learner: LearnedCostModel, req: StepRequests) -> BatchChoice:
@@ -379,29 +389,29 @@ class LearningPolicy:
         if again is not None:
             return self._repeat(again, cal, context)
         # a deciding step's trees teach the chain's shadow: its top-1 marginals and the chain's
-        # Â less its root, cut at every depth
+        # Â less its root, cut at every depth (the batch-1 kernel computes the latter)
         top1 = cal.probs[:, :, 0]
-        chain_cut: FloatArray = top1.cumprod(axis=1)
-        chain_cut.cumsum(axis=1, out=chain_cut)
-        if not riding:
-            learner.last_top1, learner.last_chain = top1, chain_cut
+        chain_cut: FloatArray
         if b == 1:
             ctx = int(contexts[0])
             start = 64
             if req.previous_tree_sizes[0] > 0:
                 start = max(32, 2 * int(req.previous_tree_sizes[0]))
             if _kernel is not None and not explore:  # the hot path: choose_size, compiled
-                arrays, sdiag = _choose_compiled(
+                arrays, sdiag, chain_cut = _choose_compiled(
                     cal.probs[0], cal.token_ids[0], learner, ctx, self.n_max, start
                 )
                 offsets = np.array([0, arrays[0].shape[0]], np.int64)
                 trees = TreeBatch(offsets, arrays[0], arrays[1], arrays[2], arrays[3], arrays[4])
             else:
+                chain_cut = _chain_cut(top1)
                 tree, sdiag = choose_size(cal.row(0), learner, ctx, self.n_max, start, explore)
                 trees = TreeBatch.from_trees([tree])
             diag: object = sdiag
             s_tree, ar_s, c_tree = sdiag.predicted_speedup, sdiag.ar_step_s, sdiag.cycle_s
+            a_chain = 1.0 + float(chain_cut[0, -1])
         else:
+            chain_cut = _chain_cut(top1)
             known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
             start = max(8, 3 * int(known.mean()) // 2) if known.size else 64
             fast = None
@@ -422,8 +432,11 @@ class LearningPolicy:
             diag = jdiag
             s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
             c_tree = learner.joint_cycle(contexts, jdiag.total_size + riding)
+            a_chain = b + float(chain_cut[:, -1].sum())
+        if not riding:
+            learner.last_top1, learner.last_chain = top1, chain_cut
         depth = int(cal.probs.shape[1])
-        a_chain = (b + float(chain_cut[:, -1].sum())) * learner.chain_ratio()
+        a_chain *= learner.chain_ratio()
         c_chain = learner.mode_cycle("chain", contexts, depth)
         s_chain = a_chain * ar_s / c_chain
         if riding:  # the chain charged as the trees are: what its nodes add to the chunk's

@@ -79,7 +79,8 @@ def test_the_batch_1_policy_step_is_choose_size(
     case: tuple[DraftMarginals, LearnedCostModel, int, int, int], previous: int
 ) -> None:
     """LearningPolicy's batch-1 step (compiled, or the Python loop) verifies choose_size's tree
-    on the calibrated marginals, from the start the previous tree gives."""
+    on the calibrated marginals, from the start the previous tree gives; both price the chain
+    alike and leave the same cut of it for the chain's shadow."""
     from bastion.batch import StepRequests
     from bastion.interfaces import BatchPolicyContext
 
@@ -88,6 +89,7 @@ def test_the_batch_1_policy_step_is_choose_size(
     batch = BatchMarginals(marginals.token_ids[None], marginals.probs[None])
     req = StepRequests.of(np.array([0]), np.array([context]), np.array([0]), np.array([previous]))
     start = max(32, 2 * previous) if previous else 64
+    chains = []
     for compiled in (True, False):
         kernel = controller._kernel
         if not compiled:
@@ -99,11 +101,19 @@ def test_the_batch_1_policy_step_is_choose_size(
             ref, _ = controller.choose_size(cal, learner, context, n_max, start)
         finally:
             controller._kernel = kernel
+        chains.append((choice.diagnostics.chain_speedup, learner.last_chain))
         if choice.kind == "tree":
             got = choice.trees
             assert np.array_equal(got.offsets, [0, ref.size])
             for name in ("parents", "tokens", "depths", "scores", "ranks"):
                 assert np.array_equal(getattr(got, name), getattr(ref, name)), name
+    (s_compiled, cut_compiled), (s_python, cut_python) = chains
+    assert np.array_equal([s_compiled], [s_python], equal_nan=True)
+    if cut_compiled is None:  # nothing to draft: an AR step
+        assert cut_python is None and not marginals.probs[:, 0].any()
+        return
+    assert cut_compiled.shape == cut_python.shape == (1, marginals.probs.shape[0])
+    assert np.array_equal(cut_compiled, cut_python)
 
 
 def test_compiled_choice_refuses_bad_buffers() -> None:
