@@ -504,11 +504,20 @@ class LearnedCostModel:
 
     def _single(self, context_len: int, n: int) -> tuple[FloatArray, float]:
         """Batch 1: the prior's whole cycle for N = 1 … (at least) ``n`` and its AR cycle."""
+        both = self._single_both(int(context_len), n)
+        return both[:-1], float(both[-1])
+
+    def _single_both(self, context_len: int, n: int) -> FloatArray:
+        """:meth:`_single` as one array, the AR cycle last: a hot path (every batch-1 step
+        observes its cycle against it), so a cached step is read without building its price."""
         top = SINGLE_PRIOR_SIZES
         while top < n:
             top *= 2
-        both = self._anchored(("single", top), 1, int(context_len), self._single_price(top))
-        return both[:-1], float(both[-1])
+        key = ("single", top)
+        hit = self._lerped.get((key, context_len // MODE_CONTEXT_STEP))
+        if hit is not None:
+            return hit
+        return self._anchored(key, 1, context_len, self._single_price(top))
 
     def _single_price(self, top: int) -> PriceFn:
         """The batch-1 prior's pricing of N = 1 … ``top`` and AR."""
@@ -684,7 +693,7 @@ class LearnedCostModel:
         if kind == "ar":
             prior = self._ar_prior(ctx)
         elif b == 1:
-            prior = float(self._single(int(ctx[0]), total)[0][total - 1])
+            prior = float(self._single_both(int(ctx[0]), total)[total - 1])
         else:  # the even-spread prior the joint decision prices with
             prior = float(
                 self._even_prior(ctx, max(total, min(b * 1024, JOINT_HORIZON)))[total - b]
