@@ -463,9 +463,13 @@ class LearnedCostModel:
     def _even_prior(self, ctx: IntArray, top: int) -> FloatArray:
         """The prior's batch cycle for totals B … ``top`` along an even spread."""
         b = ctx.shape[0]
-        return self._anchored(
-            ("even", b, top), b, _mean_context(ctx), lambda c: self._prior(c, None, top).cycle
-        )
+        key, mean = ("even", b, top), _mean_context(ctx)
+        # a hot path (every batched step observes its cycle against it): a cached step is read
+        # without building its price
+        hit = self._lerped.get((key, mean // MODE_CONTEXT_STEP))
+        if hit is not None:
+            return hit
+        return self._anchored(key, b, mean, lambda c: self._prior(c, None, top).cycle)
 
     def mode_cycle(self, kind: CycleKind, contexts: IntArray, depth: int) -> float:
         """The learned cycle of a whole step of ``kind`` ("ar" or "chain" with ``depth``
