@@ -50,12 +50,22 @@ def _is_heldout(rel: str) -> bool:
 
 @public
 def load_corpus(root: Path | None = None) -> Corpus:
-    """The standard library's sources under ``root`` (default: this Python's), split by file."""
+    """The standard library's sources under ``root`` (default: this Python's), split by file.
+    ``root`` must be a standard library's directory (the one holding ``os.py``): any other
+    directory, ``/`` say, is refused before it is walked."""
     base = Path(root or sysconfig.get_paths()["stdlib"])
+    if not (base / "os.py").is_file():
+        raise ConfigError(
+            f"{base} is not a Python standard library directory (it holds no os.py); pass the "
+            "directory of the standard library's sources"
+        )
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
-    files = sorted(
-        p for p in base.rglob("*.py") if not skip.intersection(p.relative_to(base).parts)
-    )
+    try:
+        files = sorted(
+            p for p in base.rglob("*.py") if not skip.intersection(p.relative_to(base).parts)
+        )
+    except OSError as err:  # a directory unreadable or gone while walking
+        raise ConfigError(f"cannot read the sources under {base}: {err}") from err
     if not files:
         raise ConfigError(f"no .py files under {base}; pass the standard library's directory")
     train: list[Path] = []
