@@ -12,9 +12,9 @@ from bastion.errors import ConfigError
 
 def test_a_directory_without_os_py_is_refused_before_it_is_walked(tmp_path: Path) -> None:
     (tmp_path / "a.py").write_text("x = 1\n")
-    with pytest.raises(ConfigError, match="os.py"):
+    with pytest.raises(ConfigError, match=r"os\.py"):
         load_corpus(tmp_path)
-    with pytest.raises(ConfigError, match="os.py"):
+    with pytest.raises(ConfigError, match=r"os\.py"):
         load_corpus(Path("/"))  # the whole disk is not walked
 
 
