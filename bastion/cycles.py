@@ -42,7 +42,7 @@ _SPACING = ((8, 1), (256, 8), (512, 16), (1024, 32), (2048, 64), (4096, 128), (8
 _TOP = 1 << 20  # the largest total the lattice covers (MAX_TREE_SIZE)
 # derived estimates (filled ratios, curves built on them) are refreshed once per this many
 # observations: the medians move slowly, and the controller's per-step time is what it costs
-REFRESH_SHIFT = 3  # every 8
+REFRESH_SHIFT = 4  # every 16
 
 
 @public(error=BudgetError, hi=integer(1, _TOP))

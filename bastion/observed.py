@@ -190,7 +190,8 @@ class AcceptanceCalibration:
         self._refresh()
 
     def _refresh(self) -> None:
-        """After a step's sums: g is recomputed every 8th step (the sums grow every step)."""
+        """After a step's sums: g is recomputed once per 2^REFRESH_SHIFT steps (the sums grow
+        every step)."""
         if self.steps % (1 << REFRESH_SHIFT) == 0:
             w = self.prior_weight
             self._g = (self._real + w) / (self._pred + w)

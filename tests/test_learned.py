@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from bastion.batch import BatchMarginals, StepRequests, TreeBatch
 from bastion.controller import LearningPolicy, choose_size
+from bastion.cycles import REFRESH_SHIFT
 from bastion.errors import BudgetError, CostModelError
 from bastion.interfaces import BatchPolicyContext, CostCurve, StepLoad
 from bastion.learned import (
@@ -591,7 +592,7 @@ def test_a_moved_ar_cycle_voids_the_evidence_for_ar(slower: float, redrafts: boo
         learner.observe_step("tree", ctx, tree, np.ones(1, np.int64), np.zeros(0), 12.5e-3)
     assert not learner.wants_draft(1)  # AR measured faster: it stands
     asked = []
-    for _ in range(12):
+    for _ in range((1 << REFRESH_SHIFT) + 9):  # a refresh of the medians over 9 slower ones
         learner.observe_step("ar", ctx, one, np.ones(1, np.int64), np.zeros(0), slower * 10e-3)
         asked.append(learner.wants_draft(1))
     assert any(asked) == redrafts
