@@ -466,7 +466,7 @@ class LearnedCostModel:
         key, mean = ("even", b, top), _mean_context(ctx)
         # a hot path (every batched step observes its cycle against it): a cached step is read
         # without building its price
-        hit = self._lerped.get((key, mean // MODE_CONTEXT_STEP))
+        hit = self._lerped_at(key, mean)
         if hit is not None:
             return hit
         return self._anchored(key, b, mean, lambda c: self._prior(c, None, top).cycle)
@@ -518,7 +518,7 @@ class LearnedCostModel:
         while top < n:
             top *= 2
         key = ("single", top)
-        hit = self._lerped.get((key, context_len // MODE_CONTEXT_STEP))
+        hit = self._lerped_at(key, context_len)
         if hit is not None:
             return hit
         return self._anchored(key, 1, context_len, self._single_price(top))
@@ -582,7 +582,7 @@ class LearnedCostModel:
         within an anchor step it is linear in the context but for the roofline's few
         compute/memory crossings (≤ 1.3 % off on the shipped models, tested)."""
         step = mean_context // MODE_CONTEXT_STEP
-        hit = self._lerped.get((key, step))
+        hit = self._lerped_at(key, mean_context)
         if hit is None:
             mid = step * MODE_CONTEXT_STEP + MODE_CONTEXT_STEP // 2
             lo = mid // ANCHOR_STEP
@@ -595,6 +595,11 @@ class LearnedCostModel:
                 self._lerped.clear()
             self._lerped[(key, step)] = hit
         return hit
+
+    def _lerped_at(self, key: tuple[Any, ...], mean_context: int) -> FloatArray | None:
+        """What :meth:`_anchored` holds for ``key`` at the mean context's step, or None (a
+        caller whose price is dear to build looks here first)."""
+        return self._lerped.get((key, mean_context // MODE_CONTEXT_STEP))
 
     def _anchor(self, key: tuple[Any, ...], index: int, b: int, price: PriceFn) -> FloatArray:
         hit = self._anchors.get((key, index))
