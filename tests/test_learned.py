@@ -601,3 +601,30 @@ def test_a_moved_ar_cycle_voids_the_evidence_for_ar(slower: float, redrafts: boo
         for _ in range(3):
             learner.observe_step("tree", ctx, tree, np.ones(1, np.int64), np.zeros(0), 12e-3)
         assert learner.wants_draft(1)
+
+
+@pytest.mark.parametrize("total", [64, 1024, 1500, 3000])
+def test_a_batch_1_cycle_is_observed_against_the_prior_at_its_own_size(total: int) -> None:
+    """The ratio a batch-1 cycle records is measured / the prior's cycle of its own size, also
+    beyond the 1 … 1024 sizes the prior is first priced for (after those have been read)."""
+    prior = FlatPrior()
+    learner = LearnedCostModel(prior)
+    ctx = np.array([300])
+    learner.observe_cycle("tree", ctx, np.array([64]), 0.02)  # the first sizes, cached
+    expected = prior.base + prior.slope * total
+    ratio = learner.observe_cycle("tree", ctx, np.array([total]), 2 * expected)
+    assert ratio == pytest.approx(2.0, rel=1e-9)
+
+
+@pytest.mark.parametrize(("b", "total"), [(1, 1500), (1, 3000), (2, 3000), (4, 9000)])
+def test_a_cycle_is_observed_alike_whatever_the_cache_holds(b: int, total: int) -> None:
+    """A step's recorded ratio does not depend on which prior curves an earlier step cached
+    (the hot path reads a cached curve first): beyond the default horizon as well."""
+    ctx = np.full(b, 300)
+    warm = LearnedCostModel(BatchPrior())
+    warm.observe_cycle("tree", ctx, np.full(b, 32), 0.02)  # the default horizon's curve, cached
+    fresh = LearnedCostModel(BatchPrior())
+    sizes = np.full(b, total // b)
+    assert warm.observe_cycle("tree", ctx, sizes, 0.05) == fresh.observe_cycle(
+        "tree", ctx, sizes, 0.05
+    )
