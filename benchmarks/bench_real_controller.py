@@ -9,9 +9,13 @@ each other, in the order AB in even rounds and BA in odd ones, so a drift within
 favours neither; the other policies follow. The cost model is
 calibrated on this CPU once (roofline + drafter timing), the learning controller's start-up
 table timed once (``calibrate_cycles_on_device``), and one learner is kept across the rounds
-(what a server does); its first round includes an untimed warm-up run.
+(what a server does); its first round includes an untimed warm-up run. ``--fresh``: instead,
+every round's ``bastion`` run starts from a new learner, with its own start-up timing and
+warm-up run — what one ``bastion demo`` invocation does, so the cost of learning from scratch
+(the drafted steps that gather evidence, the first probes) is in every round.
 
-Run: ``python benchmarks/bench_real_controller.py [--rounds 8] [--prompts 4] [--tokens 64]``.
+Run: ``python benchmarks/bench_real_controller.py [--rounds 8] [--prompts 4] [--tokens 64]
+[--fresh]``.
 Never part of the tests.
 """
 
@@ -42,7 +46,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="every round's bastion run starts from a new learner (as `bastion demo` does)",
+    )
     args = parser.parse_args()
+    if args.rounds < 1 or args.prompts < 1 or args.tokens < 1:
+        parser.error("--rounds, --prompts and --tokens must be ≥ 1")
     from transformers import AutoTokenizer
 
     target = load_target(TARGET_DIR, "cpu")
@@ -63,6 +74,10 @@ def main() -> None:
 
     def tpot(policy: str, warmup: int) -> float:
         model = learner if policy == "bastion" else cost
+        if policy == "bastion" and args.fresh:  # learning from scratch, as `bastion demo` does
+            model = LearnedCostModel(cost)
+            calibrate_cycles_on_device(model, target, drafter)
+            warmup = 1
         report = generate_batch(
             target,
             None if policy == "ar" else drafter,
@@ -77,8 +92,6 @@ def main() -> None:
         host.setdefault(policy, []).append(1e6 * (stages["draft"] + stages["build"]) / report.steps)
         return float(report.to_dict()["repeats"]["tpot_s"]["median"])
 
-    if args.rounds < 1 or args.prompts < 1 or args.tokens < 1:
-        raise SystemExit("--rounds, --prompts and --tokens must be ≥ 1")
     ratios: dict[str, list[float]] = {p: [] for p in POLICIES}
     ar_ms = []
     others = [p for p in POLICIES if p != "bastion"]
@@ -93,7 +106,8 @@ def main() -> None:
             ratios[p].append(times[p] / times["ar"])
     print(
         f"`python benchmarks/bench_real_controller.py --rounds {args.rounds} --prompts "
-        f"{args.prompts} --tokens {args.tokens}` on {platform.machine()}, Python "
+        f"{args.prompts} --tokens {args.tokens}{' --fresh' if args.fresh else ''}` on "
+        f"{platform.machine()}, Python "
         f"{platform.python_version()}; start-up: {startup['passes']} passes, "
         f"{startup['device_s']:.2f} s; AR TPOT median {statistics.median(ar_ms):.2f} ms\n"
     )
