@@ -439,10 +439,7 @@ class LearnedCostModel:
         pessimism and the size correction)."""
         ctx = np.asarray(context_lens, dtype=np.int64)
         b = ctx.shape[0]
-        top = max(min(b * 1024, JOINT_HORIZON), b)
-        if total > top:  # priced further (a pass with a prefill chunk): a power of two, cached
-            top = 1 << (total - 1).bit_length()
-        even = self._even_prior(ctx, top)
+        even = self._even_prior(ctx, _even_top(b, total))
         return float(self._learned(np.array([total]), even[total - b : total - b + 1], b)[0])
 
     def affordable_total(
@@ -704,9 +701,7 @@ class LearnedCostModel:
         elif b == 1:
             prior = float(self._single_both(int(ctx[0]), total)[total - 1])
         else:  # the even-spread prior the joint decision prices with
-            prior = float(
-                self._even_prior(ctx, max(total, min(b * 1024, JOINT_HORIZON)))[total - b]
-            )
+            prior = float(self._even_prior(ctx, _even_top(b, total))[total - b])
         ratio = cycle_s / prior if prior > 0 else math.nan
         self.table.observe(kind, b, total, ratio)
         return ratio
@@ -789,6 +784,15 @@ def _takes_growth(joint: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     return parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def _even_top(b: int, total: int) -> int:
+    """How far an even-spread prior is priced to hold ``total`` nodes of B requests: the joint
+    horizon, or beyond it (a pass with a prefill chunk, very large trees) the power of two at or
+    above ``total``, so a few cached curves serve every such total (the curve's prefix does not
+    depend on how far it is priced)."""
+    top = max(min(b * 1024, JOINT_HORIZON), b)
+    return top if total <= top else 1 << (total - 1).bit_length()
 
 
 def _riding_room(riding: int) -> int:

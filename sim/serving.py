@@ -343,12 +343,9 @@ def serve(
             contexts = pool.context_len[slots]
             riding = sum(chunk_tokens)  # a prefill chunk in the same pass (the policy may
             # price it: the learning controller does)
-            if history:
-                requests = StepRequests(
-                    ids, contexts, zeros, prev_size[ids], prev_expected[ids], riding_tokens=riding
-                )
-            else:  # static policies ignore last step's trees
-                requests = StepRequests(ids, contexts, zeros, zeros, nothing, riding_tokens=riding)
+            # static policies ignore last step's trees
+            last_n, last_a = (prev_size[ids], prev_expected[ids]) if history else (zeros, nothing)
+            requests = StepRequests(ids, contexts, zeros, last_n, last_a, riding_tokens=riding)
             wanted = pool.output_len[slots] - pool.generated[slots]  # ≥ 1 while decoding
             rec = engine.step(requests)
             sizes = rec.trees.sizes
