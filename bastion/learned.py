@@ -88,6 +88,11 @@ SINGLE_PRIOR_SIZES = 1024  # batch 1: the prior is priced for N = 1 … this (or
 ANCHOR_STEP = 512  # … at contexts that are multiples of this, interpolated between
 PRIMED_CONTEXT = 16384  # start-up prices the batch-1 anchors up to this context (prime)
 MAX_PRIMED = 65536  # … and never beyond this (the anchor cache holds 256 entries)
+# while speculation's evidence is within this factor of AR's, a drafting stretch measures AR
+# again now and then (the AR cycle a drafted step is paired with is otherwise as old as the
+# stretch)
+RECHECK_WITHIN = 1.25
+AR_RECENT = 3  # a drafted step is paired with the median of this many last AR cycles
 PriceFn = Callable[[IntArray], FloatArray]
 
 
@@ -114,10 +119,14 @@ class LearnedCostModel:
     (bounded exploration, deterministic). ``margin``: speculate only when its realised speedup
     over AR exceeds 1 + margin. ``evidence``: the realised speedup is the mean over the last so
     many drafted steps, and AR is chosen only once at least half of them were seen.
-    While AR stands, the drafted evidence is re-priced at the learned AR cycle of the moment
-    (the realised speedup scales with it): once it says speculation would pay (the machine
-    changed: a busier CPU slows every pass by about as much, which favours the pass that
-    commits more), the evidence is void and the policy drafts until it has enough again.
+    A drafted step's realised speedup is paired with the AR cycle measured last before it (the
+    median of the last :data:`AR_RECENT` AR steps of its batch bucket, the learned AR cycle
+    before any): on a machine whose speed drifts, a drafted step and an AR cycle measured at
+    different times compare the drift, not the policies. A drafting stretch measures no AR
+    cycle, so while the evidence is within :data:`RECHECK_WITHIN` of AR's (or would be at the
+    table's AR cycle, when the last AR steps were slower than it) it measures AR again after
+    ``probe_every`` drafted steps (two AR steps: a majority of the median), the interval
+    doubling after each, up to 64 × ``probe_every``.
     """
 
     def __init__(
@@ -151,8 +160,13 @@ class LearnedCostModel:
         self.acceptance = acceptance or AcceptanceCalibration()
         self.sizes = SizeCalibration()
         self.probe_every, self.margin, self.evidence = probe_every, margin, evidence
-        self._ar_seen = math.nan  # the AR cycle's learned ratio when the evidence was gathered
         self._realised: list[float] = []  # the last ``evidence`` drafted steps' speedups
+        # per batch bucket: the measured/prior ratios of the last AR_RECENT AR steps
+        self._ar_recent: dict[int, list[float]] = {}
+        self._since_ar = 0  # drafted steps since the last AR step
+        self._recheck_interval = probe_every  # … after which a thin margin measures AR again
+        self._recheck_left = 0  # AR steps the current re-measurement still takes
+        self._paired_ratio = math.nan  # the AR ratio the last drafted step was paired with
         self.startup_s = 0.0  # device seconds spent by calibrate_cycles
         self.speedup = math.inf  # mean realised speedup of recent drafted steps over AR (∞: too
         # few of them yet)
@@ -671,20 +685,46 @@ class LearnedCostModel:
         self._reused = 0
 
     def wants_draft(self, batch_size: int) -> bool:
-        """Whether the next step should draft: yes while speculation has paid (or is untried);
-        while AR has been faster, every ``probe_every``-th step, the interval doubling after
-        each probe that confirms it (up to 64 × ``probe_every``), and at once when the evidence
-        re-priced at the learned AR cycle of the moment says speculation would pay."""
+        """Whether the next step should draft: yes while speculation has paid (or is untried),
+        but for an AR step every ``probe_every``-th drafted step while its margin over AR is
+        within :data:`RECHECK_WITHIN` (the interval doubling after each, up to 64 ×
+        ``probe_every``, until speculation stands anew); while AR has been faster, every
+        ``probe_every``-th step, the interval doubling after each probe that confirms it (up
+        to 64 × ``probe_every``)."""
+        if self.always_draft:
+            return True
         threshold = 1.0 + self.margin
-        if self.always_draft or self.speedup > threshold:
-            return True
-        # the evidence re-priced at today's AR cycle (NaN before any drafted step: never)
-        if self.speedup * float(self.table.ratios("ar", batch_size)[0]) / self._ar_seen > threshold:
-            self._realised.clear()  # measured against an AR cycle that is no longer so
-            self.speedup = math.inf
-            self._probe_interval = self.probe_every
-            return True
+        if self.speedup > threshold:
+            if self._recheck_left:  # measuring AR again
+                self._recheck_left -= 1
+                return False
+            if self._since_ar + 1 < self._recheck_interval or self.speedup == math.inf:
+                return True
+            # the AR cycle this stretch's steps are paired with is as old as the stretch: if
+            # the margin is thin, or would be at the table's AR cycle (the last AR steps may
+            # have been a slow spell), measure it again
+            level = float(self.table.ratios("ar", batch_size)[0]) / self._paired_ratio
+            if self.speedup * min(1.0, level) > RECHECK_WITHIN * threshold:
+                return True
+            self._recheck_interval = min(2 * self._recheck_interval, 64 * self.probe_every)
+            self._recheck_left = AR_RECENT // 2  # this step and as many more
+            return False
         return self._since_draft + 1 >= self._probe_interval
+
+    def _ar_paired(self, contexts: IntArray, b: int) -> float:
+        """The AR cycle a drafted step of ``b`` requests is paired with: the prior's AR cycle at
+        its contexts × the median ratio of the last AR steps of its batch bucket (the learned
+        AR cycle before any)."""
+        recent = self._ar_recent.get(batch_bucket(b))
+        ctx = np.asarray(contexts, dtype=np.int64)
+        if not recent:
+            self._paired_ratio = float(self.table.ratios("ar", b)[0])
+            return self.mode_cycle("ar", ctx, 0)
+        ordered = sorted(recent)
+        half = len(ordered) // 2
+        ratio = ordered[half] if len(ordered) % 2 else 0.5 * (ordered[half - 1] + ordered[half])
+        self._paired_ratio = ratio
+        return self._ar_prior(ctx) * ratio
 
     def observe_cycle(
         self, kind: CycleKind, contexts: IntArray, sizes: IntArray, cycle_s: float
@@ -726,8 +766,14 @@ class LearnedCostModel:
             return
         if kind == "ar":  # the hot path while AR stands: a root per request, nothing drafted
             ctx = np.asarray(contexts, dtype=np.int64)
-            self._observe_total("ar", ctx, ctx.shape[0], cycle_s)
+            ratio = self._observe_total("ar", ctx, ctx.shape[0], cycle_s)
+            if ratio > 0:  # NaN (a degenerate prior) is not
+                recent = self._ar_recent.setdefault(batch_bucket(ctx.shape[0]), [])
+                recent.append(ratio)
+                if len(recent) > AR_RECENT:
+                    del recent[0]
             self._since_draft += 1
+            self._since_ar = 0
             self._decision = None  # the next drafted step decides afresh
             return
         offsets = trees.offsets
@@ -736,6 +782,7 @@ class LearnedCostModel:
             ctx = np.asarray(contexts, dtype=np.int64)
             self._observe_total(kind, ctx, int(offsets[-1]), cycle_s)
         self._since_draft = 0
+        self._since_ar += 1
         if kind == "tree":
             learned = learn_step(self.acceptance, self.sizes, trees, accepted_nodes, committed)
             if learned is None:
@@ -753,8 +800,7 @@ class LearnedCostModel:
             if learn_step(self.acceptance, None, trees, accepted_nodes, committed) is None:
                 self.acceptance.observe(trees, accepted_nodes, committed)
             self._observe_chain(float(np.add.reduce(committed)), float(trees.scores.sum()))
-        ar = self.mode_cycle("ar", contexts, 0)
-        realised = float(np.add.reduce(committed)) * ar / (b * cycle_s)
+        realised = float(np.add.reduce(committed)) * self._ar_paired(contexts, b) / (b * cycle_s)
         threshold = 1.0 + self.margin
         probing = self.speedup <= threshold
         recent = self._realised
@@ -764,11 +810,10 @@ class LearnedCostModel:
         # one unlucky step must not switch decoding off: AR needs evidence/2 steps of it
         self.speedup = sum(recent) / len(recent) if 2 * len(recent) >= self.evidence else math.inf
         if self.speedup > threshold:
+            if probing:  # speculation stands anew: its AR cycle is measured again soon
+                self._recheck_interval = self.probe_every
             self._probe_interval = self.probe_every
             return
-        # AR stands on this evidence: the AR cycle's ratio it was measured against (what
-        # wants_draft re-prices it by)
-        self._ar_seen = float(self.table.ratios("ar", b)[0])
         if probing:  # a probe that found AR still faster: look again less often
             self._probe_interval = min(2 * self._probe_interval, 64 * self.probe_every)
 

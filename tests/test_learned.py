@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from bastion.batch import BatchMarginals, StepRequests, TreeBatch
 from bastion.controller import LearningPolicy, choose_size
-from bastion.cycles import REFRESH_SHIFT
 from bastion.errors import BudgetError, CostModelError
 from bastion.interfaces import BatchPolicyContext, CostCurve, StepLoad
 from bastion.learned import (
@@ -331,7 +330,6 @@ def test_new_inputs_are_checked() -> None:
 def test_batch_bucket_is_the_nearest_power_of_two_in_log_scale() -> None:
     """The table fast path and the general form agree (numpy integers, B past 1024), and bad
     batch sizes are refused."""
-    import math
 
     from bastion.cycles import batch_bucket
 
@@ -574,33 +572,87 @@ def test_a_standing_chain_keeps_its_step_through_a_riding_chunk() -> None:
         assert LearningPolicy().plan_step(req, learner) == plan
 
 
-@pytest.mark.parametrize(("slower", "redrafts"), [(1.3, True), (1.2, False), (0.7, False)])
-def test_a_moved_ar_cycle_voids_the_evidence_for_ar(slower: float, redrafts: bool) -> None:
-    """While AR stands, the drafted evidence (here: realised speedup 0.8) is re-priced at the
-    learned AR cycle of the moment: an AR cycle 1.3× slower says speculation would pay now
-    (0.8 × 1.3 > 1), so the evidence is void and the policy drafts until it has enough again;
-    1.2× slower (0.96) or a faster AR cycle does not, and nothing does before any drafted step
-    was seen."""
-    learner = LearnedCostModel(FlatPrior(), probe_every=10_000)
-    ctx = np.array([100])
-    one = TreeBatch.roots(1)
-    tree = _chain_tree(4)
-    for _ in range(12):  # AR's cycle (1.25× its prior), then drafted steps that do not pay
-        learner.observe_step("ar", ctx, one, np.ones(1, np.int64), np.zeros(0), 10e-3)
-    assert learner.wants_draft(1)  # untried
-    for _ in range(16):
-        learner.observe_step("tree", ctx, tree, np.ones(1, np.int64), np.zeros(0), 12.5e-3)
-    assert not learner.wants_draft(1)  # AR measured faster: it stands
+def _ar_steps(learner: LearnedCostModel, n: int, cycle_s: float) -> list[bool]:
+    """``n`` AR steps of ``cycle_s`` at context 100; what wants_draft said after each."""
     asked = []
-    for _ in range((1 << REFRESH_SHIFT) + 9):  # a refresh of the medians over 9 slower ones
-        learner.observe_step("ar", ctx, one, np.ones(1, np.int64), np.zeros(0), slower * 10e-3)
+    for _ in range(n):
+        learner.observe_step(
+            "ar", np.array([100]), TreeBatch.roots(1), np.ones(1, np.int64), np.zeros(0), cycle_s
+        )
         asked.append(learner.wants_draft(1))
-    assert any(asked) == redrafts
-    if redrafts:  # the old evidence is gone: a few drafted steps do not decide yet
-        assert learner.speedup == math.inf
-        for _ in range(3):
-            learner.observe_step("tree", ctx, tree, np.ones(1, np.int64), np.zeros(0), 12e-3)
-        assert learner.wants_draft(1)
+    return asked
+
+
+def _drafted_steps(learner: LearnedCostModel, n: int, commit: int, cycle_s: float) -> list[bool]:
+    """``n`` drafted steps (a 4-node chain) committing ``commit`` in ``cycle_s``; what
+    wants_draft said after each."""
+    asked = []
+    for _ in range(n):
+        learner.observe_step(
+            "tree",
+            np.array([100]),
+            _chain_tree(4),
+            np.full(1, commit, np.int64),
+            np.zeros(0, np.int64),
+            cycle_s,
+        )
+        asked.append(learner.wants_draft(1))
+    return asked
+
+
+def test_a_drafted_step_is_paired_with_the_last_ar_cycles() -> None:
+    """A drafted step's realised speedup is measured against the AR cycle of the last AR steps
+    (the median of the last three), not the table's slower-moving learned AR cycle: after
+    AR cycles of 10 ms then three of 20 ms, a step committing 2 tokens in 20 ms realised 2."""
+    learner = LearnedCostModel(FlatPrior(), probe_every=10_000)
+    _ar_steps(learner, 30, 10e-3)
+    _ar_steps(learner, 3, 20e-3)
+    assert learner.mode_cycle("ar", np.array([100]), 0) == pytest.approx(10e-3, rel=1e-6)
+    _drafted_steps(learner, 1, 2, 20e-3)
+    assert learner._realised[-1] == pytest.approx(2.0, rel=1e-9)
+    _ar_steps(learner, 2, 12e-3)  # two of the last three: the median moves
+    _drafted_steps(learner, 1, 2, 20e-3)
+    assert learner._realised[-1] == pytest.approx(2 * 12 / 20, rel=1e-9)
+
+
+@pytest.mark.parametrize(("cycle_ms", "rechecks"), [(18.0, True), (8.0, False)])
+def test_a_thin_margin_measures_ar_again_during_a_drafting_stretch(
+    cycle_ms: float, rechecks: bool
+) -> None:
+    """While speculation stands on a thin margin (2 tokens in 18 ms against AR's 10 ms: 1.11×)
+    a drafting stretch makes every 16th step since the last AR step two AR steps, then every
+    32nd (the interval doubling); a clear margin (2.5×) never does."""
+    learner = LearnedCostModel(FlatPrior(), probe_every=16)
+    _ar_steps(learner, 12, 10e-3)
+    asked = _drafted_steps(learner, 8, 2, cycle_ms * 1e-3)  # evidence enough
+    assert all(asked)
+    asked = _drafted_steps(learner, 7, 2, cycle_ms * 1e-3)
+    assert all(asked[:-1]) and asked[-1] != rechecks  # after 15 drafted steps: AR
+    if not rechecks:
+        assert all(_drafted_steps(learner, 200, 2, cycle_ms * 1e-3))
+        return
+    assert _ar_steps(learner, 2, 10e-3) == [False, True]  # two AR steps, then drafting
+    asked = _drafted_steps(learner, 32, 2, cycle_ms * 1e-3)
+    assert asked.index(False) == 30  # the next re-measurement, 32 drafted steps on
+
+
+def test_a_slow_spell_before_a_drafting_stretch_is_measured_again() -> None:
+    """Speculation that stands only because the AR steps before it were a slow spell (AR 20 ms
+    against its learned 10 ms; drafted 2 tokens in 18 ms: 2.2× the spell, 1.1× the learned
+    cycle) takes AR steps; once they measure AR at 10 ms again the drafted steps paired with
+    them are measured against it, and within the evidence window AR stands again (here 1
+    token in 30 ms: 1/3 of AR)."""
+    learner = LearnedCostModel(FlatPrior(), probe_every=16)
+    _ar_steps(learner, 40, 10e-3)
+    _ar_steps(learner, 3, 20e-3)
+    assert all(_drafted_steps(learner, 14, 2, 18e-3))
+    assert learner.speedup == pytest.approx(2 * 20 / 18, rel=1e-9)
+    asked = _drafted_steps(learner, 1, 2, 18e-3)
+    assert asked == [False]  # re-measure, although 2.2 is far from thin
+    assert _ar_steps(learner, 2, 10e-3) == [False, True]
+    _drafted_steps(learner, 16, 1, 30e-3)  # now paired with 10 ms: 1/3 each
+    assert learner.speedup < 1
+    assert not learner.wants_draft(1)
 
 
 @pytest.mark.parametrize("total", [64, 1024, 1500, 3000])
