@@ -254,18 +254,22 @@ def test_shipped_drafter_matches_the_format(tmp_path: Path) -> None:
 def test_demo_times_the_repeats_in_rounds_over_the_policies(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With ``repeats`` > 1 each policy's first timed run follows its warm-up, and the others
-    go in rounds over the policies, the order reversed every other round (so the machine's
-    drift reaches every policy's median alike); every run counts in the policy's TPOT."""
+    """With ``repeats`` > 1 each policy's first timed run follows its warm-up, and in the other
+    rounds the policies take turns prompt batch by prompt batch, the order reversed at every
+    turn (so the machine's drift reaches every policy alike); such a round counts as one run
+    whose TPOT is the mean over its requests, and every run counts in the policy's TPOT."""
     import bastion.backends.torch as backend
 
-    calls: list[tuple[str, int]] = []
+    calls: list[tuple[str, int, int]] = []
     first: dict[str, object] = {}
+    parts: dict[str, list[object]] = {}
     real = backend.generate_batch
 
-    def spy(target, drafter, policy, *args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append((policy, kwargs.get("warmup", 0)))
-        report = real(target, drafter, policy, *args, **kwargs)
+    def spy(target, drafter, policy, prompts, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((policy, kwargs.get("warmup", 0), len(prompts)))
+        report = real(target, drafter, policy, prompts, *args, **kwargs)
+        if policy in first:
+            parts.setdefault(policy, []).append(report)
         first.setdefault(policy, report)
         return report
 
@@ -274,11 +278,20 @@ def test_demo_times_the_repeats_in_rounds_over_the_policies(
         load_prompts()[:2], 6, ("ar", "chain", "fixed:16"), calibrate=False, repeats=3, warmup=1
     )
     assert calls == [
-        ("ar", 1), ("chain", 1), ("fixed:16", 1),  # first timed runs, after a warm-up each
-        ("fixed:16", 0), ("chain", 0), ("ar", 0),  # round 2: reversed
-        ("ar", 0), ("chain", 0), ("fixed:16", 0),  # round 3
+        ("ar", 1, 2), ("chain", 1, 2), ("fixed:16", 1, 2),  # first runs, after a warm-up each
+        ("fixed:16", 0, 1), ("chain", 0, 1), ("ar", 0, 1),  # round 2, prompt 1: reversed
+        ("ar", 0, 1), ("chain", 0, 1), ("fixed:16", 0, 1),  # round 2, prompt 2
+        ("fixed:16", 0, 1), ("chain", 0, 1), ("ar", 0, 1),  # round 3, prompt 1
+        ("ar", 0, 1), ("chain", 0, 1), ("fixed:16", 0, 1),  # round 3, prompt 2
     ]  # fmt: skip
     assert result.identical
     for row in result.rows:
         runs = first[row.policy].runs  # type: ignore[attr-defined]
+        pieces = [p.runs[0] for p in parts[row.policy]]  # type: ignore[attr-defined]
+        for joined, (a, b) in zip(
+            runs[1:], zip(pieces[::2], pieces[1::2], strict=True), strict=True
+        ):
+            assert joined.tpot_s == pytest.approx((a.tpot_s + b.tpot_s) / 2, rel=1e-12)
+            assert joined.output_tokens == a.output_tokens + b.output_tokens
+            assert joined.wall_s == pytest.approx(a.wall_s + b.wall_s, rel=1e-12)
         assert len(runs) == 3 and row.tpot_s == sorted(r.tpot_s for r in runs)[1]

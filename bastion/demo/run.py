@@ -113,6 +113,20 @@ def _learns(policy: str) -> bool:
 
 
 @public(path=readable_file)
+def _joined(parts: Sequence[Any]) -> Any:
+    """One timed run made of the single runs of consecutive batches of its prompts: walls and
+    tokens add up; the TPOT is the mean over every request, as for a run in one piece."""
+    from bastion.backends.torch.runner import RunTiming
+
+    runs = [part.runs[0] for part in parts]
+    requests = [len(part.records) for part in parts]
+    return RunTiming(
+        sum(run.wall_s for run in runs),
+        sum(run.output_tokens for run in runs),
+        sum(run.tpot_s * n for run, n in zip(runs, requests, strict=True)) / sum(requests),
+    )
+
+
 def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
     if not path.exists():
         raise ConfigError(f"{path} is missing; the demo models are not installed")
@@ -139,8 +153,10 @@ def run_demo(
     """Decode ``prompts`` with every policy at every batch size; compare; summarise. Needs torch.
 
     Each policy's first timed run follows its warm-up; the other ``repeats − 1`` timed runs go
-    in rounds over the policies (order reversed every other round), so the machine's drift
-    over the session reaches every policy's median alike. A learning controller keeps one
+    in rounds, and within a round the policies take turns batch by batch (``b`` prompts at a
+    time, the order reversed at every turn), so the machine's drift, seconds long on a shared
+    CPU, reaches every policy's runs alike instead of one policy's whole run. A run's TPOT is
+    the mean over its requests, as for a run in one piece. A learning controller keeps one
     learner over its runs.
 
     Traces (``record_dir``) are recorded at the first batch size, for every policy but AR and
@@ -210,13 +226,14 @@ def run_demo(
     rows = []
     repeated = True  # every timed run of a policy decoded what its first did
 
-    def decode(name: str, b: int, model: Any, **options: Any) -> Any:
-        """One generate_batch run of policy ``name`` on the prompts at batch ``b``."""
+    def decode(name: str, b: int, model: Any, part: Any = None, **options: Any) -> Any:
+        """One generate_batch run of policy ``name`` on the prompts (or ``part`` of them) at
+        batch ``b``."""
         return generate_batch(
             target,
             drafter if name != "ar" else None,
             name,
-            prompt_ids,
+            prompt_ids if part is None else part,
             batch_size=b,
             max_new_tokens=max_new_tokens,
             eos_token_id=eos,
@@ -255,17 +272,23 @@ def run_demo(
                 dense_trace=traces is not None,
                 warmup=warmup,
             )
-        # the other timed runs in rounds over the policies (the order reversed every other
-        # round), so that the machine's drift over the session spreads over every policy
-        # instead of favouring the ones timed while it was fast
+        # the other timed runs in rounds; within a round the policies take turns batch by
+        # batch (the order reversed at every turn), so that a slow spell of the machine spreads
+        # over every policy instead of slowing one policy's whole run
+        chunks = [prompt_ids[i : i + b] for i in range(0, len(prompt_ids), b)]
+        turn = 0
         for r in range(1, repeats):
-            for name in policies if r % 2 == 0 else policies[::-1]:
-                if progress:
-                    progress(f"timed run {r + 1} of {repeats}: {name} at batch {b}")
-                # a learner keeps learning, as in one session
-                again = decode(name, b, models[name])
-                reports[name].runs.extend(again.runs)
-                outputs = [list(x.output_ids) for x in again.records]
+            if progress:
+                progress(f"timed run {r + 1} of {repeats} at batch {b}, policies taking turns")
+            parts: dict[str, list[Any]] = {name: [] for name in policies}
+            for chunk in chunks:
+                for name in policies if turn % 2 else policies[::-1]:
+                    # a learner keeps learning, as in one session
+                    parts[name].append(decode(name, b, models[name], chunk))
+                turn += 1
+            for name in policies:
+                reports[name].runs.append(_joined(parts[name]))
+                outputs = [list(x.output_ids) for part in parts[name] for x in part.records]
                 repeated &= outputs == [list(x.output_ids) for x in reports[name].records]
         ar_tpot = reports["ar"].tpot_s if "ar" in reports else float("nan")
         for name in policies:
