@@ -39,6 +39,7 @@ import copy
 import functools
 import inspect
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -118,7 +119,8 @@ class LearnedCostModel:
     ``probe_every``: while AR is faster, draft every so many steps to see whether that changed
     (bounded exploration, deterministic). ``margin``: speculate only when its realised speedup
     over AR exceeds 1 + margin. ``evidence``: the realised speedup is the mean over the last so
-    many drafted steps, and AR is chosen only once at least half of them were seen.
+    many drafted steps; AR is chosen only once at least half of them were seen, and only while
+    their mean is one standard error below 1 + margin (:attr:`speedup_upper` ≤ 1 + margin).
     A drafted step's realised speedup is paired with the AR cycle measured last before it (the
     median of the last :data:`AR_RECENT` AR steps of its batch bucket, the learned AR cycle
     before any): on a machine whose speed drifts, a drafted step and an AR cycle measured at
@@ -169,7 +171,8 @@ class LearnedCostModel:
         self._paired_ratio = math.nan  # the AR ratio the last drafted step was paired with
         self.startup_s = 0.0  # device seconds spent by calibrate_cycles
         self.speedup = math.inf  # mean realised speedup of recent drafted steps over AR (∞: too
-        # few of them yet)
+        # few of them yet); AR stands while its upper bound (+ one standard error) is ≤ 1
+        self.speedup_upper = math.inf
         self._since_draft = 0
         self._chain = [0.0, 0.0, 0.0]  # the chain's Σ realised τ, Σ Â, steps (forgotten)
         self._probe_interval = probe_every
@@ -694,7 +697,7 @@ class LearnedCostModel:
         if self.always_draft:
             return True
         threshold = 1.0 + self.margin
-        if self.speedup > threshold:
+        if self.speedup_upper > threshold:
             if self._recheck_left:  # measuring AR again
                 self._recheck_left -= 1
                 return False
@@ -802,14 +805,24 @@ class LearnedCostModel:
             self._observe_chain(float(np.add.reduce(committed)), float(trees.scores.sum()))
         realised = float(np.add.reduce(committed)) * self._ar_paired(contexts, b) / (b * cycle_s)
         threshold = 1.0 + self.margin
-        probing = self.speedup <= threshold
+        probing = self.speedup_upper <= threshold
         recent = self._realised
         recent.append(realised)
         if len(recent) > self.evidence:
             del recent[0]
-        # one unlucky step must not switch decoding off: AR needs evidence/2 steps of it
-        self.speedup = sum(recent) / len(recent) if 2 * len(recent) >= self.evidence else math.inf
-        if self.speedup > threshold:
+        n = len(recent)
+        # one unlucky step must not switch decoding off: AR needs evidence/2 steps of it, and
+        # their mean one standard error below 1 (a step's realised speedup is skewed and
+        # noisy: most commit little, a few a lot)
+        if 2 * n < self.evidence:
+            self.speedup = self.speedup_upper = math.inf
+        else:
+            total = sum(recent)
+            mean = total / n
+            var = max(0.0, sum(map(operator.mul, recent, recent)) - total * mean) / max(n - 1, 1)
+            self.speedup = mean
+            self.speedup_upper = mean + math.sqrt(var / n)
+        if self.speedup_upper > threshold:
             if probing:  # speculation stands anew: its AR cycle is measured again soon
                 self._recheck_interval = self.probe_every
             self._probe_interval = self.probe_every

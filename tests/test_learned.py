@@ -273,7 +273,7 @@ def test_learning_policy_needs_a_learned_cost_model() -> None:
 def test_wants_draft_probes_while_ar_is_faster() -> None:
     learner = LearnedCostModel(FlatPrior(), probe_every=4)
     assert learner.wants_draft(1)  # untried: speculate
-    learner.speedup = 0.5  # speculation measured slower than AR
+    learner.speedup = learner.speedup_upper = 0.5  # speculation measured slower than AR
     asked = [learner.wants_draft(1) for _ in range(3)]
     assert asked == [False, False, False]
     learner._since_draft = 3
@@ -443,7 +443,7 @@ def test_standing_ar_steps_reuse_one_choice_whose_cycle_stays_current() -> None:
     cycle is the learned AR cycle of that step; the choice object is reused while that cycle
     and the batch size stay the same, and replaced when either moves."""
     learner = LearnedCostModel(ContextPrior(), probe_every=10_000)
-    learner.speedup = 0.5  # AR measured faster: it stands
+    learner.speedup = learner.speedup_upper = 0.5  # AR measured faster: it stands
     policy = LearningPolicy()
     seen = []
     for step in range(48):
@@ -615,6 +615,27 @@ def test_a_drafted_step_is_paired_with_the_last_ar_cycles() -> None:
     assert learner._realised[-1] == pytest.approx(2 * 12 / 20, rel=1e-9)
 
 
+@pytest.mark.parametrize("noisy", [True, False])
+def test_ar_stands_only_on_evidence_one_standard_error_below_1(noisy: bool) -> None:
+    """Drafted steps realising 0.3 and 1.6 in turn (mean 0.95, standard error 0.17 over 16)
+    do not make AR stand: a skewed, noisy mean below 1 is no evidence that AR is faster.
+    Steady steps of the same mean do."""
+    learner = LearnedCostModel(FlatPrior(), probe_every=10_000)
+    _ar_steps(learner, 12, 10e-3)
+    for i in range(16):
+        if not noisy:
+            _drafted_steps(learner, 1, 2, 2 * 10e-3 / 0.95)
+        elif i % 2:
+            _drafted_steps(learner, 1, 4, 4 * 10e-3 / 1.6)
+        else:
+            _drafted_steps(learner, 1, 1, 10e-3 / 0.3)
+    assert learner.speedup == pytest.approx(0.95, rel=1e-9)
+    assert learner.wants_draft(1) == noisy
+    if noisy:
+        sd = float(np.std([0.3, 1.6] * 8, ddof=1))
+        assert learner.speedup_upper == pytest.approx(0.95 + sd / 4, rel=1e-9)
+
+
 @pytest.mark.parametrize(("cycle_ms", "rechecks"), [(18.0, True), (8.0, False)])
 def test_a_thin_margin_measures_ar_again_during_a_drafting_stretch(
     cycle_ms: float, rechecks: bool
@@ -651,7 +672,7 @@ def test_a_slow_spell_before_a_drafting_stretch_is_measured_again() -> None:
     assert asked == [False]  # re-measure, although 2.2 is far from thin
     assert _ar_steps(learner, 2, 10e-3) == [False, True]
     _drafted_steps(learner, 16, 1, 30e-3)  # now paired with 10 ms: 1/3 each
-    assert learner.speedup < 1
+    assert learner.speedup_upper < 1
     assert not learner.wants_draft(1)
 
 
