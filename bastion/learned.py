@@ -171,7 +171,8 @@ class LearnedCostModel:
         self._paired_ratio = math.nan  # the AR ratio the last drafted step was paired with
         self.startup_s = 0.0  # device seconds spent by calibrate_cycles
         self.speedup = math.inf  # mean realised speedup of recent drafted steps over AR (∞: too
-        # few of them yet); AR stands while its upper bound (+ one standard error) is ≤ 1
+        # few of them yet); AR stands while its upper bound (+ one standard error) is ≤ 1 +
+        # margin (the bound is the mean itself while the mean is above that)
         self.speedup_upper = math.inf
         self._since_draft = 0
         self._chain = [0.0, 0.0, 0.0]  # the chain's Σ realised τ, Σ Â, steps (forgotten)
@@ -688,12 +689,12 @@ class LearnedCostModel:
         self._reused = 0
 
     def wants_draft(self, batch_size: int) -> bool:
-        """Whether the next step should draft: yes while speculation has paid (or is untried),
-        but for an AR step every ``probe_every``-th drafted step while its margin over AR is
-        within :data:`RECHECK_WITHIN` (the interval doubling after each, up to 64 ×
-        ``probe_every``, until speculation stands anew); while AR has been faster, every
-        ``probe_every``-th step, the interval doubling after each probe that confirms it (up
-        to 64 × ``probe_every``)."""
+        """Whether the next step should draft: yes unless AR stands (:attr:`speedup_upper` ≤
+        1 + margin; untried speculation does not), but for an AR step every
+        ``probe_every``-th step since the last AR step while speculation's margin is within
+        :data:`RECHECK_WITHIN` (the interval doubling after each, up to 64 × ``probe_every``,
+        until speculation stands anew); while AR stands, every ``probe_every``-th step, the
+        interval doubling after each probe that confirms it (up to 64 × ``probe_every``)."""
         if self.always_draft:
             return True
         threshold = 1.0 + self.margin
@@ -818,10 +819,10 @@ class LearnedCostModel:
             self.speedup = self.speedup_upper = math.inf
         else:
             total = sum(recent)
-            mean = total / n
-            var = max(0.0, sum(map(operator.mul, recent, recent)) - total * mean) / max(n - 1, 1)
-            self.speedup = mean
-            self.speedup_upper = mean + math.sqrt(var / n)
+            self.speedup = self.speedup_upper = mean = total / n
+            if mean <= threshold:  # (above it, so is the bound: the spread is not needed)
+                sq = sum(map(operator.mul, recent, recent))
+                self.speedup_upper += math.sqrt(max(0.0, sq - total * mean) / max(n - 1, 1) / n)
         if self.speedup_upper > threshold:
             if probing:  # speculation stands anew: its AR cycle is measured again soon
                 self._recheck_interval = self.probe_every
