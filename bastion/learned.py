@@ -168,7 +168,8 @@ class LearnedCostModel:
         self._since_ar = 0  # drafted steps since the last AR step
         self._recheck_interval = probe_every  # … after which a thin margin measures AR again
         self._recheck_left = 0  # AR steps the current re-measurement still takes
-        self._paired_ratio = math.nan  # the AR ratio the last drafted step was paired with
+        # the AR ratio the last drafted step was paired with (NaN: the table's AR cycle)
+        self._paired_ratio = math.nan
         self.startup_s = 0.0  # device seconds spent by calibrate_cycles
         self.speedup = math.inf  # mean realised speedup of recent drafted steps over AR (∞: too
         # few of them yet); AR stands while its upper bound (+ one standard error) is ≤ 1 +
@@ -707,8 +708,11 @@ class LearnedCostModel:
             # the AR cycle this stretch's steps are paired with is as old as the stretch: if
             # the margin is thin, or would be at the table's AR cycle (the last AR steps may
             # have been a slow spell), measure it again
-            level = float(self.table.ratios("ar", batch_size)[0]) / self._paired_ratio
-            if self.speedup * min(1.0, level) > RECHECK_WITHIN * threshold:
+            paired = self._paired_ratio
+            level = 1.0
+            if paired == paired:  # (not NaN: paired with the last AR steps, not the table)
+                level = min(1.0, float(self.table.ratios("ar", batch_size)[0]) / paired)
+            if self.speedup * level > RECHECK_WITHIN * threshold:
                 return True
             self._recheck_interval = min(2 * self._recheck_interval, 64 * self.probe_every)
             self._recheck_left = AR_RECENT // 2  # this step and as many more
@@ -720,15 +724,14 @@ class LearnedCostModel:
         its contexts × the median ratio of the last AR steps of its batch bucket (the learned
         AR cycle before any)."""
         recent = self._ar_recent.get(batch_bucket(b))
-        ctx = np.asarray(contexts, dtype=np.int64)
         if not recent:
-            self._paired_ratio = float(self.table.ratios("ar", b)[0])
-            return self.mode_cycle("ar", ctx, 0)
+            self._paired_ratio = math.nan  # the table's own
+            return self.mode_cycle("ar", contexts, 0)
         ordered = sorted(recent)
         half = len(ordered) // 2
         ratio = ordered[half] if len(ordered) % 2 else 0.5 * (ordered[half - 1] + ordered[half])
         self._paired_ratio = ratio
-        return self._ar_prior(ctx) * ratio
+        return self._ar_prior(np.asarray(contexts, dtype=np.int64)) * ratio
 
     def observe_cycle(
         self, kind: CycleKind, contexts: IntArray, sizes: IntArray, cycle_s: float
