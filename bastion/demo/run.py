@@ -112,7 +112,6 @@ def _learns(policy: str) -> bool:
     return bool(getattr(make_policy(policy), "learns", False))
 
 
-@public(path=readable_file)
 def _joined(parts: Sequence[Any]) -> Any:
     """One timed run made of the single runs of consecutive batches of its prompts: walls and
     tokens add up; the TPOT is the mean over every request, as for a run in one piece."""
@@ -127,6 +126,7 @@ def _joined(parts: Sequence[Any]) -> Any:
     )
 
 
+@public(path=readable_file)
 def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
     if not path.exists():
         raise ConfigError(f"{path} is missing; the demo models are not installed")
