@@ -600,6 +600,14 @@ def _guarded(
     lengths: tuple[str, ...],
     broadcast: tuple[str, ...] = (),
 ) -> Callable[..., Any]:
+    code = getattr(fn, "__code__", None)
+    if code is not None and not code.co_flags & inspect.CO_VARKEYWORDS:
+        # a rule for a parameter the function does not have is the decorator's mistake (it
+        # would check nothing): refused when the module is imported, from the code object
+        params = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+        unknown = (set(rules) | own | set(lengths) | set(broadcast)) - params
+        if unknown:
+            raise ArgumentError(f"public({where}): no parameter {', '.join(sorted(unknown))}")
     plan: list[Any] = []
 
     @functools.wraps(fn)

@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bastion.errors import BastionError
-from bastion.guard import public_surface
+from bastion.guard import integer, public, public_surface, readable_file
 from tests.guards import hang_guard
 
 CALL_GUARD_S = 20  # one call; a refusal takes milliseconds
@@ -207,6 +207,25 @@ def test_public_callable_refuses_junk_with_project_errors(
         only_project_errors(name, fn, *call)
 
     run()
+
+
+def test_a_rule_for_a_missing_parameter_is_refused_when_decorating() -> None:
+    """A rule naming a parameter the function lacks (it would check nothing: a decorator left
+    on the wrong function) is refused at decoration; the same rule on the function that has the
+    parameter is taken."""
+    from bastion.errors import ArgumentError
+
+    def joined(parts: list[int]) -> int:
+        return len(parts)
+
+    def load(path: Path) -> str:
+        return str(path)
+
+    for bad in (public(path=readable_file), public(own=("path",)), public(lengths=("a", "b"))):
+        with pytest.raises(ArgumentError, match="no parameter"):
+            bad(joined)
+    assert public(path=readable_file)(load)(Path(__file__)) == __file__
+    assert public(parts=integer(0, 9))(joined)  # a rule for a parameter it has is taken
 
 
 def test_the_surface_is_found() -> None:
