@@ -95,6 +95,13 @@ def batch_bucket(batch_size: int) -> int:
     return min(10, round(math.log2(batch_size)))
 
 
+def small_median(values: list[float]) -> float:
+    """The median of a few floats (a ring of ratios; a hot path, so no numpy)."""
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    return ordered[half] if len(ordered) % 2 else 0.5 * (ordered[half - 1] + ordered[half])
+
+
 @public(error=BudgetError, window=integer(1, 1000))
 class CycleTable:
     """Measured/predicted cycle ratios per (kind, batch bucket, lattice cell), robust to noise.
@@ -129,10 +136,7 @@ class CycleTable:
         seen = int(count[b, cell])
         ring[seen % self.window] = ratio
         count[b, cell] = seen + 1
-        vals = sorted(ring[: min(seen + 1, self.window)].tolist())
-        half = len(vals) // 2
-        median = vals[half] if len(vals) % 2 else 0.5 * (vals[half - 1] + vals[half])
-        self._median[kind][b, cell] = median
+        self._median[kind][b, cell] = small_median(ring[: min(seen + 1, self.window)].tolist())
         self._kind_version[kind] += 1
         self.version += 1
         if (kind, b) not in self._first:  # a bucket's first measurement is seen at once

@@ -55,6 +55,7 @@ from bastion.cycles import (
     CycleTable,
     batch_bucket,
     lattice_index,
+    small_median,
     token_lattice,
 )
 from bastion.errors import BudgetError, CostModelError
@@ -168,8 +169,6 @@ class LearnedCostModel:
         self._since_ar = 0  # drafted steps since the last AR step
         self._recheck_interval = probe_every  # … after which a thin margin measures AR again
         self._recheck_left = 0  # AR steps the current re-measurement still takes
-        # the AR ratio the last drafted step was paired with (NaN: the table's AR cycle)
-        self._paired_ratio = math.nan
         self.startup_s = 0.0  # device seconds spent by calibrate_cycles
         self.speedup = math.inf  # mean realised speedup of recent drafted steps over AR (∞: too
         # few of them yet); AR stands while its upper bound (+ one standard error) is ≤ 1 +
@@ -708,9 +707,10 @@ class LearnedCostModel:
             # the AR cycle this stretch's steps are paired with is as old as the stretch: if
             # the margin is thin, or would be at the table's AR cycle (the last AR steps may
             # have been a slow spell), measure it again
-            paired = self._paired_ratio
+            # (no AR step since the stretch began: the ratio its steps were paired with)
+            paired = self._recent_ar_ratio(batch_size)
             level = 1.0
-            if paired == paired:  # (not NaN: paired with the last AR steps, not the table)
+            if paired is not None:  # paired with the last AR steps, not the table
                 level = min(1.0, float(self.table.ratios("ar", batch_size)[0]) / paired)
             if self.speedup * level > RECHECK_WITHIN * threshold:
                 return True
@@ -719,18 +719,19 @@ class LearnedCostModel:
             return False
         return self._since_draft + 1 >= self._probe_interval
 
+    def _recent_ar_ratio(self, b: int) -> float | None:
+        """The median measured/prior ratio of the last AR steps of ``b``'s batch bucket, or None
+        before any."""
+        recent = self._ar_recent.get(batch_bucket(b))
+        return small_median(recent) if recent else None
+
     def _ar_paired(self, contexts: IntArray, b: int) -> float:
         """The AR cycle a drafted step of ``b`` requests is paired with: the prior's AR cycle at
         its contexts × the median ratio of the last AR steps of its batch bucket (the learned
         AR cycle before any)."""
-        recent = self._ar_recent.get(batch_bucket(b))
-        if not recent:
-            self._paired_ratio = math.nan  # the table's own
+        ratio = self._recent_ar_ratio(b)
+        if ratio is None:
             return self.mode_cycle("ar", contexts, 0)
-        ordered = sorted(recent)
-        half = len(ordered) // 2
-        ratio = ordered[half] if len(ordered) % 2 else 0.5 * (ordered[half - 1] + ordered[half])
-        self._paired_ratio = ratio
         return self._ar_prior(np.asarray(contexts, dtype=np.int64)) * ratio
 
     def observe_cycle(
