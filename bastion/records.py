@@ -133,10 +133,17 @@ FIELDS: dict[str, Field] = {
     "ttft_mean_s": Field(_S, _N, "mean TTFT over requests"),
     "ttft_p50_s": Field(_S, _N, "median TTFT over requests"),
     "ttft_p99_s": Field(_S, _N, "99th-percentile TTFT over requests"),
-    "tpot_p50_s": Field(_S, _N, "median TPOT over requests with output_len > 1"),
-    "tpot_p99_s": Field(_S, _N, "99th-percentile TPOT over requests with output_len > 1"),
+    "tpot_p50_s": Field(
+        _S, _N, "median TPOT over requests with output_len > 1 (real backend: of every timed run)"
+    ),
+    "tpot_p99_s": Field(
+        _S, _N, "99th-percentile TPOT over requests with output_len > 1 (real: every timed run)"
+    ),
     "tpot_min_s": Field(_S, _N, "real backend: the least tpot_s of the timed runs"),
     "tpot_max_s": Field(_S, _N, "real backend: the largest tpot_s of the timed runs"),
+    "tpot_runs_s": Field(
+        _S, "array", "real backend: every timed run's mean TPOT over its requests, in order", _N
+    ),
     "e2e_mean_s": Field(_S, _N, "mean end-to-end latency over requests"),
     "e2e_p50_s": Field(_S, _N, "median end-to-end latency over requests"),
     "e2e_p99_s": Field(_S, _N, "99th-percentile end-to-end latency over requests"),

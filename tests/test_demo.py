@@ -251,47 +251,36 @@ def test_shipped_drafter_matches_the_format(tmp_path: Path) -> None:
     assert (DRAFTER_DIR / "model.safetensors").exists()
 
 
-def test_demo_times_the_repeats_in_rounds_over_the_policies(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """With ``repeats`` > 1 each policy's first timed run follows its warm-up, and in the other
-    rounds the policies take turns prompt batch by prompt batch, the order reversed at every
-    turn (so the machine's drift reaches every policy alike); such a round counts as one run
-    whose TPOT is the mean over its requests, and every run counts in the policy's TPOT."""
-    import bastion.backends.torch as backend
+def test_demo_times_the_policies_in_lockstep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """All policies of a batch size decode in one lockstep call (warm-ups and repeats passed
+    on, each policy its own drafter), and a row's TPOT is the median of its runs' TPOTs, all
+    of which it lists."""
+    import bastion.backends.torch.lockstep as lockstep
 
-    calls: list[tuple[str, int, int]] = []
-    first: dict[str, object] = {}
-    parts: dict[str, list[object]] = {}
-    real = backend.generate_batch
+    calls: list[tuple[list[str], int, int, int]] = []
+    real = lockstep.generate_lockstep
 
-    def spy(target, drafter, policy, prompts, *args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append((policy, kwargs.get("warmup", 0), len(prompts)))
-        report = real(target, drafter, policy, prompts, *args, **kwargs)
-        if policy in first:
-            parts.setdefault(policy, []).append(report)
-        first.setdefault(policy, report)
-        return report
+    def spy(target, contenders, prompts, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(
+            (
+                [c.policy for c in contenders],
+                kwargs["batch_size"],
+                kwargs["repeats"],
+                kwargs["warmup"],
+            )
+        )
+        drafters = [id(c.drafter) for c in contenders if c.drafter is not None]
+        assert len(set(drafters)) == len(drafters) == len(contenders) - 1  # all but AR's
+        return real(target, contenders, prompts, **kwargs)
 
-    monkeypatch.setattr(backend, "generate_batch", spy)
+    monkeypatch.setattr(lockstep, "generate_lockstep", spy)
+    policies = ("ar", "chain", "fixed:16")
     result = run_demo(
-        load_prompts()[:2], 6, ("ar", "chain", "fixed:16"), calibrate=False, repeats=3, warmup=1
+        load_prompts()[:2], 6, policies, calibrate=False, repeats=3, warmup=1, batch_sizes=(1, 2)
     )
-    assert calls == [
-        ("ar", 1, 2), ("chain", 1, 2), ("fixed:16", 1, 2),  # first runs, after a warm-up each
-        ("fixed:16", 0, 1), ("chain", 0, 1), ("ar", 0, 1),  # round 2, prompt 1: reversed
-        ("ar", 0, 1), ("chain", 0, 1), ("fixed:16", 0, 1),  # round 2, prompt 2
-        ("fixed:16", 0, 1), ("chain", 0, 1), ("ar", 0, 1),  # round 3, prompt 1
-        ("ar", 0, 1), ("chain", 0, 1), ("fixed:16", 0, 1),  # round 3, prompt 2
-    ]  # fmt: skip
+    assert calls == [(list(policies), 1, 3, 1), (list(policies), 2, 3, 1)]
     assert result.identical
     for row in result.rows:
-        runs = first[row.policy].runs  # type: ignore[attr-defined]
-        pieces = [p.runs[0] for p in parts[row.policy]]  # type: ignore[attr-defined]
-        for joined, (a, b) in zip(
-            runs[1:], zip(pieces[::2], pieces[1::2], strict=True), strict=True
-        ):
-            assert joined.tpot_s == pytest.approx((a.tpot_s + b.tpot_s) / 2, rel=1e-12)
-            assert joined.output_tokens == a.output_tokens + b.output_tokens
-            assert joined.wall_s == pytest.approx(a.wall_s + b.wall_s, rel=1e-12)
-        assert len(runs) == 3 and row.tpot_s == sorted(r.tpot_s for r in runs)[1]
+        assert len(row.tpot_runs_s) == 3
+        assert row.tpot_s == sorted(row.tpot_runs_s)[1]
+        assert row.tpot_min_s == min(row.tpot_runs_s) and row.tpot_max_s == max(row.tpot_runs_s)

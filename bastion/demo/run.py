@@ -6,7 +6,8 @@ best-first and Bastion's adaptive controller through the one engine step, at eac
 asked for (continuous batching: all prompts, B at a time); checks that every policy's output at
 every batch size equals AR's at the first (losslessness, T = 0); and reports τ, mean tree size,
 time per output token (median and spread over ``repeats`` timed runs, after ``warmup``
-untimed ones), throughput, and the cost model's predicted cycle time next to the measured one.
+untimed ones, every policy's runs in lockstep with the others'), throughput, and the cost
+model's predicted cycle time next to the measured one.
 The adaptive policy's cost model is calibrated on this CPU first (``bastion calibrate
 --target``, cached) and its T_draft fitted to the drafter's measured batched pass (cached too);
 the calibration's RMSE before/after is reported.
@@ -49,11 +50,13 @@ class PolicyRow:
     tau: float  # committed tokens per step, bonus included, macro-averaged over prompts
     mean_tree_size: float
     tpot_s: float  # median over timed runs of the requests' mean time per output token
-    speedup: float  # AR's TPOT at the same batch size / this policy's
+    # AR's median TPOT over requests (tpot_p50_s) at the same batch size / this policy's
+    speedup: float
     steps: int  # batched steps of one run
     batch_size: int = 1
     tpot_min_s: float = float("nan")  # spread of tpot_s over the timed runs
     tpot_max_s: float = float("nan")
+    tpot_runs_s: tuple[float, ...] = ()  # every timed run's TPOT, in order (the first first)
     throughput_tok_s: float = float("nan")  # median over timed runs, prefills included
     # mean Ĉ of the steps taken: the learning controller's own prediction for its choice, the
     # cost model's price of the step (AR steps without a draft pass) for any other policy
@@ -95,6 +98,8 @@ class DemoResult:
     acceptance: dict[str, list[list[int]]] = field(default_factory=dict)  # likewise
     calibration: dict[str, float] = field(default_factory=dict)
     batched_outputs: dict[int, dict[str, list[list[int]]]] = field(default_factory=dict)
+    # batch size → policy → every timed run's per-request TPOTs (prompt order)
+    request_tpots: dict[int, dict[str, list[tuple[float, ...]]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -110,20 +115,6 @@ def _learns(policy: str) -> bool:
     from bastion.policies import make_policy
 
     return bool(getattr(make_policy(policy), "learns", False))
-
-
-def _joined(parts: Sequence[Any]) -> Any:
-    """One timed run made of the single runs of consecutive batches of its prompts: walls and
-    tokens add up; the TPOT is the mean over every request, as for a run in one piece."""
-    from bastion.backends.torch.runner import RunTiming
-
-    runs = [part.runs[0] for part in parts]
-    requests = [len(part.records) for part in parts]
-    return RunTiming(
-        sum(run.wall_s for run in runs),
-        sum(run.output_tokens for run in runs),
-        sum(run.tpot_s * n for run, n in zip(runs, requests, strict=True)) / sum(requests),
-    )
 
 
 @public(path=readable_file)
@@ -152,19 +143,20 @@ def run_demo(
 ) -> DemoResult:
     """Decode ``prompts`` with every policy at every batch size; compare; summarise. Needs torch.
 
-    Each policy's first timed run follows its warm-up; the other ``repeats − 1`` timed runs go
-    in rounds, and within a round the policies take turns batch by batch (``b`` prompts at a
-    time, the order reversed at every turn), so the machine's drift, seconds long on a shared
-    CPU, reaches every policy's runs alike instead of one policy's whole run. A run's TPOT is
-    the mean over its requests, as for a run in one piece. A learning controller keeps one
-    learner over its runs.
+    The policies decode in lockstep (:func:`~bastion.backends.torch.lockstep.generate_lockstep`):
+    after every policy's ``warmup`` untimed runs, their ``repeats`` timed runs go on together,
+    step by step, the next step to the policy whose own clock is furthest behind, each policy
+    timed on a clock that runs only during its own steps. The machine's drift, 10–20 % over
+    seconds on a shared CPU, so reaches every policy alike, instead of one policy's whole run.
+    A learning controller keeps one learner over its warm-up and runs at each batch size.
 
     Traces (``record_dir``) are recorded at the first batch size, for every policy but AR and
     the learning controller (a trace needs a draft at every step, which it may skip)."""
     from transformers import AutoTokenizer
 
-    from bastion.backends.torch import DFlashDrafter, generate_batch, load_target
+    from bastion.backends.torch import DFlashDrafter, load_target
     from bastion.backends.torch.calibrate import calibrate_drafter, calibrate_target
+    from bastion.backends.torch.lockstep import Contender, generate_lockstep
     from bastion.backends.torch.timing import with_draft_timing
     from bastion.cost.costmodel import RooflineCostModel
 
@@ -222,31 +214,32 @@ def run_demo(
 
     eos = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # type: ignore[arg-type]
     batched: dict[int, dict[str, list[list[int]]]] = {}
+    request_tpots: dict[int, dict[str, list[tuple[float, ...]]]] = {}
     acceptance: dict[str, list[list[int]]] = {}
     rows = []
     repeated = True  # every timed run of a policy decoded what its first did
-
-    def decode(name: str, b: int, model: Any, part: Any = None, **options: Any) -> Any:
-        """One generate_batch run of policy ``name`` on the prompts (or ``part`` of them) at
-        batch ``b``."""
-        return generate_batch(
-            target,
-            drafter if name != "ar" else None,
-            name,
-            prompt_ids if part is None else part,
-            batch_size=b,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos,
-            cost_model=model,
-            **options,
-        )
-
+    # each contender its own drafter (a drafter keeps per-request state)
+    drafters = {
+        name: None if name == "ar" else DFlashDrafter.from_pretrained(drafter_dir, target)
+        for name in policies
+    }
     for b_i, b in enumerate(batch_sizes):
-        reports: dict[str, Any] = {}
-        models: dict[str, Any] = {}
+        # a learner: its own copy of the start-up table, kept over its warm-up and runs
+        models = {
+            name: learned.copy()
+            if learned is not None and _learns(name)
+            else cost_model
+            if name.startswith("bastion")
+            else None
+            for name in policies
+        }
+        if progress:
+            progress(
+                f"decoding with {', '.join(policies)} at batch {b}, in lockstep "
+                f"({warmup} warm-up and {repeats} timed run(s) each)"
+            )
+        contenders = []
         for name in policies:
-            if progress:
-                progress(f"decoding with {name} at batch {b}")
             traces = None
             # AR drafts nothing; the learning controller would have to draft every step
             if record_dir is not None and name != "ar" and not _learns(name) and b_i == 0:
@@ -255,61 +248,57 @@ def run_demo(
                     record_dir / f"{name.replace(':', '-')}-{i}.json"
                     for i in range(len(prompt_ids))
                 ]
-            models[name] = (
-                learned.copy()
-                if learned is not None and _learns(name)
-                else cost_model
-                if name.startswith("bastion")
-                else None
+            contenders.append(
+                Contender(
+                    name,
+                    drafters[name],
+                    models[name],
+                    predict_cycles=cost_model,
+                    record_traces=traces,
+                    trace_metadata={"target": "bastion-demo"},
+                    dense_trace=traces is not None,
+                )
             )
-            reports[name] = decode(
-                name,
-                b,
-                models[name],
-                predict_cycles=cost_model,
-                record_traces=traces,
-                trace_metadata={"target": "bastion-demo"},
-                dense_trace=traces is not None,
-                warmup=warmup,
+        reports = dict(
+            zip(
+                policies,
+                generate_lockstep(
+                    target,
+                    contenders,
+                    prompt_ids,
+                    batch_size=b,
+                    max_new_tokens=max_new_tokens,
+                    eos_token_id=eos,
+                    repeats=repeats,
+                    warmup=warmup,
+                ),
+                strict=True,
             )
-        # the other timed runs in rounds; within a round the policies take turns batch by
-        # batch (the order reversed at every turn), so that a slow spell of the machine spreads
-        # over every policy instead of slowing one policy's whole run
-        chunks = [prompt_ids[i : i + b] for i in range(0, len(prompt_ids), b)]
-        turn = 0
-        for r in range(1, repeats):
-            if progress:
-                progress(f"timed run {r + 1} of {repeats} at batch {b}, policies taking turns")
-            parts: dict[str, list[Any]] = {name: [] for name in policies}
-            for chunk in chunks:
-                for name in policies if turn % 2 else policies[::-1]:
-                    # a learner keeps learning, as in one session
-                    parts[name].append(decode(name, b, models[name], chunk))
-                turn += 1
-            for name in policies:
-                reports[name].runs.append(_joined(parts[name]))
-                outputs = [list(x.output_ids) for part in parts[name] for x in part.records]
-                repeated &= outputs == [list(x.output_ids) for x in reports[name].records]
-        ar_tpot = reports["ar"].tpot_s if "ar" in reports else float("nan")
+        )
+        repeated &= all(report.repeats_agree for report in reports.values())
+        nan = float("nan")
+        ar_tpot = reports["ar"].latency()["tpot_p50_s"] if "ar" in reports else nan
         for name in policies:
             report = reports[name]
             batched.setdefault(b, {})[name] = [list(r.output_ids) for r in report.records]
+            request_tpots.setdefault(b, {})[name] = [run.request_tpots for run in report.runs]
             if b_i == 0:
                 acceptance[name] = [list(r.committed_per_step) for r in report.records]
             tpot: dict[str, float] = report.to_dict()["repeats"]["tpot_s"]
             cycle = report.cycle
-            nan = float("nan")
+            latency: dict[str, Any] = report.latency()
             rows.append(
                 PolicyRow(
                     policy=name,
                     tau=float(np.mean([r.tau for r in report.records])),
                     mean_tree_size=float(np.mean([r.mean_tree_size for r in report.records])),
                     tpot_s=tpot["median"],
-                    speedup=ar_tpot / tpot["median"] if tpot["median"] > 0 else nan,
+                    speedup=ar_tpot / latency["tpot_p50_s"] if latency["tpot_p50_s"] else nan,
                     steps=report.steps,
                     batch_size=b,
                     tpot_min_s=tpot["min"],
                     tpot_max_s=tpot["max"],
+                    tpot_runs_s=tuple(run.tpot_s for run in report.runs),
                     throughput_tok_s=report.throughput_tok_s,
                     cycle_predicted_s=cycle.get("predicted_s", nan),
                     cycle_observed_s=cycle.get("measured_s", nan),
@@ -317,11 +306,11 @@ def run_demo(
                     measured_draft_s=cycle.get("measured_draft_s", nan),
                     policy_spec=report.policy_spec,
                     tokens=report.tokens,
-                    **report.latency(),  # floats, by name
+                    **latency,  # floats, by name
                     **report.acceptance(),
                 )
             )
     first = batched[batch_sizes[0]]
     reference = first[policies[0]]
     identical = repeated and all(out[p] == reference for out in batched.values() for p in policies)
-    return DemoResult(rows, identical, dict(first), acceptance, calibration, batched)
+    return DemoResult(rows, identical, dict(first), acceptance, calibration, batched, request_tpots)

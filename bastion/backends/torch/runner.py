@@ -28,10 +28,10 @@ import os
 import statistics
 import warnings
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -73,6 +73,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 WARMUP_TOKENS = 8  # new tokens per request of a warm-up run
+_T = TypeVar("_T")
 
 
 @public
@@ -222,6 +223,7 @@ class RunTiming:
     wall_s: float  # first submission to last token, prefills included
     output_tokens: int
     tpot_s: float  # mean over requests of their time per output token
+    request_tpots: tuple[float, ...] = ()  # each request's, prompt order (0.0: one token)
 
     @property
     def throughput_tok_s(self) -> float:
@@ -259,6 +261,7 @@ class BatchGenerationReport:
     # batch, with its T_draft and T_verify parts next to the measured draft and verify times.
 
     policy_spec: str = ""  # the spec the policy was made from
+    repeats_agree: bool = True  # every timed run decoded what the first did
 
     @property
     def tokens(self) -> int:
@@ -299,9 +302,12 @@ class BatchGenerationReport:
         )
 
     def latency(self) -> dict[str, float]:
-        """Mean and p50 / p99 of TTFT, TPOT and end-to-end over the requests (first run)."""
+        """Mean and p50 / p99 of TTFT and end-to-end over the requests of the first timed run,
+        p50 / p99 of TPOT over the requests of every timed run (pooled: a stall of the machine,
+        hundreds of ms on a shared CPU, moves one request's TPOT, not the median)."""
         ttft = [r.ttft_s for r in self.records]
-        tpot = [r.tpot_s for r in self.records if r.output_len > 1]
+        pooled = [t for run in self.runs for t in run.request_tpots if t > 0]
+        tpot = pooled or [r.tpot_s for r in self.records if r.output_len > 1]
         e2e = [r.e2e_s for r in self.records]
         out = {"ttft_mean_s": float(np.mean(ttft)), "e2e_mean_s": float(np.mean(e2e))}
         for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)):
@@ -481,6 +487,32 @@ def _run(
     clock: Clock,
 ) -> _Run:
     """Decode every prompt, at most ``batch_size`` at a time, one ``engine.step`` per step."""
+    return _finish(
+        _decoding(engine, verifier, drafter, prompts, batch_size, max_new_tokens, eos, clock)
+    )
+
+
+def _finish(decoding: Generator[Any, None, _T]) -> _T:
+    """Run a generator (a decoding, a session) to its end; its return value."""
+    while True:
+        try:
+            next(decoding)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+
+def _decoding(
+    engine: SpecEngine,
+    verifier: TorchVerifier,
+    drafter: object,
+    prompts: Sequence[Sequence[int]],
+    batch_size: int,
+    max_new_tokens: int,
+    eos: frozenset[int],
+    clock: Clock,
+) -> Generator[None, None, _Run]:
+    """:func:`_run` one step at a time: yields after every step (the caller may run others'
+    steps in between: :mod:`.lockstep`), returns the run."""
     for part in (verifier, drafter):
         release_all = getattr(part, "release_all", None)
         if release_all is not None:
@@ -577,6 +609,7 @@ def _run(
             else:
                 still.append(live)
         active = still
+        yield
     wall = clock() - start
     return _Run([finished[i] for i in range(len(prompts))], wall, steps, step_sizes, stages, cycles)
 
@@ -673,6 +706,58 @@ def generate_batch(
     ``policy_spec`` is the spec the records name (default: ``policy`` when it is a string, else
     :func:`~bastion.policies.policy_label` of the object).
     """
+    device = next(target.parameters()).device
+    return _finish(
+        _session(
+            target,
+            drafter,
+            policy,
+            prompts,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            seed=seed,
+            eos_token_id=eos_token_id,
+            cost_model=cost_model,
+            record_traces=record_traces,
+            trace_metadata=trace_metadata,
+            dense_trace=dense_trace,
+            verifier=verifier,
+            repeats=repeats,
+            warmup=warmup,
+            predict_cycles=predict_cycles,
+            policy_spec=policy_spec,
+            clock=device_clock(device),
+        )
+    )
+
+
+def _session(
+    target: Any,
+    drafter: Drafter | BatchDrafter | None,
+    policy: str | TreePolicy,
+    prompts: Sequence[Sequence[int]],
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    sampling: SamplingParams | None,
+    seed: int,
+    eos_token_id: int | Sequence[int] | None,
+    cost_model: CostModel | None,
+    record_traces: Sequence[str | os.PathLike[str]] | None,
+    trace_metadata: Mapping[str, Any] | None,
+    dense_trace: bool,
+    verifier: TorchVerifier | None,
+    repeats: int,
+    warmup: int,
+    predict_cycles: CostModel | None,
+    policy_spec: str | None,
+    clock: Clock,
+) -> Generator[bool, None, BatchGenerationReport]:
+    """:func:`generate_batch` as a generator: checks and sets up (raising before the first
+    yield), runs the warm-ups, yields ``True`` once timing begins and ``False`` after every
+    timed step (so that :mod:`.lockstep` can run other sessions' steps in between), and
+    returns the report."""
     pol = make_policy(policy)  # a spec string (built-in or plug-in) or a policy object
     is_ar = not getattr(pol, "uses_drafter", True)
     if drafter is None and not is_ar:
@@ -710,7 +795,6 @@ def generate_batch(
             cost_model = LearnedCostModel(cost_model)
         if record_traces is not None:  # a trace holds the drafter's view of every step
             cost_model.always_draft = True
-    clock = device_clock(device)
     rng_state = verifier.generator.get_state()
     for _ in range(warmup):
         engine = SpecEngine(used, pol, verifier, cost_model, clock)
@@ -727,25 +811,38 @@ def generate_batch(
         )
     runs: list[_Run] = []
     recorder = _RecordingDrafter(used) if record_traces is not None else None
+    yield True  # timing begins
     for r in range(repeats):
         verifier.generator.set_state(rng_state)
         part = recorder if (recorder is not None and r == 0) else used
         engine = SpecEngine(part, pol, verifier, cost_model, clock)
-        runs.append(_run(engine, verifier, used, prompts, batch_size, max_new_tokens, eos, clock))
+        decoding = _decoding(
+            engine, verifier, used, prompts, batch_size, max_new_tokens, eos, clock
+        )
+        while True:
+            try:
+                next(decoding)
+            except StopIteration as stop:
+                runs.append(stop.value)
+                break
+            yield False
     first_run = runs[0]
-    for other in runs[1:]:
-        if [x.out for x in other.lives] != [x.out for x in first_run.lives]:
-            log.warning("repeats of the same seeded run produced different outputs")
-            break
+    agree = all(
+        [x.out for x in other.lives] == [x.out for x in first_run.lives] for other in runs[1:]
+    )
+    if not agree:
+        log.warning("repeats of the same seeded run produced different outputs")
     spec = policy_spec or (policy if isinstance(policy, str) else policy_label(pol))
     records = [_report(x, pol.name, spec, len(prompts[x.index])) for x in first_run.lives]
     timings = [
         RunTiming(
             run.wall_s,
             sum(len(x.out) for x in run.lives),
-            float(np.mean([_tpot(x) for x in run.lives])),
+            float(np.mean(tpots)),
+            tuple(tpots),
         )
         for run in runs
+        for tpots in [[_tpot(x) for x in run.lives]]
     ]
     pricer = cost_model if cost_model is not None else predict_cycles
     report = BatchGenerationReport(
@@ -759,6 +856,7 @@ def generate_batch(
         cycle=_cycle_report(pricer, first_run.cycles, not is_ar),
         warmup=warmup,
         policy_spec=spec,
+        repeats_agree=agree,
     )
     if recorder is not None and record_traces is not None:
         _write_traces(

@@ -1,0 +1,170 @@
+"""Several policies decoding the same prompts in lockstep: a fair timing on a drifting machine.
+
+A shared CPU's speed drifts by 10–20 % over seconds, so policies timed one after another, or even
+in turns prompt by prompt, are compared partly on the drift: two halves of one AR decoding of the
+demo target, alternating every 768 steps, differ by 6 % (standard deviation of their ratio over
+windows of 1536 steps), every 96 steps by 2 %, every step by 0.3 % (this repository's CPU machine;
+``benchmarks/bench_lockstep_noise.py``).
+
+:func:`generate_lockstep` therefore runs every contender's session (:func:`.generate_batch`'s
+set-up, warm-up and timed runs) one step at a time: the next step goes to the contender whose own
+clock is furthest behind, and each contender's clock (:class:`TurnClock`) runs only during its own
+steps. Every contender's runs thus meet the same spells of the machine, each is timed as if it ran
+alone, and a contender that finishes its runs early leaves the others to the end alone only for
+the difference of their times. What it does not do: share a drafter between contenders (each needs
+its own instance: a drafter keeps per-request state) or interleave the warm-ups (untimed).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from bastion.errors import ArgumentError, BudgetError
+from bastion.guard import integer, public
+from bastion.interfaces import BatchDrafter, CostModel, Drafter, TreePolicy
+
+from .runner import BatchGenerationReport, _session
+from .sampling import SamplingParams
+from .timing import Clock, device_clock
+
+__all__ = ["Contender", "TurnClock", "generate_lockstep", "lockstep"]
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One policy of a lockstep run and what :func:`.generate_batch` takes for it."""
+
+    policy: str | TreePolicy
+    drafter: Drafter | BatchDrafter | None = None  # its own instance (None only for "ar")
+    cost_model: CostModel | None = None
+    predict_cycles: CostModel | None = None
+    record_traces: Sequence[str | os.PathLike[str]] | None = None
+    trace_metadata: Mapping[str, Any] | None = None
+    dense_trace: bool = False
+    policy_spec: str | None = None
+
+
+class TurnClock:
+    """A clock that runs only during its owner's turns (:meth:`resume` … :meth:`pause`): the
+    seconds of ``base`` spent in them, so that a run timed by it is timed as if alone."""
+
+    def __init__(self, base: Clock) -> None:
+        if not callable(base):
+            raise ArgumentError(f"TurnClock: base must be a clock (a callable); got {base!r}")
+        self._base = base
+        self.own = 0.0  # seconds of the turns so far
+        self._since: float | None = None  # base time the current turn began, None between
+
+    def resume(self) -> None:
+        self._since = self._base()
+
+    def pause(self) -> None:
+        if self._since is not None:
+            self.own += self._base() - self._since
+            self._since = None
+
+    def __call__(self) -> float:
+        return self.own + (0.0 if self._since is None else self._base() - self._since)
+
+
+def lockstep(
+    sessions: Sequence[Generator[bool, None, _T]], clocks: Sequence[TurnClock]
+) -> list[_T]:
+    """Drive generators that yield ``True`` once timing begins and ``False`` after every timed
+    step: first each to its ``True`` (one after another: the untimed part), then, with every
+    clock set to zero, step by step, always the one whose clock is lowest (ties: the first);
+    their return values in order. A generator that returns before its ``True`` is done."""
+    if not isinstance(sessions, Sequence) or not all(isinstance(g, Generator) for g in sessions):
+        raise ArgumentError("lockstep: sessions must be a sequence of generators")
+    if not isinstance(clocks, Sequence) or not all(isinstance(c, TurnClock) for c in clocks):
+        raise ArgumentError("lockstep: clocks must be a sequence of TurnClock")
+    if len(sessions) != len(clocks):
+        raise BudgetError(f"{len(sessions)} sessions for {len(clocks)} clocks; give one each")
+    results: dict[int, _T] = {}
+
+    def turn(i: int) -> bool:
+        """One turn of session ``i``; False once it has returned."""
+        clocks[i].resume()
+        try:
+            next(sessions[i])
+        except StopIteration as stop:
+            results[i] = stop.value
+            return False
+        finally:
+            clocks[i].pause()
+        return True
+
+    live = [i for i in range(len(sessions)) if turn(i)]
+    for clock in clocks:
+        clock.own = 0.0
+    while live:
+        i = min(live, key=lambda k: clocks[k].own)
+        if not turn(i):
+            live.remove(i)
+    return [results[i] for i in range(len(sessions))]
+
+
+@public(
+    batch_size=integer(1, 1 << 16),
+    max_new_tokens=integer(1, 1 << 20),
+    repeats=integer(1, 1000),
+    warmup=integer(0, 1000),
+)
+def generate_lockstep(
+    target: Any,
+    contenders: Sequence[Contender],
+    prompts: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 1,
+    max_new_tokens: int = 64,
+    sampling: SamplingParams | None = None,
+    seed: int = 0,
+    eos_token_id: int | Sequence[int] | None = -1,
+    repeats: int = 1,
+    warmup: int = 0,
+) -> list[BatchGenerationReport]:
+    """:func:`.generate_batch` for every contender on the same prompts, their timed runs in
+    lockstep (see the module): one report per contender, in order. Each contender's warm-ups
+    run before any timed step; run r of every contender goes on together."""
+    if not contenders:
+        raise BudgetError("no contenders: give at least one")
+    if not all(isinstance(c, Contender) for c in contenders):
+        raise BudgetError("contenders must be Contender(policy, drafter, …) instances")
+    drafters = [id(c.drafter) for c in contenders if c.drafter is not None]
+    if len(set(drafters)) != len(drafters):
+        raise BudgetError(
+            "two contenders share one drafter instance; give each its own (a drafter keeps "
+            "per-request state)"
+        )
+    base = device_clock(next(target.parameters()).device)
+    clocks = [TurnClock(base) for _ in contenders]
+    sessions = [
+        _session(
+            target,
+            c.drafter,
+            c.policy,
+            prompts,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            seed=seed,
+            eos_token_id=eos_token_id,
+            cost_model=c.cost_model,
+            record_traces=c.record_traces,
+            trace_metadata=c.trace_metadata,
+            dense_trace=c.dense_trace,
+            verifier=None,
+            repeats=repeats,
+            warmup=warmup,
+            predict_cycles=c.predict_cycles,
+            policy_spec=c.policy_spec,
+            clock=clock,
+        )
+        for c, clock in zip(contenders, clocks, strict=True)
+    ]
+    return lockstep(sessions, clocks)
