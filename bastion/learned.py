@@ -694,7 +694,8 @@ class LearnedCostModel:
         ``probe_every``-th step since the last AR step while speculation's margin is within
         :data:`RECHECK_WITHIN` (the interval doubling after each, up to 64 × ``probe_every``,
         until speculation stands anew); while AR stands, every ``probe_every``-th step, the
-        interval doubling after each probe that confirms it (up to 64 × ``probe_every``)."""
+        interval doubling after each probe that confirms it (up to 64 × ``probe_every``) and
+        halving after each that finds speculation faster (down to ``probe_every``)."""
         if self.always_draft:
             return True
         threshold = 1.0 + self.margin
@@ -832,8 +833,13 @@ class LearnedCostModel:
                 self._recheck_interval = self.probe_every
             self._probe_interval = self.probe_every
             return
-        if probing:  # a probe that found AR still faster: look again less often
-            self._probe_interval = min(2 * self._probe_interval, 64 * self.probe_every)
+        if probing:  # AR still stands: look again less often, or sooner when this probe
+            # found speculation faster (the machine may have changed: its evidence is then
+            # refreshed a probe at a time, every probe_every steps, not ever more rarely)
+            if realised > threshold:
+                self._probe_interval = max(self._probe_interval // 2, self.probe_every)
+            else:
+                self._probe_interval = min(2 * self._probe_interval, 64 * self.probe_every)
 
 
 MeasureFn = Callable[[CycleKind, IntArray, IntArray], float]

@@ -636,6 +636,32 @@ def test_ar_stands_only_on_evidence_one_standard_error_below_1(noisy: bool) -> N
         assert learner.speedup_upper == pytest.approx(0.95 + sd / 4, rel=1e-9)
 
 
+@pytest.mark.parametrize("busy", [True, False])
+def test_a_probe_that_finds_speculation_faster_looks_again_sooner(busy: bool) -> None:
+    """AR stands on evidence from a quiet machine (1 token in 20 ms against AR's 10 ms: 0.5).
+    The machine gets busy: AR steps take 20 ms, a drafted step 2 tokens in 30 ms (1.33× AR).
+    A probe that finds speculation faster halves the interval to the next one (one that
+    confirms AR doubles it), so speculation stands again within a few hundred steps, not
+    thousands. On a machine that stays quiet the probes confirm AR and grow apart."""
+    learner = LearnedCostModel(FlatPrior(), probe_every=16)
+    _ar_steps(learner, 12, 10e-3)
+    _drafted_steps(learner, 8, 1, 20e-3)  # evidence enough: AR stands
+    assert not learner.wants_draft(1)
+    ar_s, drafted = (20e-3, (2, 30e-3)) if busy else (10e-3, (1, 20e-3))
+    gaps: list[int] = []
+    ar_steps = 0
+    while len(gaps) < 12 and ar_steps < 5000:
+        ar_steps += 1
+        if _ar_steps(learner, 1, ar_s)[-1]:  # the next step probes
+            gaps.append(ar_steps - sum(gaps))
+            if _drafted_steps(learner, 1, *drafted)[-1] and busy:
+                break  # speculation stands again
+    if busy:
+        assert learner.speedup_upper > 1 and ar_steps < 300 and set(gaps) == {15}
+    else:
+        assert gaps[:5] == [15, 31, 63, 127, 255]  # AR steps between probes
+
+
 @pytest.mark.parametrize(("cycle_ms", "rechecks"), [(18.0, True), (8.0, False)])
 def test_a_thin_margin_measures_ar_again_during_a_drafting_stretch(
     cycle_ms: float, rechecks: bool
