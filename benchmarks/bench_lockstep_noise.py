@@ -9,7 +9,14 @@ alternating every g steps would suffer. g = the window is "one policy's whole ru
 other's"; g = 96 is "in turns, prompt by prompt" (96-token prompts); g = 1 is lockstep
 (:mod:`bastion.backends.torch.lockstep`).
 
-Run: ``python benchmarks/bench_lockstep_noise.py [--passes 40] [--window 768]``.
+Then (``--runs`` > 0) two identical AR contenders decode the demo's 8 held-out prompts × 96
+tokens in lockstep, ``--runs`` timed runs, and two statistics of their TPOT are compared on
+subsets of 9 runs (2000 seeded draws): the median over runs of each run's mean TPOT, and the
+median over every request of the runs. Again the two are the same policy: the spread of the
+ratio is what a comparison of two policies by that statistic suffers on this machine (a
+negative control for the demo's 3 % line).
+
+Run: ``python benchmarks/bench_lockstep_noise.py [--passes 40] [--window 768] [--runs 24]``.
 Never part of the tests.
 """
 
@@ -30,9 +37,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--passes", type=int, default=40, help="200-step decodes, one stream")
     parser.add_argument("--window", type=int, default=768, help="steps per policy and window")
+    parser.add_argument("--runs", type=int, default=24, help="lockstep runs of AR against AR")
     args = parser.parse_args()
-    if args.passes < 1 or args.window < 1:
-        parser.error("--passes and --window must be ≥ 1")
+    if args.passes < 1 or args.window < 1 or args.runs < 0:
+        parser.error("--passes and --window must be ≥ 1, --runs ≥ 0")
     if args.passes * 200 < 2 * args.window:
         parser.error("--passes × 200 steps must cover at least one window of each policy")
     target = load_target(TARGET_DIR, "cpu")
@@ -61,6 +69,46 @@ def main() -> None:
             ratios.append(seg[mine].mean() / seg[~mine].mean())
         r = np.asarray(ratios)
         print(f"| {g} | {r.size} | {r.std():.4f} | {np.abs(r - 1).max():.4f} |")
+    if args.runs:
+        _ar_against_ar(target, args.runs)
+
+
+def _ar_against_ar(target: torch.nn.Module, runs: int) -> None:
+    from transformers import AutoTokenizer
+
+    from bastion.backends.torch.lockstep import Contender, generate_lockstep
+    from bastion.demo.run import load_prompts
+
+    tok = AutoTokenizer.from_pretrained(TARGET_DIR)
+    prompts = [list(tok(t)["input_ids"]) for t in load_prompts()[:8]]
+    eos = int(tok.convert_tokens_to_ids("<|endoftext|>"))  # type: ignore[arg-type]
+    a, b = (
+        np.array([run.request_tpots for run in report.runs])
+        for report in generate_lockstep(
+            target,
+            [Contender("ar"), Contender("ar")],
+            prompts,
+            max_new_tokens=96,
+            eos_token_id=eos,
+            repeats=runs,
+            warmup=1,
+        )
+    )
+    rng = np.random.default_rng(0)
+    pick = min(9, runs)
+    print(f"\nAR against AR in lockstep, {runs} runs; ratio B/A on {pick}-run subsets:")
+    print("| statistic | std | 95th percentile of |1 − ratio| |")
+    print("|---|---:|---:|")
+    for name, stat in (
+        ("median over runs of the run's mean TPOT", lambda x: np.median(x.mean(axis=1))),
+        ("median over every request of the runs", np.median),
+    ):
+        ratios = []
+        for _ in range(2000):
+            k = rng.choice(runs, pick, replace=False)
+            ratios.append(stat(b[k]) / stat(a[k]))
+        r = np.asarray(ratios)
+        print(f"| {name} | {r.std():.4f} | {np.percentile(np.abs(r - 1), 95):.4f} |")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,22 @@
 """Several policies decoding the same prompts in lockstep: a fair timing on a drifting machine.
 
 A shared CPU's speed drifts by 10–20 % over seconds, so policies timed one after another, or even
-in turns prompt by prompt, are compared partly on the drift: two halves of one AR decoding of the
-demo target, alternating every 768 steps, differ by 6 % (standard deviation of their ratio over
-windows of 1536 steps), every 96 steps by 2 %, every step by 0.3 % (this repository's CPU machine;
-``benchmarks/bench_lockstep_noise.py``).
+in turns prompt by prompt, are compared partly on the drift. Two halves of one stream of AR
+steps of the demo target, dealt to two pretend policies in alternating blocks, differ (standard
+deviation of their ratio over windows of 768 steps each) by 12 % when the blocks are 768 steps
+(one policy's run, then the other's), 6 % at 96 steps (prompt by prompt), 0.2 % at every step
+(``benchmarks/bench_lockstep_noise.py``, this repository's CPU machine).
 
 :func:`generate_lockstep` therefore runs every contender's session (:func:`.generate_batch`'s
 set-up, warm-up and timed runs) one step at a time: the next step goes to the contender whose own
 clock is furthest behind, and each contender's clock (:class:`TurnClock`) runs only during its own
-steps. Every contender's runs thus meet the same spells of the machine, each is timed as if it ran
-alone, and a contender that finishes its runs early leaves the others to the end alone only for
-the difference of their times. What it does not do: share a drafter between contenders (each needs
-its own instance: a drafter keeps per-request state) or interleave the warm-ups (untimed).
+steps. Every contender's runs thus meet the same drift, each is timed as if it ran alone, and a
+contender that finishes its runs early leaves the others to go on alone only for the difference
+of their times. What lockstep cannot spread: a stall of the machine (hundreds of ms, a few per
+minute on a shared CPU) lands on one contender's step; a run's mean TPOT takes it whole, the
+median over requests (:meth:`.BatchGenerationReport.latency`) does not. What it does not do:
+share a drafter between contenders (each needs its own instance: a drafter keeps per-request
+state) or interleave the warm-ups (untimed).
 """
 
 from __future__ import annotations
