@@ -476,22 +476,6 @@ def _done(live: _Live, max_new_tokens: int, eos: frozenset[int]) -> bool:
     return len(live.out) >= max_new_tokens or (bool(live.out) and live.out[-1] in eos)
 
 
-def _run(
-    engine: SpecEngine,
-    verifier: TorchVerifier,
-    drafter: object,
-    prompts: Sequence[Sequence[int]],
-    batch_size: int,
-    max_new_tokens: int,
-    eos: frozenset[int],
-    clock: Clock,
-) -> _Run:
-    """Decode every prompt, at most ``batch_size`` at a time, one ``engine.step`` per step."""
-    return _finish(
-        _decoding(engine, verifier, drafter, prompts, batch_size, max_new_tokens, eos, clock)
-    )
-
-
 def _finish(decoding: Generator[Any, None, _T]) -> _T:
     """Run a generator (a decoding, a session) to its end; its return value."""
     while True:
@@ -511,8 +495,9 @@ def _decoding(
     eos: frozenset[int],
     clock: Clock,
 ) -> Generator[None, None, _Run]:
-    """:func:`_run` one step at a time: yields after every step (the caller may run others'
-    steps in between: :mod:`.lockstep`), returns the run."""
+    """Decode every prompt, at most ``batch_size`` at a time, one ``engine.step`` per step;
+    yields after every step (the caller may run others' steps in between: :mod:`.lockstep`;
+    :func:`_finish` runs it through) and returns the run."""
     for part in (verifier, drafter):
         release_all = getattr(part, "release_all", None)
         if release_all is not None:
@@ -799,16 +784,8 @@ def _session(
     for _ in range(warmup):
         engine = SpecEngine(used, pol, verifier, cost_model, clock)
         first = [list(p) for p in prompts[:batch_size]]
-        _run(
-            engine,
-            verifier,
-            used,
-            first,
-            batch_size,
-            min(WARMUP_TOKENS, max_new_tokens),
-            eos,
-            clock,
-        )
+        tokens = min(WARMUP_TOKENS, max_new_tokens)
+        _finish(_decoding(engine, verifier, used, first, batch_size, tokens, eos, clock))
     runs: list[_Run] = []
     recorder = _RecordingDrafter(used) if record_traces is not None else None
     yield True  # timing begins
