@@ -124,6 +124,7 @@ def test_lockstep_decodes_what_each_policy_decodes_alone(target) -> None:  # typ
         )
         for p in policies
     ]
+    heard: list[str] = []
     began = time.perf_counter()
     together = generate_lockstep(
         target,
@@ -134,8 +135,10 @@ def test_lockstep_decodes_what_each_policy_decodes_alone(target) -> None:  # typ
         eos_token_id=None,
         repeats=2,
         warmup=1,
+        progress=heard.append,
     )
     elapsed = time.perf_counter() - began
+    assert heard == [f"timed run {k} of 2 done by every policy" for k in (1, 2)]
     for a, t in zip(alone, together, strict=True):
         assert [r.output_ids for r in t.records] == [r.output_ids for r in a.records]
         assert [r.committed_per_step for r in t.records] == [

@@ -271,6 +271,7 @@ def run_demo(
                     eos_token_id=eos,
                     repeats=repeats,
                     warmup=warmup,
+                    progress=progress,
                 ),
                 strict=True,
             )

@@ -22,7 +22,7 @@ state) or interleave the warm-ups (untimed).
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -131,10 +131,12 @@ def generate_lockstep(
     eos_token_id: int | Sequence[int] | None = -1,
     repeats: int = 1,
     warmup: int = 0,
+    progress: Callable[[str], None] | None = None,
 ) -> list[BatchGenerationReport]:
     """:func:`.generate_batch` for every contender on the same prompts, their timed runs in
     lockstep (see the module): one report per contender, in order. Each contender's warm-ups
-    run before any timed step; run r of every contender goes on together."""
+    run before any timed step; run r of every contender goes on together. ``progress`` hears
+    each time every contender has finished one more timed run."""
     if not contenders:
         raise BudgetError("no contenders: give at least one")
     if not all(isinstance(c, Contender) for c in contenders):
@@ -147,6 +149,17 @@ def generate_lockstep(
         )
     base = device_clock(next(target.parameters()).device)
     clocks = [TurnClock(base) for _ in contenders]
+    done = [0] * len(contenders)  # timed runs finished, per contender
+
+    def finished(i: int) -> Callable[[int], None]:
+        def tell(runs: int) -> None:
+            before = min(done)
+            done[i] = runs
+            if progress is not None and min(done) > before:
+                progress(f"timed run {min(done)} of {repeats} done by every policy")
+
+        return tell
+
     sessions = [
         _session(
             target,
@@ -168,7 +181,8 @@ def generate_lockstep(
             predict_cycles=c.predict_cycles,
             policy_spec=c.policy_spec,
             clock=clock,
+            on_run=finished(i),
         )
-        for c, clock in zip(contenders, clocks, strict=True)
+        for i, (c, clock) in enumerate(zip(contenders, clocks, strict=True))
     ]
     return lockstep(sessions, clocks)

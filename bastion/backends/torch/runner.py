@@ -28,7 +28,7 @@ import os
 import statistics
 import warnings
 from collections import deque
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -738,11 +738,12 @@ def _session(
     predict_cycles: CostModel | None,
     policy_spec: str | None,
     clock: Clock,
+    on_run: Callable[[int], None] | None = None,
 ) -> Generator[bool, None, BatchGenerationReport]:
     """:func:`generate_batch` as a generator: checks and sets up (raising before the first
     yield), runs the warm-ups, yields ``True`` once timing begins and ``False`` after every
     timed step (so that :mod:`.lockstep` can run other sessions' steps in between), and
-    returns the report."""
+    returns the report; ``on_run(k)`` after its k-th timed run."""
     pol = make_policy(policy)  # a spec string (built-in or plug-in) or a policy object
     is_ar = not getattr(pol, "uses_drafter", True)
     if drafter is None and not is_ar:
@@ -803,6 +804,8 @@ def _session(
                 runs.append(stop.value)
                 break
             yield False
+        if on_run is not None:
+            on_run(len(runs))
     first_run = runs[0]
     agree = all(
         [x.out for x in other.lives] == [x.out for x in first_run.lives] for other in runs[1:]
