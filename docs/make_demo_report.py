@@ -14,6 +14,7 @@ pass shapes and the real run's).
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from math import nan
 from pathlib import Path
@@ -94,6 +95,7 @@ def main() -> None:
             POLICIES,
             record_dir=traces,
             repeats=args.repeats,
+            progress=lambda message: print(message, file=sys.stderr, flush=True),
         )
         print(f"identical outputs: {result.identical}; calibration: {result.calibration}\n")
         print(
