@@ -494,7 +494,7 @@ def _decoding(
     max_new_tokens: int,
     eos: frozenset[int],
     clock: Clock,
-) -> Generator[None, None, _Run]:
+) -> Generator[bool, None, _Run]:
     """Decode every prompt, at most ``batch_size`` at a time, one ``engine.step`` per step;
     yields after every step (the caller may run others' steps in between: :mod:`.lockstep`;
     :func:`_finish` runs it through) and returns the run."""
@@ -594,7 +594,7 @@ def _decoding(
             else:
                 still.append(live)
         active = still
-        yield
+        yield False  # a step done (not the start of timing: see _session)
     wall = clock() - start
     return _Run([finished[i] for i in range(len(prompts))], wall, steps, step_sizes, stages, cycles)
 
@@ -797,13 +797,7 @@ def _session(
         decoding = _decoding(
             engine, verifier, used, prompts, batch_size, max_new_tokens, eos, clock
         )
-        while True:
-            try:
-                next(decoding)
-            except StopIteration as stop:
-                runs.append(stop.value)
-                break
-            yield False
+        runs.append((yield from decoding))  # yields False after every step
         if on_run is not None:
             on_run(len(runs))
     first_run = runs[0]
