@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from bastion.backends.torch import generate_batch  # noqa: E402
+from bastion.backends.torch import generate, generate_batch  # noqa: E402
 from bastion.backends.torch.lockstep import (  # noqa: E402
     Contender,
     TurnClock,
@@ -164,6 +164,17 @@ def test_contenders_are_checked(target) -> None:  # type: ignore[no-untyped-def]
         generate_lockstep(target, [Contender("chain")], PROMPTS)
     with pytest.raises(BastionError):
         generate_lockstep(target, [Contender("ar")], PROMPTS, repeats=0)
+
+
+@pytest.mark.parametrize("junk", [None, "model", object()])
+def test_a_target_that_is_not_a_model_is_refused(junk) -> None:  # type: ignore[no-untyped-def]
+    """Found by the fuzzer: the device was read off the target before anything was checked."""
+    with pytest.raises(BastionError, match="target must be an object with .config"):
+        generate(junk, None, "ar", PROMPTS[0])
+    with pytest.raises(BastionError, match="target must be an object with .config"):
+        generate_batch(junk, None, "ar", PROMPTS)
+    with pytest.raises(BastionError, match="target must be an object with .config"):
+        generate_lockstep(junk, [Contender("ar")], PROMPTS)
 
 
 def test_the_median_tpot_pools_the_requests_of_every_timed_run(target) -> None:  # type: ignore[no-untyped-def]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from bastion.errors import ArgumentError, BudgetError
-from bastion.guard import integer, public
+from bastion.guard import has, integer, public
 from bastion.interfaces import BatchDrafter, CostModel, Drafter, TreePolicy
 
 from .runner import BatchGenerationReport, _session
@@ -114,6 +114,7 @@ def lockstep(
 
 
 @public(
+    target=has("config", "parameters"),
     batch_size=integer(1, 1 << 16),
     max_new_tokens=integer(1, 1 << 20),
     repeats=integer(1, 1000),

@@ -39,7 +39,7 @@ import torch
 from bastion.batch import BatchMarginals, StepRequests
 from bastion.engine import SpecEngine, StepRecord
 from bastion.errors import BackendError, BudgetError, CheckpointError
-from bastion.guard import public
+from bastion.guard import has, public
 from bastion.interfaces import (
     BatchDrafter,
     CostModel,
@@ -659,7 +659,7 @@ def _check_prompts(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens
             )
 
 
-@public
+@public(target=has("config", "parameters"))
 def generate_batch(
     target: Any,
     drafter: Drafter | BatchDrafter | None,
@@ -938,7 +938,7 @@ def _write_traces(
         write_trace(path, Trace(tuple(prompt), tuple(rec.output_ids), tuple(steps), meta, dense))
 
 
-@public
+@public(target=has("config", "parameters"))
 def generate(
     target: Any,
     drafter: Drafter | BatchDrafter | None,
