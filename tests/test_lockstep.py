@@ -169,11 +169,11 @@ def test_contenders_are_checked(target) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("junk", [None, "model", object()])
 def test_a_target_that_is_not_a_model_is_refused(junk) -> None:  # type: ignore[no-untyped-def]
     """Found by the fuzzer: the device was read off the target before anything was checked."""
-    with pytest.raises(BastionError, match="target must be an object with .config"):
+    with pytest.raises(BastionError, match="target must be an object with"):
         generate(junk, None, "ar", PROMPTS[0])
-    with pytest.raises(BastionError, match="target must be an object with .config"):
+    with pytest.raises(BastionError, match="target must be an object with"):
         generate_batch(junk, None, "ar", PROMPTS)
-    with pytest.raises(BastionError, match="target must be an object with .config"):
+    with pytest.raises(BastionError, match="target must be an object with"):
         generate_lockstep(junk, [Contender("ar")], PROMPTS)
 
 
