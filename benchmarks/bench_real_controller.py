@@ -1,18 +1,19 @@
 """The learning controller on the real backend (the shipped CPU demo pair), against AR.
 
-The machine's speed drifts by several per cent within a minute, so one run per policy (what
-`bastion demo` prints) cannot tell a 3 % difference. Here the policies run in alternation,
-``--rounds`` times, on the same held-out prompts (batch 1, T = 0), and the report is the median
-over rounds of each policy's TPOT over AR's TPOT *in the same round*, with a bootstrap 90 %
-interval of that median (2000 resamples of the rounds, seeded). AR and ``bastion`` run next to
-each other, in the order AB in even rounds and BA in odd ones, so a drift within a round
-favours neither; the other policies follow. The cost model is
-calibrated on this CPU once (roofline + drafter timing), the learning controller's start-up
-table timed once (``calibrate_cycles_on_device``), and one learner is kept across the rounds
-(what a server does); its first round includes an untimed warm-up run. ``--fresh``: instead,
-every round's ``bastion`` run starts from a new learner, with its own start-up timing and
-warm-up run — what one ``bastion demo`` invocation does, so the cost of learning from scratch
-(the drafted steps that gather evidence, the first probes) is in every round.
+The machine's speed drifts by several per cent within a minute, so one run per policy, one
+after another, cannot tell a 3 % difference. Here every policy decodes the same held-out prompts
+(batch 1, T = 0) ``--rounds`` times in lockstep (:func:`bastion.backends.torch.generate_lockstep`:
+one step at a time, the next step to the policy whose own clock is furthest behind), so a drift
+lands on all of them alike. Each round's TPOT of a policy (the median over its requests) is
+divided by AR's in the same round; the report is the median over rounds of that ratio with a
+bootstrap 90 % interval (2000 seeded resamples of the rounds), and the ratio of the medians over
+every request of every round (the statistic of `bastion demo`). The cost model is calibrated on
+this CPU once (roofline + drafter timing), the learning controller's start-up table timed once
+(``calibrate_cycles_on_device``), and one learner is kept across the rounds (what a server
+does); every policy has one untimed warm-up run first. ``--fresh``: instead, every round is its
+own lockstep run with a new learner, its own start-up timing and warm-up run — what one
+``bastion demo`` invocation does, so the cost of learning from scratch (the drafted steps that
+gather evidence, the first probes) is in every round.
 
 Run: ``python benchmarks/bench_real_controller.py [--rounds 8] [--prompts 4] [--tokens 64]
 [--fresh]``.
@@ -26,12 +27,14 @@ import platform
 import random
 import statistics
 
-from bastion.backends.torch import DFlashDrafter, generate_batch, load_target
+from bastion.backends.torch import DFlashDrafter, load_target
 from bastion.backends.torch.calibrate import (
     calibrate_cycles_on_device,
     calibrate_drafter,
     calibrate_target,
 )
+from bastion.backends.torch.lockstep import Contender, generate_lockstep
+from bastion.backends.torch.runner import BatchGenerationReport
 from bastion.backends.torch.timing import with_draft_timing
 from bastion.cost.costmodel import RooflineCostModel
 from bastion.demo import DRAFTER_DIR, TARGET_DIR
@@ -70,40 +73,56 @@ def main() -> None:
     learner = LearnedCostModel(cost)
     startup = calibrate_cycles_on_device(learner, target, drafter)
 
-    host: dict[str, list[float]] = {}  # per policy and round: draft + build stages, µs/step
+    contenders = ("ar", *POLICIES)
 
-    def tpot(policy: str, warmup: int) -> float:
-        model = learner if policy == "bastion" else cost
-        if policy == "bastion" and args.fresh:  # learning from scratch, as `bastion demo` does
-            model = LearnedCostModel(cost)
-            calibrate_cycles_on_device(model, target, drafter)
-            warmup = 1
-        report = generate_batch(
+    def run(learner: LearnedCostModel, repeats: int) -> list[BatchGenerationReport]:
+        def models(policy: str) -> Contender:
+            own = None if policy == "ar" else DFlashDrafter.from_pretrained(DRAFTER_DIR, target)
+            model = learner if policy == "bastion" else cost
+            return Contender(policy, own, model if policy.startswith("bastion") else None)
+
+        return generate_lockstep(
             target,
-            None if policy == "ar" else drafter,
-            policy,
+            [models(p) for p in contenders],
             prompts,
             max_new_tokens=args.tokens,
             eos_token_id=eos,
-            cost_model=model if policy.startswith("bastion") else None,
-            warmup=warmup,
+            repeats=repeats,
+            warmup=1,
         )
-        stages = report.stage_times
-        host.setdefault(policy, []).append(1e6 * (stages["draft"] + stages["build"]) / report.steps)
-        return float(report.to_dict()["repeats"]["tpot_s"]["median"])
 
-    ratios: dict[str, list[float]] = {p: [] for p in POLICIES}
-    ar_ms = []
-    others = [p for p in POLICIES if p != "bastion"]
-    for r in range(args.rounds):
-        times: dict[str, float] = {}
-        for p in ("ar", "bastion") if r % 2 == 0 else ("bastion", "ar"):
-            times[p] = tpot(p, 1 if r == 0 and p != "ar" else 0)
-        for p in others:
-            times[p] = tpot(p, 1 if r == 0 else 0)
-        ar_ms.append(1e3 * times["ar"])
-        for p in POLICIES:
-            ratios[p].append(times[p] / times["ar"])
+    reports: list[list[BatchGenerationReport]] = []  # per lockstep run, per contender
+    if args.fresh:  # learning from scratch every round, as `bastion demo` does
+        for _ in range(args.rounds):
+            fresh = LearnedCostModel(cost)
+            calibrate_cycles_on_device(fresh, target, drafter)
+            reports.append(run(fresh, 1))
+    else:
+        reports.append(run(learner, args.rounds))
+    # each round's requests' TPOTs, per policy (a one-token request has none)
+    tpots = {
+        p: [[x for x in t.request_tpots if x > 0] for rep in reports for t in rep[i].runs]
+        for i, p in enumerate(contenders)
+    }
+    host = {  # draft + build stages, µs per step, per lockstep run's first timed run
+        p: [
+            1e6 * (r[i].stage_times["draft"] + r[i].stage_times["build"]) / r[i].steps
+            for r in reports
+        ]
+        for i, p in enumerate(contenders)
+    }
+    ar_ms = [1e3 * statistics.median(xs) for xs in tpots["ar"]]
+    ratios = {
+        p: [
+            statistics.median(xs) / statistics.median(a)
+            for xs, a in zip(tpots[p], tpots["ar"], strict=True)
+        ]
+        for p in contenders
+    }
+    pooled_ar = statistics.median(x for xs in tpots["ar"] for x in xs)
+    pooled = {
+        p: statistics.median(x for xs in tpots[p] for x in xs) / pooled_ar for p in contenders
+    }
     print(
         f"`python benchmarks/bench_real_controller.py --rounds {args.rounds} --prompts "
         f"{args.prompts} --tokens {args.tokens}{' --fresh' if args.fresh else ''}` on "
@@ -113,19 +132,20 @@ def main() -> None:
     )
     print(
         "| policy | TPOT / AR's in the same round, median | 90 % interval | min | max | "
-        "draft + build µs/step |"
+        "pooled over requests | draft + build µs/step |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
-    for p, xs in {"ar": [1.0] * args.rounds, **ratios}.items():
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for p, xs in ratios.items():
         lo, hi = median_interval(xs)
         print(
             f"| {p} | {statistics.median(xs):.3f} | {lo:.3f}–{hi:.3f} | {min(xs):.3f} | "
-            f"{max(xs):.3f} | {statistics.median(host[p]):.1f} |"
+            f"{max(xs):.3f} | {pooled[p]:.3f} | {statistics.median(host[p]):.1f} |"
         )
     print(
         "\ndraft + build: the engine's stages before the verify pass, per step, median over "
-        "rounds (planning, the draft pass, the policy's choice; for `bastion` on its AR steps, "
-        "the controller's time before the pass; its observe_step after the pass is not in it)"
+        "lockstep runs of each one's first timed round (planning, the draft pass, the policy's "
+        "choice; for `bastion` on its AR steps, the controller's time before the pass; its "
+        "observe_step after the pass is not in it)"
     )
 
 
