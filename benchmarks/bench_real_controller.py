@@ -13,10 +13,14 @@ this CPU once (roofline + drafter timing), the learning controller's start-up ta
 does); every policy has one untimed warm-up run first. ``--fresh``: instead, every round is its
 own lockstep run with a new learner, its own start-up timing and warm-up run — what one
 ``bastion demo`` invocation does, so the cost of learning from scratch (the drafted steps that
-gather evidence, the first probes) is in every round.
+gather evidence, the first probes) is in every round. ``--pinned-ar`` adds a contender that
+runs ``bastion`` with a learner that cannot leave AR (``margin`` 10⁶, no probes, evidence from
+one drafted step, in its warm-up): what the learning controller costs when it decodes by AR,
+without its probes — its draft + build column is then its steady-state host time before the
+pass.
 
 Run: ``python benchmarks/bench_real_controller.py [--rounds 8] [--prompts 4] [--tokens 64]
-[--fresh]``.
+[--fresh] [--pinned-ar]``.
 Never part of the tests.
 """
 
@@ -42,6 +46,7 @@ from bastion.demo.run import CALIBRATION_CONTEXTS, CALIBRATION_TOKENS, load_prom
 from bastion.learned import LearnedCostModel
 
 POLICIES = ("fixed:16", "bastion:paper", "bastion")
+PINNED = "bastion, AR pinned"
 
 
 def main() -> None:
@@ -53,6 +58,11 @@ def main() -> None:
         "--fresh",
         action="store_true",
         help="every round's bastion run starts from a new learner (as `bastion demo` does)",
+    )
+    parser.add_argument(
+        "--pinned-ar",
+        action="store_true",
+        help="add bastion with a learner that cannot leave AR (its cost without probes)",
     )
     args = parser.parse_args()
     if args.rounds < 1 or args.prompts < 1 or args.tokens < 1:
@@ -73,13 +83,21 @@ def main() -> None:
     learner = LearnedCostModel(cost)
     startup = calibrate_cycles_on_device(learner, target, drafter)
 
-    contenders = ("ar", *POLICIES)
+    contenders = ("ar", *POLICIES, *((PINNED,) if args.pinned_ar else ()))
+
+    def pinned() -> LearnedCostModel:
+        """A learner that stands by AR after one drafted step and never probes."""
+        model = LearnedCostModel(cost, margin=1e6, evidence=2, probe_every=10**9)
+        calibrate_cycles_on_device(model, target, drafter)
+        return model
 
     def run(learner: LearnedCostModel, repeats: int) -> list[BatchGenerationReport]:
-        def models(policy: str) -> Contender:
-            own = None if policy == "ar" else DFlashDrafter.from_pretrained(DRAFTER_DIR, target)
-            model = learner if policy == "bastion" else cost
-            return Contender(policy, own, model if policy.startswith("bastion") else None)
+        def models(name: str) -> Contender:
+            own = None if name == "ar" else DFlashDrafter.from_pretrained(DRAFTER_DIR, target)
+            if name == PINNED:
+                return Contender("bastion", own, pinned(), policy_spec=name)
+            model = learner if name == "bastion" else cost
+            return Contender(name, own, model if name.startswith("bastion") else None)
 
         return generate_lockstep(
             target,
@@ -125,7 +143,8 @@ def main() -> None:
     }
     print(
         f"`python benchmarks/bench_real_controller.py --rounds {args.rounds} --prompts "
-        f"{args.prompts} --tokens {args.tokens}{' --fresh' if args.fresh else ''}` on "
+        f"{args.prompts} --tokens {args.tokens}{' --fresh' if args.fresh else ''}"
+        f"{' --pinned-ar' if args.pinned_ar else ''}` on "
         f"{platform.machine()}, Python "
         f"{platform.python_version()}; start-up: {startup['passes']} passes, "
         f"{startup['device_s']:.2f} s; AR TPOT median {statistics.median(ar_ms):.2f} ms\n"
