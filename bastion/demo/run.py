@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import statistics
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -285,7 +286,7 @@ def run_demo(
             request_tpots.setdefault(b, {})[name] = [run.request_tpots for run in report.runs]
             if b_i == 0:
                 acceptance[name] = [list(r.committed_per_step) for r in report.records]
-            tpot: dict[str, float] = report.to_dict()["repeats"]["tpot_s"]
+            runs_tpot = tuple(run.tpot_s for run in report.runs)
             cycle = report.cycle
             latency: dict[str, Any] = report.latency()
             rows.append(
@@ -293,13 +294,13 @@ def run_demo(
                     policy=name,
                     tau=float(np.mean([r.tau for r in report.records])),
                     mean_tree_size=float(np.mean([r.mean_tree_size for r in report.records])),
-                    tpot_s=tpot["median"],
+                    tpot_s=float(statistics.median(runs_tpot)),
                     speedup=ar_tpot / latency["tpot_p50_s"] if latency["tpot_p50_s"] else nan,
                     steps=report.steps,
                     batch_size=b,
-                    tpot_min_s=tpot["min"],
-                    tpot_max_s=tpot["max"],
-                    tpot_runs_s=tuple(run.tpot_s for run in report.runs),
+                    tpot_min_s=min(runs_tpot),
+                    tpot_max_s=max(runs_tpot),
+                    tpot_runs_s=runs_tpot,
                     throughput_tok_s=report.throughput_tok_s,
                     cycle_predicted_s=cycle.get("predicted_s", nan),
                     cycle_observed_s=cycle.get("measured_s", nan),

@@ -691,7 +691,6 @@ def generate_batch(
     ``policy_spec`` is the spec the records name (default: ``policy`` when it is a string, else
     :func:`~bastion.policies.policy_label` of the object).
     """
-    device = next(target.parameters()).device
     return _finish(
         _session(
             target,
@@ -712,7 +711,7 @@ def generate_batch(
             warmup=warmup,
             predict_cycles=predict_cycles,
             policy_spec=policy_spec,
-            clock=device_clock(device),
+            clock=None,
         )
     )
 
@@ -737,13 +736,14 @@ def _session(
     warmup: int,
     predict_cycles: CostModel | None,
     policy_spec: str | None,
-    clock: Clock,
+    clock: Clock | None,
     on_run: Callable[[int], None] | None = None,
 ) -> Generator[bool, None, BatchGenerationReport]:
     """:func:`generate_batch` as a generator: checks and sets up (raising before the first
     yield), runs the warm-ups, yields ``True`` once timing begins and ``False`` after every
     timed step (so that :mod:`.lockstep` can run other sessions' steps in between), and
-    returns the report; ``on_run(k)`` after its k-th timed run."""
+    returns the report; ``on_run(k)`` after its k-th timed run. ``clock`` None: the target's
+    device clock."""
     pol = make_policy(policy)  # a spec string (built-in or plug-in) or a policy object
     is_ar = not getattr(pol, "uses_drafter", True)
     if drafter is None and not is_ar:
@@ -763,6 +763,7 @@ def _session(
         )
     sampling = sampling or SamplingParams()
     device = next(target.parameters()).device
+    clock = clock or device_clock(device)
     if verifier is None:
         taps = (
             () if is_ar or not isinstance(drafter, DFlashDrafter) else drafter.cfg.target_layer_ids
