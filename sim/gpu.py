@@ -77,6 +77,7 @@ from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.roofline import DrafterPricer, LinearPricer, RooflineOptions
 from bastion.errors import ConfigError
 from bastion.guard import array, integer, number, public
+from bastion.sim.measured import MeasuredCosts
 
 __all__ = [
     "DEFAULT_PREFILL_CHUNK",
@@ -276,6 +277,9 @@ class GroundTruth:
     controller_chain_request_s: float = -1.0
     noise: float = 0.02  # σ of the log-normal noise per pass
     context_quantum: int = 16  # contexts are priced at multiples of this (cache granularity)
+    # a measured truth ([measured], bastion.sim.measured): every pass and host cost from times
+    # measured on the machine itself; the roofline fields above are then unused
+    measured: MeasuredCosts | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -287,7 +291,12 @@ class GroundTruth:
         }
         bad = [k for k, v in positive.items() if not v > 0]
         skip = {"name", "causal_reads_mask", "gemm_shape_tokens", "gemm_shape_factor"}
-        skip.add("gemm_shape_model")
+        skip |= {"gemm_shape_model", "measured"}
+        if self.measured is not None and not isinstance(self.measured, MeasuredCosts):
+            raise ConfigError(
+                f"ground truth {self.name!r}: measured must be a MeasuredCosts or None; got "
+                f"{type(self.measured).__name__}"
+            )
         skip |= set(positive)
         for f in fields(self):
             value = getattr(self, f.name)
@@ -452,6 +461,10 @@ class SimulatedGPU:
         self._quantum = float(t.context_quantum)
         self._rows = np.ones((3, 64))  # scratch rows (1, s, ⌈c / quantum⌉) of a tree pass
         self._depth = float(self.drafter.block_size - 1)  # draft positions per request
+        self._measured = t.measured
+        # seconds of the last step_s that a real engine's clock does not show its cost model
+        # (a measured truth's decode-loop time after the pass); 0 under a roofline truth
+        self.unobserved_s = 0.0
 
     # -- truth without noise ------------------------------------------------------------------
 
@@ -717,6 +730,10 @@ class SimulatedGPU:
         ``prefill_contexts[j]`` cached ones ride in the same pass (see the module docstring);
         with chunks, ``tree_sizes`` may be empty (the pass is then :meth:`prefill_truth`).
         """
+        if self._measured is not None:
+            return self._measured_pass(
+                "tree" if tree else "chain", tree_sizes, contexts, prefill_tokens, prefill_contexts
+            )
         s = np.asarray(tree_sizes, dtype=np.int64)
         if s.ndim != 1:
             s = np.atleast_1d(s)
@@ -751,6 +768,9 @@ class SimulatedGPU:
 
         Optional prefill chunks ride in the same pass, as in :meth:`verify_truth`.
         """
+        if self._measured is not None:
+            ones = np.ones(np.atleast_1d(np.asarray(contexts)).shape[0], np.int64)
+            return self._measured_pass("ar", ones, contexts, prefill_tokens, prefill_contexts)
         chunks = _chunks(prefill_tokens, prefill_contexts)
         if chunks[0]:
             b, tokens, pairs, kv = self._ar_sums(contexts)
@@ -776,11 +796,15 @@ class SimulatedGPU:
         chunks = _chunks(new_tokens, contexts)
         if not chunks[0]:
             raise ConfigError("a prefill pass needs at least one chunk of new tokens")
+        if self._measured is not None:
+            return self._measured.prefill_s(*chunks)
         return self._price_mixed((0, 0.0, 0.0, 0.0), chunks, False)
 
     def draft_truth(self, contexts: npt.ArrayLike) -> float:
         """Noise-free truth of one DFlash drafter pass over a batch (its roofline, plus the
         framework's per-pass overhead and, in eager mode, the host's dispatch of its layers)."""
+        if self._measured is not None:
+            return self._measured.draft_s("topk", _ints(contexts, "contexts"))
         c = np.asarray(contexts)
         if c.size == 1:
             key = int(self._quantise_one(float(c.reshape(-1)[0])))
@@ -825,6 +849,9 @@ class SimulatedGPU:
         verified by a causal pass (no mask to build or upload) and its rejected suffix is cut
         off (no KV compaction), as for the chain policy.
         """
+        if self._measured is not None:
+            kind = "chain" if not topk or path else "tree"
+            return sum(self._measured.host_s(kind, _control(controller), _ints(tree_sizes, "sz")))
         t = self.truth
         if isinstance(tree_sizes, np.ndarray) and tree_sizes.ndim == 1:
             s = tree_sizes.astype(np.float64, copy=False)
@@ -984,6 +1011,10 @@ class SimulatedGPU:
         after top-K drafting keeps its top-K pass but has no tree work) and a pass — causal for
         the chain, masked for a tree. Prefill chunks ride in the pass. Noisy, drawn in that
         order."""
+        if self._measured is not None:
+            return self._measured_step(
+                kind, tree_sizes, contexts, topk, controller, prefill_tokens, prefill_contexts
+            )
         if kind == "ar":
             return 0.0, 0.0, self.ar_s(contexts, prefill_tokens, prefill_contexts)
         draft = self.draft_s(contexts)
@@ -994,6 +1025,72 @@ class SimulatedGPU:
             prep,
             self.verify_s(tree_sizes, contexts, prefill_tokens, prefill_contexts, tree),
         )
+
+    # -- a measured truth (bastion.sim.measured) ----------------------------------------------
+
+    def _measured_pass(
+        self,
+        kind: str,
+        tree_sizes: npt.ArrayLike,
+        contexts: npt.ArrayLike,
+        prefill_tokens: npt.ArrayLike,
+        prefill_contexts: npt.ArrayLike,
+    ) -> float:
+        """The measured verifier's call, plus each prefill chunk prefilled alone."""
+        assert self._measured is not None
+        chunks = _chunks(prefill_tokens, prefill_contexts)
+        sizes = _ints(tree_sizes, "tree sizes")
+        seconds = self._measured.prefill_s(*chunks) if chunks[0] else 0.0
+        if sizes:
+            seconds += self._measured.verify_s(kind, sizes, _ints(contexts, "contexts", sizes))
+        elif not chunks[0]:
+            raise ConfigError("a pass needs at least one request")
+        return seconds
+
+    def _measured_step(
+        self,
+        kind: str,
+        tree_sizes: npt.ArrayLike,
+        contexts: npt.ArrayLike,
+        topk: bool,
+        controller: bool | str,
+        prefill_tokens: npt.ArrayLike,
+        prefill_contexts: npt.ArrayLike,
+    ) -> tuple[float, float, float]:
+        """:meth:`step_s` under a measured truth: (draft, host, verify), each measured for the
+        step's kind, preparation and control; noisy, drawn in that order."""
+        assert self._measured is not None
+        m = self._measured
+        sizes = _ints(tree_sizes, "tree sizes")
+        ctx = _ints(contexts, "contexts", sizes)
+        if kind not in ("ar", "chain", "tree"):
+            raise ConfigError(f"unknown step kind {kind!r}; accepted: ar, chain, tree")
+        draft = 0.0 if kind == "ar" else self._noisy(m.draft_s("topk" if topk else "argmax", ctx))
+        build, loop = m.host_s(kind, _control(controller), sizes)
+        host = self._noisy(build + loop)
+        verify = self._noisy(
+            self._measured_pass(kind, sizes, ctx, prefill_tokens, prefill_contexts)
+        )
+        self.unobserved_s = host * loop / (build + loop) if build + loop > 0 else 0.0
+        return draft, host, verify
+
+
+def _ints(values: npt.ArrayLike, what: str, like: list[int] | None = None) -> list[int]:
+    """A 1-D list of whole numbers ≥ 0 (one per request of ``like``, when given)."""
+    a = np.atleast_1d(np.asarray(values))
+    if a.ndim != 1:
+        raise ConfigError(f"{what} must be 1-D, got shape {a.shape}")
+    if a.size and (not np.all(np.isfinite(a)) or np.min(a) < 0):
+        raise ConfigError(f"{what} must be finite and ≥ 0")
+    out = [math.ceil(v) for v in a.tolist()]
+    if like is not None and len(out) != len(like):
+        raise ConfigError(f"{len(like)} tree sizes but {len(out)} contexts; give one each")
+    return out
+
+
+def _control(controller: bool | str) -> str:
+    """The measured truth's control of a step: static, decide, or repeat."""
+    return "repeat" if controller == "repeat" else "decide" if controller else "static"
 
 
 def routing_draws_one(tokens: float, requests: float, truth: GroundTruth) -> float:

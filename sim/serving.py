@@ -138,6 +138,7 @@ class ServingResult:
     cycle_predicted_s: float = 0.0
     cycle_observed_s: float = 0.0
     cycles_compared: int = 0
+    step_kinds: dict[str, int] = field(default_factory=dict)  # decode steps by kind (ar, tree …)
 
     @property
     def tau(self) -> float:
@@ -364,13 +365,16 @@ def serve(
             # the passes run back to back on the one GPU and nothing can happen between them
             yield env.timeout(t_draft + t_prep + t_verify)
             if learning and not chunk_tokens:  # a prefill chunk in the pass is not the tree's
-                engine.report(rec, t_draft + t_prep + t_verify)
+                # what the engine's clock shows: the step less the loop after it (0 under a
+                # roofline truth; a measured truth's learning update and bookkeeping)
+                engine.report(rec, t_draft + t_prep + t_verify - gpu.unobserved_s)
                 predicted = getattr(rec.diagnostics, "predicted_cycle_s", None)
                 if predicted is not None:
                     result.cycle_predicted_s += float(predicted)
                     result.cycle_observed_s += t_draft + t_prep + t_verify
                     result.cycles_compared += 1
             result.steps += 1
+            result.step_kinds[rec.kind] = result.step_kinds.get(rec.kind, 0) + 1
             result.draft_s += t_draft
             result.prep_s += t_prep
             result.verify_s += t_verify

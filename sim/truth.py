@@ -15,7 +15,8 @@ separator is a path). An unknown name is an error listing the known ones.
 Layout: top-level ``name`` and ``description``; sections ``[device]``, ``[gemm_shape]``,
 ``[attention]``, ``[framework]``, ``[moe]``, ``[preparation]``, ``[host]``, ``[noise]`` whose keys
 are :class:`~sim.gpu.GroundTruth` fields (in ``[gemm_shape]``: ``model = "kernel"``, or a
-measured ``tokens`` and ``factor``), and
+measured ``tokens`` and ``factor``), an optional ``[measured]`` (a measured truth: every cost
+fitted from real steps on one machine, :mod:`bastion.sim.measured`), and
 ``[sources]`` (free text per key: where each number comes from). Every key is checked: an
 unknown section or key, a wrong type or an out-of-range value is an error naming the file and
 the key. ``docs/simulator.md`` ("The ground truth") documents every field.
@@ -45,6 +46,7 @@ from bastion.errors import ConfigError, UnknownNameError
 from bastion.files import checked_table
 from bastion.guard import public, readable_file
 from bastion.sim.gpu import GroundTruth
+from bastion.sim.measured import measured_from_dict
 
 __all__ = [
     "DEFAULT_TRUTH",
@@ -139,12 +141,12 @@ def _value(key: str, value: Any, where: str) -> Any:
 @public
 def truth_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> GroundTruth:
     """Validate a parsed truth file (see the module docstring for the layout)."""
-    known = {"name", "description", "sources", *SECTIONS}
+    known = {"name", "description", "sources", "measured", *SECTIONS}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(
             f"{origin}: unknown key(s) {', '.join(unknown)}; accepted: name, description, "
-            f"[{'], ['.join(SECTIONS)}], [sources]"
+            f"[{'], ['.join(SECTIONS)}], [measured], [sources]"
         )
     name = data.get("name")
     if not isinstance(name, str) or not name:
@@ -166,6 +168,8 @@ def truth_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> GroundTr
             if field in values:
                 raise ConfigError(f"{origin}: {field} is given twice")
             values[field] = _value(key, raw, f"{origin}: [{section}].{key}")
+    if "measured" in data:
+        values["measured"] = measured_from_dict(data["measured"], origin)
     try:
         return GroundTruth(**values)
     except ConfigError as exc:

@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "bastion.cli.sim_cmd",
     "bastion.cli.workload_cmd",
     "bastion.cli.demo_cmd",
+    "bastion.cli.twin_cmd",
 )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,14 @@ from typing import Any
 from bastion.errors import ConfigError
 from bastion.guard import integer, public
 
-__all__ = ["SPECIALS", "Corpus", "heldout_prompts", "load_corpus", "train_tokenizer"]
+__all__ = [
+    "SPECIALS",
+    "Corpus",
+    "calibration_prompts",
+    "heldout_prompts",
+    "load_corpus",
+    "train_tokenizer",
+]
 
 SPECIALS = ("<|endoftext|>", "<|pad|>", "<|mask|>")
 HELDOUT_PERCENT = 5  # files whose path hash falls below this percentile are held out
@@ -91,6 +98,20 @@ def heldout_prompts(corpus: Corpus, n: int = 8, chars: int = 300) -> list[str]:
         if len(prompts) == n:
             break
     return prompts
+
+
+@public(n=integer(1, 1000), every=integer(1, 100_000))
+def calibration_prompts(
+    corpus: Corpus, n: int = 8, every: int = 61, exclude: Sequence[str] = ()
+) -> list[str]:
+    """Prompts for timing the machine (``bastion twin``, ``bastion truth measure``), cut as
+    :func:`heldout_prompts` cuts them from every ``every``-th *training* file, leaving out any
+    text in ``exclude`` (the held-out prompts; identical files exist on both sides, such as the
+    charmap codecs): disjoint from the prompts whose runs they predict."""
+    picked = Corpus(corpus.root, (), corpus.train[::every])
+    banned = set(exclude)
+    out = [p for p in heldout_prompts(picked, n=n + len(banned)) if p not in banned]
+    return out[:n]
 
 
 @public(vocab_size=integer(len(SPECIALS) + 1, 1 << 20))

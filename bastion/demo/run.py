@@ -34,7 +34,14 @@ from bastion.errors import ConfigError
 from bastion.guard import integer, public, readable_file
 from bastion.records import json_safe
 
-__all__ = ["DEMO_POLICIES", "DemoResult", "PolicyRow", "load_prompts", "run_demo"]
+__all__ = [
+    "DEMO_POLICIES",
+    "DemoResult",
+    "PolicyRow",
+    "calibrated_beliefs",
+    "load_prompts",
+    "run_demo",
+]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +125,56 @@ def _learns(policy: str) -> bool:
     return bool(getattr(make_policy(policy), "learns", False))
 
 
+def calibrated_beliefs(
+    target: Any,
+    drafter: Any,
+    policies: Sequence[str],
+    calibrate: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Any, Any, dict[str, float]]:
+    """What the cost-model policies believe about this device: (the roofline calibrated on it
+    with the drafter's measured pass, the learning controller's start-up table timed on it — None
+    unless a policy learns —, the calibration's figures). Both None without ``calibrate``."""
+    from bastion.backends.torch.calibrate import calibrate_drafter, calibrate_target
+    from bastion.backends.torch.timing import with_draft_timing
+    from bastion.cost.costmodel import RooflineCostModel
+
+    cost_model = None
+    calibration: dict[str, float] = {}
+    if calibrate:
+        if progress:
+            progress("calibrating the cost model on this CPU (target and drafter)")
+        record, hw, spec = calibrate_target(
+            target, tokens=CALIBRATION_TOKENS, contexts=CALIBRATION_CONTEXTS, repeats=3
+        )
+        timing = calibrate_drafter(target, drafter)
+        cost_model = with_draft_timing(RooflineCostModel(hw, spec, calibration=record), timing)
+        calibration = {
+            "rmse_bare_s": record.rmse_bare_s,
+            "rmse_calibrated_s": record.rmse_calibrated_s,
+            "points": float(len(record.points)),
+            "draft_d0_s": timing.d0_s,
+            "draft_d_batch_s": timing.d_batch_s,
+            "draft_d_context_s": timing.d_context_s,
+            "draft_rmse_s": timing.rmse_s,
+            "draft_points": float(len(timing.points)),
+        }
+
+    learned = None  # the learning controller's start-up table, timed once on this CPU
+    if cost_model is not None and any(_learns(name) for name in policies):
+        from bastion.backends.torch.calibrate import calibrate_cycles_on_device
+        from bastion.learned import LearnedCostModel
+
+        if progress:
+            progress("timing the learning controller's start-up cycles on this CPU")
+        learned = LearnedCostModel(cost_model)
+        startup = calibrate_cycles_on_device(learned, target, drafter)
+        calibration["startup_cycles"] = float(startup["passes"])
+        calibration["startup_device_s"] = float(startup["device_s"])
+
+    return cost_model, learned, calibration
+
+
 @public(path=readable_file)
 def load_prompts(path: Path = PROMPTS_FILE) -> list[str]:
     if not path.exists():
@@ -156,10 +213,7 @@ def run_demo(
     from transformers import AutoTokenizer
 
     from bastion.backends.torch import DFlashDrafter, load_target
-    from bastion.backends.torch.calibrate import calibrate_drafter, calibrate_target
     from bastion.backends.torch.lockstep import Contender, generate_lockstep
-    from bastion.backends.torch.timing import with_draft_timing
-    from bastion.cost.costmodel import RooflineCostModel
 
     for model_dir in (target_dir, drafter_dir):
         if not (model_dir / "config.json").exists():
@@ -180,38 +234,9 @@ def run_demo(
     drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
     prompt_ids = [list(tokenizer(t)["input_ids"]) for t in texts]
 
-    cost_model = None
-    calibration: dict[str, float] = {}
-    if calibrate:
-        if progress:
-            progress("calibrating the cost model on this CPU (target and drafter)")
-        record, hw, spec = calibrate_target(
-            target, tokens=CALIBRATION_TOKENS, contexts=CALIBRATION_CONTEXTS, repeats=3
-        )
-        timing = calibrate_drafter(target, drafter)
-        cost_model = with_draft_timing(RooflineCostModel(hw, spec, calibration=record), timing)
-        calibration = {
-            "rmse_bare_s": record.rmse_bare_s,
-            "rmse_calibrated_s": record.rmse_calibrated_s,
-            "points": float(len(record.points)),
-            "draft_d0_s": timing.d0_s,
-            "draft_d_batch_s": timing.d_batch_s,
-            "draft_d_context_s": timing.d_context_s,
-            "draft_rmse_s": timing.rmse_s,
-            "draft_points": float(len(timing.points)),
-        }
-
-    learned = None  # the learning controller's start-up table, timed once on this CPU
-    if cost_model is not None and any(_learns(name) for name in policies):
-        from bastion.backends.torch.calibrate import calibrate_cycles_on_device
-        from bastion.learned import LearnedCostModel
-
-        if progress:
-            progress("timing the learning controller's start-up cycles on this CPU")
-        learned = LearnedCostModel(cost_model)
-        startup = calibrate_cycles_on_device(learned, target, drafter)
-        calibration["startup_cycles"] = float(startup["passes"])
-        calibration["startup_device_s"] = float(startup["device_s"])
+    cost_model, learned, calibration = calibrated_beliefs(
+        target, drafter, policies, calibrate, progress
+    )
 
     eos = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # type: ignore[arg-type]
     batched: dict[int, dict[str, list[list[int]]]] = {}

@@ -77,18 +77,35 @@ class TurnClock:
 
 
 def lockstep(
-    sessions: Sequence[Generator[bool, None, _T]], clocks: Sequence[TurnClock]
+    sessions: Sequence[Generator[bool, None, _T]],
+    clocks: Sequence[TurnClock],
+    weights: Sequence[float] | None = None,
 ) -> list[_T]:
     """Drive generators that yield ``True`` once timing begins and ``False`` after every timed
     step: first each to its ``True`` (one after another: the untimed part), then, with every
     clock set to zero, step by step, always the one whose clock is lowest (ties: the first);
-    their return values in order. A generator that returns before its ``True`` is done."""
+    their return values in order. A generator that returns before its ``True`` is done.
+
+    ``weights`` (one per session, > 0; default all 1): the next step goes to the lowest clock ÷
+    weight, so a session of half the work with weight ½ spreads its steps over the whole run
+    instead of finishing in its first part (``bastion twin`` spreads its timing of the machine
+    over the runs it predicts this way)."""
     if not isinstance(sessions, Sequence) or not all(isinstance(g, Generator) for g in sessions):
         raise ArgumentError("lockstep: sessions must be a sequence of generators")
     if not isinstance(clocks, Sequence) or not all(isinstance(c, TurnClock) for c in clocks):
         raise ArgumentError("lockstep: clocks must be a sequence of TurnClock")
     if len(sessions) != len(clocks):
         raise BudgetError(f"{len(sessions)} sessions for {len(clocks)} clocks; give one each")
+    scale = [1.0] * len(sessions)
+    if weights is not None:
+        if len(weights) != len(sessions) or not all(
+            isinstance(w, int | float) and not isinstance(w, bool) and 0 < w < float("inf")
+            for w in weights
+        ):
+            raise BudgetError(
+                f"lockstep: weights must be one finite number > 0 per session; got {weights!r}"
+            )
+        scale = [1.0 / float(w) for w in weights]
     results: dict[int, _T] = {}
 
     def turn(i: int) -> bool:
@@ -107,7 +124,7 @@ def lockstep(
     for clock in clocks:
         clock.own = 0.0
     while live:
-        i = min(live, key=lambda k: clocks[k].own)
+        i = min(live, key=lambda k: clocks[k].own * scale[k])
         if not turn(i):
             live.remove(i)
     return [results[i] for i in range(len(sessions))]

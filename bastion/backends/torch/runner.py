@@ -51,6 +51,7 @@ from bastion.interfaces import (
 )
 from bastion.policies import make_policy, policy_label
 from bastion.records import RENAMED, acceptance_stats, delivered_counts
+from bastion.stepcosts import PrefillSample, StepSample
 from bastion.trace import Trace, TraceStep, write_trace
 from bastion.tree import DraftMarginals
 
@@ -262,6 +263,9 @@ class BatchGenerationReport:
 
     policy_spec: str = ""  # the spec the policy was made from
     repeats_agree: bool = True  # every timed run decoded what the first did
+    # every timed run's steps and prefills, stage by stage (bastion.stepcosts), in order
+    samples: tuple[StepSample, ...] = ()
+    prefills: tuple[PrefillSample, ...] = ()
 
     @property
     def tokens(self) -> int:
@@ -470,6 +474,8 @@ class _Run:
     stage_times: dict[str, float]
     # per step: (tree sizes, contexts, measured draft, build, verify) for the cycle report
     cycles: list[_Cycle]
+    samples: list[StepSample] = field(default_factory=list)  # every step, stage by stage
+    prefills: list[PrefillSample] = field(default_factory=list)
 
 
 def _done(live: _Live, max_new_tokens: int, eos: frozenset[int]) -> bool:
@@ -509,7 +515,10 @@ def _decoding(
     step_sizes: list[int] = []
     stages = {"draft": 0.0, "build": 0.0, "verify": 0.0}
     cycles: list[_Cycle] = []
+    samples: list[StepSample] = []
+    prefills: list[PrefillSample] = []
     learns = bool(getattr(engine.policy, "learns", False))  # it may skip drafting some steps
+    decides = bool(getattr(engine.policy, "uses_cost_model", False))
 
     def finish(live: _Live, at: float) -> None:
         live.end_at = at
@@ -525,6 +534,7 @@ def _decoding(
             admitted = clock()
             first, feedback = verifier.prefill(i, prompts[i])
             now = clock()
+            prefills.append(PrefillSample(len(prompts[i]), now - admitted))
             live = _Live(
                 i,
                 [*map(int, prompts[i]), int(first)],
@@ -540,6 +550,7 @@ def _decoding(
                 active.append(live)
         if not active:
             continue
+        begin = clock()
         requests = StepRequests.of(
             [live.index for live in active],
             [len(live.committed) - 1 for live in active],
@@ -594,9 +605,28 @@ def _decoding(
             else:
                 still.append(live)
         active = still
+        diag = step.diagnostics
+        diag = diag[0] if isinstance(diag, (list, tuple)) and diag else diag
+        control = (
+            "repeat" if getattr(diag, "repeated", False) else "decide" if decides else "static"
+        )
+        samples.append(
+            StepSample(
+                step.kind,
+                step.preparation,
+                control,
+                tuple(sizes),
+                tuple(requests.context_lens.tolist()),
+                step.draft_s,
+                step.build_s,
+                step.verify_s,
+                max(clock() - begin - step.draft_s - step.build_s - step.verify_s, 0.0),
+            )
+        )
         yield False  # a step done (not the start of timing: see _session)
     wall = clock() - start
-    return _Run([finished[i] for i in range(len(prompts))], wall, steps, step_sizes, stages, cycles)
+    lives = [finished[i] for i in range(len(prompts))]
+    return _Run(lives, wall, steps, step_sizes, stages, cycles, samples, prefills)
 
 
 def _cycle_report(
@@ -832,6 +862,8 @@ def _session(
         warmup=warmup,
         policy_spec=spec,
         repeats_agree=agree,
+        samples=tuple(x for run in runs for x in run.samples),
+        prefills=tuple(x for run in runs for x in run.prefills),
     )
     if recorder is not None and record_traces is not None:
         _write_traces(

@@ -1,0 +1,444 @@
+"""``bastion twin``'s real side: decode for real, time the machine, and hand both to the simulator.
+
+:func:`run_twin` decodes the prompts with every policy at every batch size, in lockstep
+(:mod:`.lockstep`), and — unless it is given a truth — times the machine *in the same lockstep*:
+calibration sessions (:data:`CALIBRATION_POLICIES` on calibration prompts disjoint from the
+predicted ones) take their steps between the predicted runs' steps, weighted so that they spread
+over the whole session (the machine's speed drifts by tens of percent over minutes; a truth timed
+before the runs would be timed on another machine). Every calibration step's stages
+(:class:`bastion.stepcosts.StepSample`) and every prefill are fitted into a measured truth
+(:func:`bastion.sim.measured.fit_measured`); the predicted runs' own times are never used for
+it. Then the simulator replays exactly the requests that ran (:func:`bastion.sim.twin.replay`):
+the same prompts and output lengths, batch sizes and order, at T = 0 the target's recorded tokens
+and the drafter's recorded marginals at every position (dense traces), and the same belief for
+the cost-model policies. The result sets real and simulated side by side, and beside them what
+the simulator predicts without measuring (the probed profile under the bare roofline).
+
+:func:`measure_truth` is the timing alone (``bastion truth measure``): the calibration sessions in
+lockstep with each other, fitted into a truth file.
+
+On a CUDA device the same code runs; every clock is the device-synchronised one (the target's
+device clock), so the stages are the device's.
+
+What this module does not do: price anything (the simulator does) or print (the CLI does).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bastion.errors import BudgetError, ConfigError
+from bastion.guard import integer, public
+from bastion.sim.gpu import GroundTruth
+from bastion.sim.measured import MeasuredCosts, fit_measured
+from bastion.sim.twin import TwinRow, compare, replay, summary, with_speedups
+from bastion.stepcosts import PrefillSample, StepSample
+from bastion.trace import Trace
+
+from .lockstep import TurnClock, lockstep
+from .runner import BatchGenerationReport, _session
+from .timing import device_clock
+
+__all__ = [
+    "CALIBRATION_POLICIES",
+    "TWIN_POLICIES",
+    "TwinResult",
+    "measure_truth",
+    "run_twin",
+]
+
+log = logging.getLogger(__name__)
+
+TWIN_POLICIES: tuple[str, ...] = ("ar", "chain", "fixed:16", "fixed:32", "fixed:64", "beam:4x15")
+TWIN_POLICIES += ("bastion:paper", "bastion")
+# what the truth is timed with: every step kind, tree sizes 2 … 128, both controllers
+CALIBRATION_POLICIES: tuple[str, ...] = ("ar", "chain", "fixed:2", "fixed:4", "fixed:8")
+CALIBRATION_POLICIES += ("fixed:16", "fixed:32", "fixed:64", "fixed:128", "beam:2x8")
+CALIBRATION_POLICIES += ("bastion:paper", "bastion")
+CALIBRATION_TOKENS = 32  # new tokens per calibration prompt
+PREFILL_LENGTHS = (16, 32, 64, 96, 128, 192, 256)  # prompt lengths of the prefill sweep
+
+
+@dataclass
+class TwinResult:
+    """Real and simulated rows, their comparison, and how the truth was had."""
+
+    rows: list[TwinRow]  # real, sim and each prediction without measuring
+    entries: list[dict[str, Any]]  # compare(rows): one per (policy, batch size, other source)
+    truth: GroundTruth
+    identical: bool  # every policy's output equals AR's at every batch size
+    summary: dict[str, dict[str, float]] = field(default_factory=dict)  # per other source
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each part
+    samples: list[StepSample] = field(default_factory=list)  # the truth's calibration steps
+    prefills: list[PrefillSample] = field(default_factory=list)
+    traces: list[Trace] = field(default_factory=list)  # what was replayed (dense)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "records": [r.to_record() for r in self.rows],
+            "comparison": self.entries,
+            "summary": self.summary,
+            "identical": self.identical,
+            "seconds": self.seconds,
+            "truth": self.truth.name,
+        }
+
+
+def _drafter(path: Path, target: Any) -> Any:
+    from .drafter import DFlashDrafter
+
+    return DFlashDrafter.from_pretrained(path, target)
+
+
+def _sessions(
+    target: Any,
+    drafter_dir: Path,
+    policies: Sequence[str],
+    prompts: Sequence[Sequence[int]],
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    repeats: int,
+    warmup: int,
+    beliefs: dict[str, Any],
+    clock: Callable[[], float],
+) -> tuple[list[Generator[bool, None, BatchGenerationReport]], list[TurnClock]]:
+    """One lockstep session per policy, each with its own drafter and turn clock."""
+    from bastion.policies import make_policy
+
+    sessions, clocks = [], []
+    for name in policies:
+        turn = TurnClock(clock)
+        learns = bool(getattr(make_policy(name), "learns", False))
+        belief = beliefs.get(name)
+        if learns and belief is not None:
+            belief = belief.copy()  # one learner per session: its warm-up and runs
+        sessions.append(
+            _session(
+                target,
+                None if name == "ar" else _drafter(drafter_dir, target),
+                name,
+                prompts,
+                batch_size=batch_size,
+                max_new_tokens=max_new_tokens,
+                sampling=None,
+                seed=0,
+                eos_token_id=-1,
+                cost_model=belief,
+                record_traces=None,
+                trace_metadata=None,
+                dense_trace=False,
+                verifier=None,
+                repeats=repeats,
+                warmup=warmup,
+                predict_cycles=None,
+                policy_spec=None,
+                clock=turn,
+            )
+        )
+        clocks.append(turn)
+    return sessions, clocks
+
+
+def _prefill_sweep(target: Any, ids: Sequence[int], repeats: int) -> list[PrefillSample]:
+    """Prefills of ``ids`` cut to each of :data:`PREFILL_LENGTHS` (cycled if too short), in
+    turn, ``repeats`` rounds: the prefill term over the lengths a prompt may have."""
+    from .verifier import TorchVerifier
+
+    clock = device_clock(next(target.parameters()).device)
+    verifier = TorchVerifier(target)
+    limit = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+    out = []
+    for _ in range(repeats):
+        for n in PREFILL_LENGTHS:
+            if n > limit:
+                continue
+            prompt = [ids[i % len(ids)] for i in range(n)]
+            t0 = clock()
+            verifier.prefill(0, prompt)
+            out.append(PrefillSample(n, clock() - t0))
+            verifier.release_all()
+    return out
+
+
+def _fit(
+    reports: Sequence[BatchGenerationReport],
+    prefills: list[PrefillSample],
+    seconds: float,
+    device: str,
+) -> MeasuredCosts:
+    steps = [s for r in reports for s in r.samples]
+    prefills = prefills + [p for r in reports for p in r.prefills]
+    meta = {
+        "origin": f"bastion twin / truth measure, {platform.machine()} {device}, "
+        f"{time.strftime('%Y-%m-%d')}",
+        "device": device,
+        "seconds": round(seconds, 1),
+    }
+    return fit_measured(steps, prefills, meta)
+
+
+def measured_truth(costs: MeasuredCosts, name: str = "measured") -> GroundTruth:
+    """A :class:`GroundTruth` that prices every pass from ``costs``."""
+    return GroundTruth(name=name, noise=costs.noise, measured=costs)
+
+
+def _ids(tokenizer: Any, texts: Sequence[str], what: str) -> list[list[int]]:
+    if not texts or not all(isinstance(t, str) and t for t in texts):
+        raise ConfigError(f"{what} must be a non-empty list of non-empty strings")
+    return [list(tokenizer(t)["input_ids"]) for t in texts]
+
+
+@public(
+    batch_sizes=integer(1, 1 << 12),
+    repeats=integer(1, 100),
+    max_new_tokens=integer(2, 1 << 16),
+)
+def measure_truth(
+    target: Any,
+    drafter_dir: Path,
+    calibration_ids: Sequence[Sequence[int]],
+    *,
+    batch_sizes: Sequence[int] = (1, 4),
+    repeats: int = 2,
+    max_new_tokens: int = CALIBRATION_TOKENS,
+    beliefs: dict[str, Any] | None = None,
+    policies: Sequence[str] = CALIBRATION_POLICIES,
+    progress: Callable[[str], None] | None = None,
+) -> MeasuredCosts:
+    """Time this machine's costs on calibration prompts and fit them (no predicted runs):
+    ``policies`` decode ``calibration_ids`` in lockstep at each batch size, then a prefill sweep.
+    ``beliefs``: the cost model of each cost-model policy (those without one are left out)."""
+    start = time.perf_counter()
+    clock = device_clock(next(target.parameters()).device)
+    beliefs = beliefs or {}
+    usable = [p for p in policies if not p.startswith("bastion") or beliefs.get(p) is not None]
+    reports: list[BatchGenerationReport] = []
+    for b in batch_sizes:
+        if progress:
+            progress(f"timing this machine at batch {b} ({len(usable)} policies in lockstep)")
+        sessions, clocks = _sessions(
+            target,
+            drafter_dir,
+            usable,
+            calibration_ids,
+            batch_size=b,
+            max_new_tokens=max_new_tokens,
+            repeats=repeats,
+            warmup=1,
+            beliefs=beliefs,
+            clock=clock,
+        )
+        reports += lockstep(sessions, clocks)
+    prefills = _prefill_sweep(target, calibration_ids[0], repeats + 1)
+    device = str(next(target.parameters()).device)
+    return _fit(reports, prefills, time.perf_counter() - start, device)
+
+
+def _dense_traces(
+    target: Any, drafter: Any, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]
+) -> list[Trace]:
+    from .record import dense_marginals
+
+    vocab = int(target.config.vocab_size)
+    traces = []
+    for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
+        dense = dense_marginals(target, drafter, [*prompt, *out], len(prompt))
+        meta = {"policy": "ar", "prompt_id": i, "vocab_size": vocab, "temperature": 0.0}
+        traces.append(Trace(tuple(prompt), tuple(out), (), meta, dense))
+    return traces
+
+
+def _real_row(report: BatchGenerationReport, name: str) -> TwinRow:
+    lat = report.latency()
+    first = [s for s in report.samples][: report.steps]  # the first timed run's steps
+    kinds = [s.kind for s in report.samples]
+    n = max(len(first), 1)
+    share = {k: kinds.count(k) / max(len(kinds), 1) for k in ("ar", "chain", "tree")}
+    return TwinRow(
+        source="real",
+        policy=name,
+        batch_size=report.batch_size,
+        tpot_p50_s=lat["tpot_p50_s"],
+        tpot_mean_s=float(np.mean([t for run in report.runs for t in run.request_tpots if t > 0])),
+        ttft_mean_s=lat["ttft_mean_s"],
+        e2e_mean_s=lat["e2e_mean_s"],
+        tau=report.tau,
+        mean_tree_size=report.mean_tree_size,
+        steps=report.steps,
+        draft_s=sum(s.draft_s for s in first) / n,
+        host_s=sum(s.host_s for s in first) / n,
+        verify_s=sum(s.verify_s for s in first) / n,
+        share_ar=share["ar"],
+        share_chain=share["chain"],
+        share_tree=share["tree"],
+        committed=tuple(tuple(r.committed_per_step) for r in report.records),
+    )
+
+
+@public(
+    max_new_tokens=integer(2, 1 << 16),
+    repeats=integer(1, 100),
+    warmup=integer(0, 100),
+    n_max=integer(1, 1 << 12),
+)
+def run_twin(
+    target: Any,
+    drafter_dir: Path,
+    prompt_ids: Sequence[Sequence[int]],
+    calibration_ids: Sequence[Sequence[int]],
+    *,
+    policies: Sequence[str] = TWIN_POLICIES,
+    batch_sizes: Sequence[int] = (1, 4),
+    max_new_tokens: int = 96,
+    repeats: int = 3,
+    warmup: int = 1,
+    truth: GroundTruth | None = None,
+    beliefs: dict[str, Any] | None = None,
+    hardware: Any = None,
+    unmeasured: dict[str, GroundTruth] | None = None,
+    n_max: int = 1024,
+    progress: Callable[[str], None] | None = None,
+) -> TwinResult:
+    """Decode for real, time the machine (unless ``truth`` is given), replay in the simulator.
+
+    ``beliefs[policy]``: the cost model a cost-model policy decides with, on both sides (a
+    learning controller's is copied per run). ``hardware``: the device's profile for the
+    simulator's roofline parts (the measured truth does not use them) and for ``unmeasured``,
+    the truths predicted without measuring (name → truth), each replayed like the measured one.
+    """
+    from bastion.cost.models import DrafterSpec
+
+    from .calibrate import target_spec
+
+    if not policies or policies[0] != "ar":
+        raise BudgetError("the twin's policies must start with 'ar' (the speedups' baseline)")
+    if not batch_sizes or min(batch_sizes) < 1:
+        raise BudgetError(f"batch sizes must be ≥ 1; got {list(batch_sizes)}")
+    if hardware is None:
+        raise ConfigError("run_twin needs the device's hardware profile (hardware=)")
+    beliefs = beliefs or {}
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    clock = device_clock(next(target.parameters()).device)
+    measuring = truth is None
+    real: dict[int, list[BatchGenerationReport]] = {}
+    timing: list[BatchGenerationReport] = []
+    eval_work = len(prompt_ids) * max_new_tokens
+    cal_work = len(calibration_ids) * CALIBRATION_TOKENS
+    for b in batch_sizes:
+        sessions, clocks = _sessions(
+            target,
+            drafter_dir,
+            policies,
+            prompt_ids,
+            batch_size=b,
+            max_new_tokens=max_new_tokens,
+            repeats=repeats,
+            warmup=warmup,
+            beliefs=beliefs,
+            clock=clock,
+        )
+        weights = [1.0] * len(sessions)
+        if measuring:
+            usable = [
+                p for p in CALIBRATION_POLICIES if not p.startswith("bastion") or p in beliefs
+            ]
+            cal, cal_clocks = _sessions(
+                target,
+                drafter_dir,
+                usable,
+                calibration_ids,
+                batch_size=b,
+                max_new_tokens=CALIBRATION_TOKENS,
+                repeats=repeats,
+                warmup=1,
+                beliefs=beliefs,
+                clock=clock,
+            )
+            sessions += cal
+            clocks += cal_clocks
+            weights += [min(cal_work / eval_work, 1.0)] * len(cal)
+        if progress:
+            extra = f" and {len(sessions) - len(policies)} timing sessions" if measuring else ""
+            progress(
+                f"decoding {len(prompt_ids)} prompts at batch {b}: {len(policies)} policies"
+                f"{extra} in lockstep ({warmup} warm-up and {repeats} timed run(s) each)"
+            )
+        reports = lockstep(sessions, clocks, weights)
+        real[b] = reports[: len(policies)]
+        timing += reports[len(policies) :]
+    seconds["real_s"] = time.perf_counter() - start
+    if measuring:
+        t0 = time.perf_counter()
+        prefills = _prefill_sweep(target, calibration_ids[0], repeats + 1)
+        device = str(next(target.parameters()).device)
+        truth = measured_truth(_fit(timing, prefills, seconds["real_s"], device))
+        samples = [s for r in timing for s in r.samples]
+        prefills = prefills + [p for r in timing for p in r.prefills]
+        seconds["truth_s"] = time.perf_counter() - t0
+    else:
+        samples, prefills = [], []
+    # what ran: AR's outputs (every policy's, if lossless), with the drafter's marginals
+    first = real[batch_sizes[0]][0]
+    outputs = [r.output_ids for r in first.records]
+    identical = all(
+        [r.output_ids for r in rep.records] == outputs and rep.repeats_agree
+        for reps in real.values()
+        for rep in reps
+    )
+    t0 = time.perf_counter()
+    drafter = _drafter(drafter_dir, target)
+    traces = _dense_traces(target, drafter, prompt_ids, outputs)
+    seconds["traces_s"] = time.perf_counter() - t0
+    rows: list[TwinRow] = []
+    for reports in real.values():
+        rows += with_speedups([_real_row(r, p) for r, p in zip(reports, policies, strict=True)])
+    spec = target_spec(target)
+    drafter_spec = DrafterSpec.from_hf_config(drafter_dir / "config.json")
+    t0 = time.perf_counter()
+    assert truth is not None
+    for source, sim_truth in {"sim": truth, **(unmeasured or {})}.items():
+        for b in batch_sizes:
+            rows += replay(
+                traces,
+                policies,
+                batch_size=b,
+                hardware=hardware,
+                model=spec,
+                drafter=drafter_spec,
+                truth=sim_truth,
+                beliefs=beliefs,
+                source=source,
+                n_max=n_max,
+                progress=progress,
+            )
+    seconds["sim_s"] = time.perf_counter() - t0
+    entries = compare(rows)
+    sources = sorted({e["source"] for e in entries})
+    seconds["total_s"] = time.perf_counter() - start
+    return TwinResult(
+        rows,
+        entries,
+        truth,
+        identical,
+        {s: summary(entries, s) for s in sources},
+        seconds,
+        samples,
+        prefills,
+        traces,
+    )
+
+
+def nan_safe(x: float) -> float | None:
+    """JSON has no NaN: None instead."""
+    return None if isinstance(x, float) and math.isnan(x) else x

@@ -1,0 +1,593 @@
+"""A measured truth: a device's pass and host costs fitted from real steps, for the simulator.
+
+The roofline truths (``sim/truths/*.toml``) say how a *GPU* departs from its roofline. A
+measured truth instead prices every part of a step from times measured on the machine itself
+(:mod:`bastion.backends.torch.twin` measures them on calibration prompts; any
+:class:`~bastion.stepcosts.StepSample` list will do), so the simulator can be checked against
+real runs on hardware no profile describes — a CPU, where the host's work and the device's add
+up instead of overlapping. It is a ``[measured]`` section of an ordinary truth file; a truth with
+it prices passes from it alone (the roofline fields are then unused).
+
+The terms, each fitted by non-negative least squares on relative error (a fast pass counts as
+much as a slow one), with R the requests of the step (rows of the batched pass), N the largest
+tree (the pass pads every row to it), L the longest context (the cache's length) and T = R·N:
+
+- ``verify.<kind>`` (kind ``ar``, ``chain``, ``tree``): the verifier's whole call — masks,
+  forward pass, acceptance walk, KV compaction:
+  h(T) + row_s·(R − 1) + attention_s·R·N·(L + N) + cache_s·R·L, with h piecewise linear in T
+  between knots at powers of two (linear beyond the last); for ``ar`` N = 1 and no row term
+  (h(R) carries it);
+- ``draft.<preparation>`` (``argmax``: the chain's top-1 path; ``topk``: top-K marginals for
+  trees): g(R) + context_s·ΣL, g piecewise linear in R;
+- ``host.<kind>_<control>`` (control ``static``: a fixed policy; ``decide``: the controller
+  decided the step; ``repeat``: it repeated its last decision): the tree build or the
+  controller's choice, step_s + request_s·R + node_s·ΣN; and ``loop.<kind>_<control>``, the rest
+  of the step's wall time outside the draft, build and verify calls (the learning update after
+  the pass, the decode loop's bookkeeping), of the same form. A missing control falls back to
+  ``repeat`` ↔ ``decide``, then ``static`` of the same kind. A learning controller learns from
+  draft + build + verify, as the real engine reports it: the loop's part is charged to the step
+  but not shown to the learner (:attr:`bastion.sim.gpu.SimulatedGPU.unobserved_s`);
+- ``prefill``: one prompt of n tokens prefilled alone: pass_s + token_s·n + token2_s·n².
+
+A batched pass that carries prefill chunks (the simulator's chunked prefill) is priced as the
+decode pass plus each chunk prefilled alone (a chunk of n tokens over c cached ones as
+prefill(c + n) − prefill(c)), which is what the real backend does: it prefills each prompt on
+its own before the step.
+
+What this module does not do: measure (the real backend does), or decide anything.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.errors import ConfigError
+from bastion.guard import public
+from bastion.stepcosts import CONTROLS, KINDS, PrefillSample, StepSample
+
+__all__ = [
+    "Curve",
+    "DraftTerm",
+    "HostTerm",
+    "MeasuredCosts",
+    "PrefillTerm",
+    "VerifyTerm",
+    "fit_measured",
+    "measured_from_dict",
+]
+
+Array = npt.NDArray[np.float64]
+
+_FALLBACK = {
+    "static": ("static",),
+    "decide": ("decide", "repeat", "static"),
+    "repeat": ("repeat", "decide", "static"),
+}
+_MIN_SAMPLES = 3  # a term needs this many samples to be fitted
+
+
+def _hats(x: Array, knots: Sequence[float]) -> Array:
+    """[len(x), len(knots)] weights of the piecewise-linear curve through the knots at x:
+    linear between knots, the first and last segments extended beyond them."""
+    k = np.asarray(knots, dtype=np.float64)
+    out = np.zeros((x.shape[0], k.shape[0]))
+    if k.shape[0] == 1:
+        out[:, 0] = 1.0
+        return out
+    seg = np.clip(np.searchsorted(k, x, side="right") - 1, 0, k.shape[0] - 2)
+    lo, hi = k[seg], k[seg + 1]
+    w = (x - lo) / (hi - lo)
+    rows = np.arange(x.shape[0])
+    out[rows, seg] = 1.0 - w
+    out[rows, seg + 1] = w
+    return out
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A piecewise-linear curve through (knots, values), extended linearly beyond its ends."""
+
+    knots: tuple[float, ...]
+    values: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        k = tuple(float(v) for v in self.knots)
+        v = tuple(float(x) for x in self.values)
+        if not k or len(k) != len(v):
+            raise ConfigError(
+                f"a measured curve needs as many values as knots (≥ 1); got {len(k)} knots and "
+                f"{len(v)} values"
+            )
+        if any(b <= a for a, b in itertools.pairwise(k)) or k[0] < 1:
+            raise ConfigError(f"a measured curve's knots must rise strictly from ≥ 1; got {k}")
+        if not all(math.isfinite(x) and x >= 0 for x in v):
+            raise ConfigError(f"a measured curve's values must be finite seconds ≥ 0; got {v}")
+        object.__setattr__(self, "knots", k)
+        object.__setattr__(self, "values", v)
+
+    def __call__(self, x: float) -> float:
+        k, v = self.knots, self.values
+        if len(k) == 1:
+            return v[0]
+        i = min(max(bisect.bisect_right(k, x) - 1, 0), len(k) - 2)
+        w = (x - k[i]) / (k[i + 1] - k[i])
+        return max(v[i] + w * (v[i + 1] - v[i]), 0.0)
+
+
+def _knots(x: Array) -> tuple[float, ...]:
+    """Powers of two from 1 to the first at or above max(x), each kept only where a sample lies
+    within its neighbours (so that every knot's value is fitted by some sample)."""
+    top = float(np.max(x))
+    grid = [1.0]
+    while grid[-1] < top:
+        grid.append(grid[-1] * 2.0)
+    keep = []
+    for i, k in enumerate(grid):
+        lo = grid[i - 1] if i else 0.0
+        hi = grid[i + 1] if i + 1 < len(grid) else math.inf
+        if np.any((x > lo) & (x < hi)):
+            keep.append(k)
+    return tuple(keep) or (1.0,)
+
+
+def _nnls(columns: Array, y: Array) -> tuple[Array, float]:
+    """Non-negative least squares on relative error; (coefficients, σ of the log residuals)."""
+    from scipy.optimize import nnls
+
+    coef, _ = nnls(columns / y[:, None], np.ones_like(y))
+    fit = columns @ coef
+    ok = fit > 0
+    sigma = float(np.std(np.log(y[ok] / fit[ok]))) if ok.any() else 0.0
+    return coef, sigma
+
+
+def _num(data: Mapping[str, Any], key: str, where: str) -> float:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}: '{key}' must be a number; got {value!r}")
+    v = float(value)
+    if not (math.isfinite(v) and v >= 0):
+        raise ConfigError(f"{where}: '{key}' must be a finite number ≥ 0; got {value!r}")
+    return v
+
+
+def _list(data: Mapping[str, Any], key: str, where: str) -> list[float]:
+    value = data.get(key)
+    if not isinstance(value, list) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in value
+    ):
+        raise ConfigError(f"{where}: '{key}' must be a list of numbers; got {value!r}")
+    return [float(v) for v in value]
+
+
+def _only(data: object, keys: Iterable[str], where: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where} must be a table")
+    accepted = set(keys) | {"samples"}
+    unknown = sorted(set(data) - accepted)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; accepted: {', '.join(sorted(accepted))}"
+        )
+    if "samples" in data:
+        n = data["samples"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"{where}: 'samples' must be a whole number ≥ 0; got {n!r}")
+    return data
+
+
+def _curve(data: Mapping[str, Any], where: str) -> Curve:
+    try:
+        return Curve(tuple(_list(data, "knots", where)), tuple(_list(data, "pass_s", where)))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class VerifyTerm:
+    """The verifier's call: h(R·N) + row_s·(R − 1) + attention_s·R·N·(L + N) + cache_s·R·L."""
+
+    pass_s: Curve
+    row_s: float = 0.0
+    attention_s: float = 0.0
+    cache_s: float = 0.0
+    samples: int = 0
+
+    def __call__(self, rows: int, size: int, context: int) -> float:
+        r, n, c = float(rows), float(size), float(context)
+        return (
+            self.pass_s(r * n)
+            + self.row_s * (r - 1.0)
+            + self.attention_s * r * n * (c + n)
+            + self.cache_s * r * c
+        )
+
+    @staticmethod
+    def features(rows: Array, sizes: Array, contexts: Array) -> Array:
+        r, n, c = rows, sizes, contexts
+        return np.stack([r - 1.0, r * n * (c + n), r * c], axis=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "knots": list(self.pass_s.knots),
+            "pass_s": list(self.pass_s.values),
+            "row_s": self.row_s,
+            "attention_s": self.attention_s,
+            "cache_s": self.cache_s,
+            "samples": self.samples,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> VerifyTerm:
+        keys = ("knots", "pass_s", "row_s", "attention_s", "cache_s")
+        d = _only(data, keys, where)
+        row, attention, cache = (_num(d, k, where) for k in keys[2:])
+        return cls(_curve(d, where), row, attention, cache, int(d.get("samples", 0)))
+
+
+@dataclass(frozen=True)
+class DraftTerm:
+    """The drafter's batched pass: g(R) + context_s·ΣL."""
+
+    pass_s: Curve
+    context_s: float = 0.0
+    samples: int = 0
+
+    def __call__(self, rows: int, total_context: float) -> float:
+        return self.pass_s(float(rows)) + self.context_s * total_context
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "knots": list(self.pass_s.knots),
+            "pass_s": list(self.pass_s.values),
+            "context_s": self.context_s,
+            "samples": self.samples,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> DraftTerm:
+        d = _only(data, ("knots", "pass_s", "context_s"), where)
+        return cls(_curve(d, where), _num(d, "context_s", where), int(d.get("samples", 0)))
+
+
+@dataclass(frozen=True)
+class HostTerm:
+    """Host work of a step outside its draft and verify calls: step_s + request_s·R + node_s·ΣN."""
+
+    step_s: float
+    request_s: float = 0.0
+    node_s: float = 0.0
+    samples: int = 0
+
+    def __call__(self, rows: int, nodes: float) -> float:
+        return self.step_s + self.request_s * rows + self.node_s * nodes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_s": self.step_s,
+            "request_s": self.request_s,
+            "node_s": self.node_s,
+            "samples": self.samples,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> HostTerm:
+        keys = ("step_s", "request_s", "node_s")
+        d = _only(data, keys, where)
+        step, request, node = (_num(d, k, where) for k in keys)
+        return cls(step, request, node, int(d.get("samples", 0)))
+
+
+@dataclass(frozen=True)
+class PrefillTerm:
+    """One prompt of n tokens prefilled alone: pass_s + token_s·n + token2_s·n²."""
+
+    pass_s: float
+    token_s: float = 0.0
+    token2_s: float = 0.0
+    samples: int = 0
+
+    def __call__(self, tokens: float) -> float:
+        n = float(tokens)
+        return self.pass_s + self.token_s * n + self.token2_s * n * n
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pass_s": self.pass_s,
+            "token_s": self.token_s,
+            "token2_s": self.token2_s,
+            "samples": self.samples,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object, where: str) -> PrefillTerm:
+        keys = ("pass_s", "token_s", "token2_s")
+        d = _only(data, keys, where)
+        base, token, token2 = (_num(d, k, where) for k in keys)
+        return cls(base, token, token2, int(d.get("samples", 0)))
+
+
+@public
+@dataclass(frozen=True)
+class MeasuredCosts:
+    """Every term of a measured truth (see the module docstring)."""
+
+    verify: Mapping[str, VerifyTerm]
+    draft: Mapping[str, DraftTerm]
+    host: Mapping[str, HostTerm]
+    loop: Mapping[str, HostTerm]
+    prefill: PrefillTerm
+    noise: float = 0.0  # σ of the verify passes' log residuals around the fit
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = [k for k in KINDS if k not in self.verify]
+        missing += [f"draft.{p}" for p in ("argmax", "topk") if p not in self.draft]
+        missing += [f"host.{k}_static" for k in KINDS if f"{k}_static" not in self.host]
+        missing += [f"loop.{k}_static" for k in KINDS if f"{k}_static" not in self.loop]
+        if missing:
+            raise ConfigError(
+                f"a measured truth needs every step kind measured; missing: {', '.join(missing)} "
+                "(measure with the policies ar, chain and a tree policy, e.g. fixed:16)"
+            )
+        unknown = sorted(set(self.verify) - set(KINDS)) + sorted(
+            set(self.draft) - {"argmax", "topk"}
+        )
+        keys = {f"{k}_{c}" for k in KINDS for c in CONTROLS}
+        unknown += sorted(set(self.host) - keys) + sorted(set(self.loop) - keys)
+        if unknown:
+            raise ConfigError(f"a measured truth has unknown terms: {', '.join(unknown)}")
+
+    # -- pricing -------------------------------------------------------------------------
+
+    def verify_s(self, kind: str, sizes: Sequence[int], contexts: Sequence[int]) -> float:
+        """The verifier's call for one batched step of ``kind``: the padded pass."""
+        if not len(sizes):
+            raise ConfigError("a pass needs at least one request")
+        n = 1 if kind == "ar" else int(max(sizes))
+        return self.verify[kind](len(sizes), n, int(max(contexts)))
+
+    def draft_s(self, preparation: str, contexts: Sequence[int]) -> float:
+        if not len(contexts):
+            raise ConfigError("a pass needs at least one request")
+        return self.draft[preparation](len(contexts), float(sum(contexts)))
+
+    def host_s(self, kind: str, control: str, sizes: Sequence[int]) -> tuple[float, float]:
+        """(build, loop) host seconds of a step of ``kind`` decided as ``control``."""
+        out = []
+        for table in (self.host, self.loop):
+            for c in _FALLBACK[control]:
+                term = table.get(f"{kind}_{c}")
+                if term is not None:
+                    out.append(term(len(sizes), float(sum(sizes))))
+                    break
+            else:  # pragma: no cover - __post_init__ requires the static terms
+                raise ConfigError(f"internal: no host term for {kind}")
+        return out[0], out[1]
+
+    def prefill_s(self, tokens: Sequence[float], contexts: Sequence[float]) -> float:
+        """Chunks prefilled one by one: chunk j of tokens[j] new tokens over contexts[j] cached
+        ones as prefill(c + n) − prefill(c) (a whole prompt: prefill(n))."""
+        total = 0.0
+        for n, c in zip(tokens, contexts, strict=True):
+            total += self.prefill(c + n) - (self.prefill(c) if c > 0 else 0.0)
+        return total
+
+    # -- files ---------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **dict(self.meta),
+            "noise": self.noise,
+            "verify": {k: v.to_dict() for k, v in self.verify.items()},
+            "draft": {k: v.to_dict() for k, v in self.draft.items()},
+            "host": {k: v.to_dict() for k, v in self.host.items()},
+            "loop": {k: v.to_dict() for k, v in self.loop.items()},
+            "prefill": self.prefill.to_dict(),
+        }
+
+
+_META = ("origin", "device", "steps", "prefills", "seconds")
+
+
+@public
+def measured_from_dict(data: object, origin: str = "<dict>") -> MeasuredCosts:
+    """A validated :class:`MeasuredCosts` from a truth file's ``[measured]`` table."""
+    where = f"{origin}: [measured]"
+    d = _only(data, ("noise", "verify", "draft", "host", "loop", "prefill", *_META), where)
+    meta: dict[str, Any] = {}
+    for key in _META:
+        if key in d:
+            value = d[key]
+            ok = (
+                isinstance(value, str)
+                if key in ("origin", "device")
+                else (isinstance(value, int | float) and not isinstance(value, bool) and value >= 0)
+            )
+            if not ok:
+                raise ConfigError(f"{where}: '{key}' has a wrong type or value: {value!r}")
+            meta[key] = value
+    for section in ("verify", "draft", "host", "loop", "prefill"):
+        if not isinstance(d.get(section), Mapping):
+            raise ConfigError(f"{where}: needs a [measured.{section}] table")
+    return MeasuredCosts(
+        verify={
+            str(k): VerifyTerm.from_dict(v, f"{where}.verify.{k}") for k, v in d["verify"].items()
+        },
+        draft={str(k): DraftTerm.from_dict(v, f"{where}.draft.{k}") for k, v in d["draft"].items()},
+        host={str(k): HostTerm.from_dict(v, f"{where}.host.{k}") for k, v in d["host"].items()},
+        loop={str(k): HostTerm.from_dict(v, f"{where}.loop.{k}") for k, v in d["loop"].items()},
+        prefill=PrefillTerm.from_dict(d["prefill"], f"{where}.prefill"),
+        noise=_num(d, "noise", where) if "noise" in d else 0.0,
+        meta=meta,
+    )
+
+
+# -- fitting ---------------------------------------------------------------------------------
+
+
+def _fit_verify(samples: Sequence[StepSample], kind: str) -> tuple[VerifyTerm, float]:
+    rows = np.array([s.rows for s in samples], dtype=np.float64)
+    sizes = np.array([1 if kind == "ar" else max(s.sizes) for s in samples], dtype=np.float64)
+    contexts = np.array([max(s.contexts) for s in samples], dtype=np.float64)
+    y = np.array([s.verify_s for s in samples], dtype=np.float64)
+    tokens = rows * sizes
+    knots = _knots(tokens)
+    extra = VerifyTerm.features(rows, sizes, contexts)
+    if kind == "ar":
+        extra = extra[:, 1:]  # h(R) carries the rows
+    coef, sigma = _nnls(np.hstack([_hats(tokens, knots), extra]), y)
+    h = coef[: len(knots)]
+    rest = [0.0, *coef[len(knots) :].tolist()] if kind == "ar" else coef[len(knots) :].tolist()
+    row, attention, cache = (float(x) for x in rest)
+    term = VerifyTerm(Curve(knots, tuple(h.tolist())), row, attention, cache, len(samples))
+    return term, sigma
+
+
+def _fit_draft(samples: Sequence[StepSample]) -> DraftTerm:
+    rows = np.array([s.rows for s in samples], dtype=np.float64)
+    total = np.array([sum(s.contexts) for s in samples], dtype=np.float64)
+    y = np.array([s.draft_s for s in samples], dtype=np.float64)
+    knots = _knots(rows)
+    coef, _ = _nnls(np.hstack([_hats(rows, knots), total[:, None]]), y)
+    curve = Curve(knots, tuple(coef[: len(knots)].tolist()))
+    return DraftTerm(curve, float(coef[-1]), samples=len(samples))
+
+
+def _fit_affine(x: Array, y: Array) -> Array:
+    """Non-negative coefficients of y ≈ x·coef, dropping columns that do not vary (a constant
+    column stays): the fit degrades to fewer terms rather than to nonsense."""
+    keep = [j for j in range(x.shape[1]) if j == 0 or np.ptp(x[:, j]) > 0]
+    coef = np.zeros(x.shape[1])
+    coef[keep] = _nnls(x[:, keep], y)[0]
+    return coef
+
+
+def _fit_host(samples: Sequence[StepSample], part: str) -> HostTerm:
+    x = np.array([[1.0, s.rows, sum(s.sizes)] for s in samples], dtype=np.float64)
+    y = np.array([max(getattr(s, part), 1e-9) for s in samples], dtype=np.float64)
+    step, request, node = _fit_affine(x, y).tolist()
+    return HostTerm(step, request, node, samples=len(samples))
+
+
+def _fit_prefill(prefills: Sequence[PrefillSample]) -> PrefillTerm:
+    n = np.array([p.tokens for p in prefills], dtype=np.float64)
+    y = np.array([max(p.seconds, 1e-9) for p in prefills], dtype=np.float64)
+    columns = np.stack([np.ones_like(n), n, n * n], axis=1)
+    if np.unique(n).shape[0] < 3:
+        columns[:, 2] = 0.0  # too few lengths for a curvature
+    a, b, c = _fit_affine(columns, y).tolist()
+    return PrefillTerm(a, b, c, samples=len(prefills))
+
+
+@public
+def fit_measured(
+    steps: Sequence[StepSample],
+    prefills: Sequence[PrefillSample],
+    meta: Mapping[str, Any] | None = None,
+) -> MeasuredCosts:
+    """Fit every term of a measured truth from real steps and prefills (see the module).
+
+    Needs at least three samples of each kind's verify pass, of each drafter preparation and of
+    each kind's static host work, and three prefills; what is missing is named in the error."""
+    if not all(isinstance(s, StepSample) for s in steps):
+        raise ConfigError("fit_measured: steps must be StepSample instances")
+    if not all(isinstance(p, PrefillSample) for p in prefills):
+        raise ConfigError("fit_measured: prefills must be PrefillSample instances")
+    verify: dict[str, VerifyTerm] = {}
+    draft: dict[str, DraftTerm] = {}
+    host: dict[str, HostTerm] = {}
+    loop: dict[str, HostTerm] = {}
+    sigmas = []
+    missing = []
+    for kind in KINDS:
+        group = [s for s in steps if s.kind == kind and s.verify_s > 0]
+        if len(group) < _MIN_SAMPLES:
+            missing.append(f"verify of {kind} steps ({len(group)} samples)")
+            continue
+        verify[kind], sigma = _fit_verify(group, kind)
+        sigmas.append(sigma)
+        for control in CONTROLS:
+            hosted = [s for s in steps if s.kind == kind and s.control == control]
+            if len(hosted) >= _MIN_SAMPLES:
+                host[f"{kind}_{control}"] = _fit_host(hosted, "build_s")
+                loop[f"{kind}_{control}"] = _fit_host(hosted, "other_s")
+            elif control == "static":
+                missing.append(f"host work of static {kind} steps ({len(hosted)} samples)")
+    for preparation in ("argmax", "topk"):
+        group = [s for s in steps if s.preparation == preparation and s.draft_s > 0]
+        if len(group) < _MIN_SAMPLES:
+            missing.append(f"drafter passes with {preparation} preparation ({len(group)} samples)")
+            continue
+        draft[preparation] = _fit_draft(group)
+    if len(prefills) < _MIN_SAMPLES:
+        missing.append(f"prefills ({len(prefills)} samples)")
+    if missing:
+        raise ConfigError(
+            "too few measurements for a measured truth: " + "; ".join(missing) + f" (each needs "
+            f"≥ {_MIN_SAMPLES}; measure with ar, chain and a tree policy such as fixed:16)"
+        )
+    info = dict(meta or {})
+    info.setdefault("steps", len(steps))
+    info.setdefault("prefills", len(prefills))
+    return MeasuredCosts(
+        verify, draft, host, loop, _fit_prefill(prefills), float(np.median(sigmas)), info
+    )
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"a truth file cannot hold {value!r}")
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise ConfigError(f"a truth file cannot hold {value!r:.60}")  # pragma: no cover
+
+
+def _toml_table(name: str, table: Mapping[str, Any], out: list[str]) -> None:
+    plain = {k: v for k, v in table.items() if not isinstance(v, Mapping)}
+    nested = {k: v for k, v in table.items() if isinstance(v, Mapping)}
+    if plain or not nested:
+        out.append(f"\n[{name}]")
+        out.extend(f"{k} = {_toml_value(v)}" for k, v in plain.items())
+    for key, sub in nested.items():
+        _toml_table(f"{name}.{key}", sub, out)
+
+
+@public
+def measured_truth_toml(
+    measured: MeasuredCosts, name: str, description: str, sources: Mapping[str, str]
+) -> str:
+    """A whole truth file (TOML) holding ``measured``; read back by ``bastion.sim.truth``."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError("a truth needs a non-empty name")
+    out = [
+        "# A measured truth: every pass and host cost fitted from real steps on one machine",
+        "# (bastion.sim.measured; docs/sim-to-real.md). Written by Bastion; edit with care.",
+        f"name = {_toml_value(name)}",
+        f"description = {_toml_value(description)}",
+    ]
+    _toml_table("noise", {"noise": round(measured.noise, 6)}, out)
+    _toml_table("measured", measured.to_dict(), out)
+    _toml_table("sources", dict(sources), out)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,317 @@
+"""The simulator's side of ``bastion twin``: replay real requests, and compare with the real run.
+
+The real backend decodes prompts with each policy and records what the simulator needs to replay
+exactly those requests (:mod:`bastion.backends.torch.twin`): the prompts' lengths, the target's
+tokens and the drafter's marginals at every position (dense traces), the batch size, and the
+controller's belief. :func:`replay` serves the same requests on a :class:`SimulatedGPU` — all
+submitted at once in prompt order, at most ``batch_size`` in service, each prompt prefilled
+whole before it joins (as the real loop does) — and summarises each policy as a
+:class:`TwinRow`, the same fields as the real run's rows, so that :func:`compare` can set them
+side by side with the error of each.
+
+Statistics are the real report's: TPOT is the median over requests (``tpot_p50_s``); the
+speedup is AR's median TPOT over the policy's, within one source and batch size; the cycle's
+parts are means per decode step (draft, host = build + loop, verify); the decision mix is the
+share of decode steps of each kind.
+
+What this module does not do: run models (the torch side does) or fit truths
+(:mod:`bastion.sim.measured`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bastion.cost.hardware import HardwareProfile
+from bastion.cost.models import DrafterSpec, ModelSpec
+from bastion.errors import ConfigError
+from bastion.guard import integer, public
+from bastion.interfaces import CostModel
+from bastion.policies import make_policy
+from bastion.sim.arrivals import Arrival
+from bastion.sim.gpu import GroundTruth, SimulatedGPU
+from bastion.sim.replay import TraceSource
+from bastion.sim.serving import ServingResult, serve
+from bastion.trace import Trace
+
+__all__ = [
+    "TWIN_FIELDS",
+    "TwinRow",
+    "compare",
+    "format_comparison",
+    "plot_twin",
+    "replay",
+    "summary",
+    "with_speedups",
+]
+
+WHOLE_PROMPT = 1 << 30  # prefill chunk: every prompt prefilled in one piece, as the real loop
+
+# the fields compared, with how each is shown: (field, label, scale, format)
+TWIN_FIELDS: tuple[tuple[str, str, float, str], ...] = (
+    ("tpot_p50_s", "TPOT ms", 1e3, "{:.3f}"),
+    ("speedup", "speedup", 1.0, "{:.3f}"),
+    ("ttft_mean_s", "TTFT ms", 1e3, "{:.2f}"),
+    ("tau", "τ", 1.0, "{:.3f}"),
+    ("mean_tree_size", "mean N", 1.0, "{:.1f}"),
+    ("draft_s", "draft ms", 1e3, "{:.3f}"),
+    ("host_s", "host ms", 1e3, "{:.3f}"),
+    ("verify_s", "verify ms", 1e3, "{:.3f}"),
+    ("share_ar", "AR %", 100.0, "{:.0f}"),
+    ("share_chain", "chain %", 100.0, "{:.0f}"),
+    ("share_tree", "tree %", 100.0, "{:.0f}"),
+)
+
+
+@dataclass(frozen=True)
+class TwinRow:
+    """One policy at one batch size from one source (``real``, ``sim``, or a prediction made
+    without measuring, such as ``roofline``), in the record vocabulary (seconds)."""
+
+    source: str
+    policy: str
+    batch_size: int
+    tpot_p50_s: float  # median over requests (every timed run's, for a real run)
+    tpot_mean_s: float
+    ttft_mean_s: float
+    e2e_mean_s: float
+    tau: float  # delivered tokens per step, bonus included, over every request's steps
+    mean_tree_size: float
+    steps: int  # batched decode steps (a real run's first timed run)
+    draft_s: float  # mean per decode step
+    host_s: float  # build + loop, mean per decode step
+    verify_s: float
+    share_ar: float  # share of decode steps of each kind
+    share_chain: float
+    share_tree: float
+    speedup: float = math.nan  # AR's tpot_p50_s over this one, same source and batch size
+    # per request, the tokens each step delivered (bonus included), prompt order
+    committed: tuple[tuple[int, ...], ...] = ()
+
+    @property
+    def cycle_s(self) -> float:
+        return self.draft_s + self.host_s + self.verify_s
+
+    def to_record(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("committed")
+        d["cycle_s"] = self.cycle_s
+        return d
+
+
+def _shares(kinds: Mapping[str, int]) -> tuple[float, float, float]:
+    total = sum(kinds.values())
+    if not total:
+        return 0.0, 0.0, 0.0
+    return tuple(kinds.get(k, 0) / total for k in ("ar", "chain", "tree"))  # type: ignore[return-value]
+
+
+def _row(source: str, batch_size: int, served: ServingResult) -> TwinRow:
+    reqs = sorted(served.requests, key=lambda r: r.request_id)
+    tpots = [r.tpot_s for r in reqs if r.tokens > 1]
+    steps = max(served.steps, 1)
+    committed = [n for r in reqs for n in r.committed]
+    sizes = [s for r in reqs for s in r.tree_sizes]
+    ar, chain, tree = _shares(served.step_kinds)
+    return TwinRow(
+        source=source,
+        policy=served.policy,
+        batch_size=batch_size,
+        tpot_p50_s=float(np.median(tpots)) if tpots else 0.0,
+        tpot_mean_s=float(np.mean(tpots)) if tpots else 0.0,
+        ttft_mean_s=float(np.mean([r.ttft_s for r in reqs])),
+        e2e_mean_s=float(np.mean([r.e2e_s for r in reqs])),
+        tau=float(np.mean(committed)) if committed else 0.0,
+        mean_tree_size=float(np.mean(sizes)) if sizes else 1.0,
+        steps=served.steps,
+        draft_s=served.draft_s / steps,
+        host_s=served.prep_s / steps,
+        verify_s=served.verify_s / steps,
+        share_ar=ar,
+        share_chain=chain,
+        share_tree=tree,
+        committed=tuple(tuple(r.committed) for r in reqs),
+    )
+
+
+def with_speedups(rows: Sequence[TwinRow]) -> list[TwinRow]:
+    """Each row with its speedup over the AR row of its source and batch size."""
+    ar = {(r.source, r.batch_size): r.tpot_p50_s for r in rows if r.policy == "ar"}
+    out = []
+    for r in rows:
+        base = ar.get((r.source, r.batch_size), math.nan)
+        speedup = base / r.tpot_p50_s if r.tpot_p50_s > 0 else math.nan
+        out.append(dataclasses.replace(r, speedup=speedup))
+    return out
+
+
+@public(batch_size=integer(1, 1 << 16), n_max=integer(1, 1 << 20), seed=integer(lo=0))
+def replay(
+    traces: Sequence[Trace],
+    policies: Sequence[str],
+    *,
+    batch_size: int,
+    hardware: HardwareProfile,
+    model: ModelSpec,
+    drafter: DrafterSpec,
+    truth: GroundTruth,
+    beliefs: Mapping[str, CostModel | None] | None = None,
+    source: str = "sim",
+    n_max: int = 1024,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[TwinRow]:
+    """Serve the traced requests with every policy on the simulated GPU; one row each.
+
+    ``traces[i]`` is request i (its prompt, the target's tokens, the drafter's marginals at every
+    position: a dense trace). ``beliefs[policy]`` is the cost model a policy that uses one is
+    given (the real run's, so both decide from the same belief; a learning controller's is
+    copied per run). Every request arrives at time 0; at most ``batch_size`` are served at once,
+    in order, each prompt prefilled whole."""
+    if not traces:
+        raise ConfigError("twin replay needs at least one trace (one per request)")
+    if not all(isinstance(t, Trace) for t in traces):
+        raise ConfigError("twin replay: traces must be bastion.trace.Trace objects")
+    if not policies:
+        raise ConfigError("twin replay needs at least one policy")
+    arrivals = [Arrival(0.0, len(t.prompt_ids), len(t.output_ids)) for t in traces]
+    rows = []
+    for name in policies:
+        if progress is not None:
+            progress(f"replaying {name} at batch {batch_size} on the simulated device ({source})")
+        policy = make_policy(name, n_max=n_max)
+        belief = (beliefs or {}).get(name)
+        copy = getattr(belief, "copy", None)
+        if getattr(policy, "learns", False) and callable(copy):
+            belief = copy()  # each run learns anew from the same start-up table
+        gpu = SimulatedGPU(hardware, model, drafter, truth, seed=seed, max_tree_size=n_max)
+        served = serve(
+            policy,
+            gpu,
+            TraceSource([(t, f"request {i}") for i, t in enumerate(traces)]),
+            cost_model=belief if getattr(policy, "uses_cost_model", False) else None,
+            concurrency=batch_size,
+            arrivals=arrivals,
+            prefill_chunk=WHOLE_PROMPT,
+        )
+        served.policy = name
+        rows.append(_row(source, batch_size, served))
+    return with_speedups(rows)
+
+
+def _error(sim: float, real: float) -> float:
+    """Signed relative error of ``sim`` against ``real`` (nan where real is 0 or nan)."""
+    if not (math.isfinite(sim) and math.isfinite(real)) or real == 0:
+        return math.nan
+    return sim / real - 1.0
+
+
+@public
+def compare(rows: Sequence[TwinRow], against: str = "real") -> list[dict[str, Any]]:
+    """One entry per (policy, batch size, other source): every :data:`TWIN_FIELDS` value of
+    both sources and the other's relative error against ``against`` (decision shares: the
+    difference in points instead)."""
+    real = {(r.policy, r.batch_size): r for r in rows if r.source == against}
+    out = []
+    for r in rows:
+        if r.source == against:
+            continue
+        base = real.get((r.policy, r.batch_size))
+        if base is None:
+            continue
+        entry: dict[str, Any] = {"policy": r.policy, "batch_size": r.batch_size}
+        entry["source"] = r.source
+        for name, *_ in TWIN_FIELDS:
+            a, b = getattr(base, name), getattr(r, name)
+            entry[f"{name}_{against}"] = a
+            entry[name] = b
+            entry[f"{name}_error"] = b - a if name.startswith("share_") else _error(b, a)
+        entry["committed_exact"] = bool(base.committed) and base.committed == r.committed
+        out.append(entry)
+    return out
+
+
+def format_comparison(entries: Sequence[Mapping[str, Any]], against: str = "real") -> str:
+    """The comparison as a text table: per policy and batch size, real → other (error)."""
+    shown = ("tpot_p50_s", "speedup", "tau", "mean_tree_size", "draft_s", "host_s", "verify_s")
+    labels = {f: (label, scale, fmt) for f, label, scale, fmt in TWIN_FIELDS}
+    head = f"{'source':<9}{'policy':<14}{'B':>3} "
+    head += " ".join(f"{labels[f][0]:>22}" for f in shown) + f" {'mix AR/chain/tree %':>26}"
+    lines = [head]
+    for e in entries:
+        cells = []
+        for f in shown:
+            _, scale, fmt = labels[f]
+            a, b, err = e[f"{f}_{against}"], e[f], e[f"{f}_error"]
+            text = f"{fmt.format(a * scale)}→{fmt.format(b * scale)}"
+            text += f" ({err * 100:+.1f}%)" if math.isfinite(err) else ""
+            cells.append(f"{text:>22}")
+        mix = "/".join(f"{e[f'share_{k}_{against}'] * 100:.0f}" for k in ("ar", "chain", "tree"))
+        mix += " → " + "/".join(f"{e[f'share_{k}'] * 100:.0f}" for k in ("ar", "chain", "tree"))
+        lines.append(
+            f"{e['source']:<9}{e['policy']:<14}{e['batch_size']:>3} "
+            + " ".join(cells)
+            + f" {mix:>26}"
+        )
+    return "\n".join(lines)
+
+
+def summary(entries: Sequence[Mapping[str, Any]], source: str = "sim") -> dict[str, float]:
+    """The twin's headline numbers for one source: worst and mean |error| of the speedup over
+    AR (policies other than AR) and of the median TPOT, and the worst decision-mix gap."""
+    mine = [e for e in entries if e["source"] == source]
+    speed = [abs(e["speedup_error"]) for e in mine if e["policy"] != "ar"]
+    tpot = [abs(e["tpot_p50_s_error"]) for e in mine]
+    mix = [abs(e[f"share_{k}_error"]) for e in mine for k in ("ar", "chain", "tree")]
+    nan = math.nan
+    return {
+        "speedup_error_max": max(speed, default=nan),
+        "speedup_error_mean": statistics.fmean(speed) if speed else nan,
+        "tpot_error_max": max(tpot, default=nan),
+        "tpot_error_mean": statistics.fmean(tpot) if tpot else nan,
+        "mix_gap_max": max(mix, default=nan),
+    }
+
+
+def plot_twin(rows: Sequence[TwinRow], path: Any, against: str = "real") -> None:
+    """Simulated against measured median TPOT per policy, one panel per batch size, with every
+    other source beside the simulator (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - the dev extra has it
+        raise ConfigError("the twin's plot needs matplotlib: pip install 'bastion[plot]'") from exc
+    from bastion.files import save_figure_atomic
+
+    sizes = sorted({r.batch_size for r in rows})
+    sources = [against, *sorted({r.source for r in rows} - {against})]
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.2), squeeze=False)
+    for ax, b in zip(axes[0], sizes, strict=True):
+        policies = [r.policy for r in rows if r.source == against and r.batch_size == b]
+        width = 0.8 / len(sources)
+        for k, source in enumerate(sources):
+            values = {
+                r.policy: r.tpot_p50_s * 1e3
+                for r in rows
+                if r.source == source and r.batch_size == b
+            }
+            xs = [i + (k - (len(sources) - 1) / 2) * width for i in range(len(policies))]
+            ax.bar(xs, [values.get(p, math.nan) for p in policies], width, label=source)
+        ax.set_xticks(range(len(policies)), policies, rotation=35, ha="right")
+        ax.set_title(f"batch {b}")
+        ax.set_ylabel("median TPOT (ms)")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend()
+    fig.suptitle("bastion twin: measured (real) against simulated TPOT")
+    fig.tight_layout()
+    save_figure_atomic(fig, path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,236 @@
+"""A measured truth (bastion.sim.measured): fitted from step samples, written, read back, priced.
+
+Every test here makes its own "machine": a known cost function generates the samples, so the
+fit is checked against a truth the code never saw in any shipped file.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tomllib
+
+from bastion.errors import ConfigError
+from bastion.sim.gpu import GroundTruth, SimulatedGPU
+from bastion.sim.measured import (
+    Curve,
+    MeasuredCosts,
+    fit_measured,
+    measured_from_dict,
+    measured_truth_toml,
+)
+from bastion.sim.truth import truth_from_dict
+from bastion.stepcosts import PrefillSample, StepSample
+
+
+def machine_verify(kind: str, rows: int, size: int, context: int) -> float:
+    """The pretend machine's verifier call: a concave GEMM curve in tokens, a per-row cost, an
+    attention term; AR is a little cheaper per token (no mask)."""
+    tokens = rows * (1 if kind == "ar" else size)
+    gemm = 3e-3 + 4e-4 * tokens**0.8
+    mask = 0.0 if kind == "ar" else 1e-4
+    return gemm + mask + 5e-5 * (rows - 1) + 2e-9 * rows * size * (context + size)
+
+
+def machine_draft(prep: str, contexts: list[int]) -> float:
+    return (2e-3 if prep == "topk" else 1.6e-3) + 4e-4 * (len(contexts) - 1) + 1e-7 * sum(contexts)
+
+
+def machine_host(kind: str, control: str, sizes: list[int]) -> tuple[float, float]:
+    build = {"ar": 2e-5, "chain": 6e-5, "tree": 9e-5}[kind] + 3e-6 * sum(sizes)
+    build += {"static": 0.0, "decide": 2e-4, "repeat": 5e-5}[control]
+    loop = 8e-5 + 1e-5 * len(sizes) + (4e-5 if control != "static" else 0.0)
+    return build, loop
+
+
+def machine_prefill(n: int) -> float:
+    return 4e-3 + 6e-5 * n + 1e-8 * n * n
+
+
+def make_samples(
+    seed: int = 0, noise: float = 0.02
+) -> tuple[list[StepSample], list[PrefillSample]]:
+    rng = np.random.default_rng(seed)
+    jitter = lambda: float(np.exp(noise * rng.standard_normal()))  # noqa: E731
+    steps = []
+    policies = [("ar", "none", "static", 1), ("chain", "argmax", "static", 16)]
+    policies += [("tree", "topk", "static", n) for n in (2, 4, 8, 16, 32, 64, 128)]
+    policies += [("tree", "topk", "decide", 24), ("ar", "none", "decide", 1)]
+    policies += [("tree", "topk", "repeat", 24), ("chain", "topk", "decide", 16)]
+    for kind, prep, control, size in policies:
+        for rows in (1, 2, 3, 4):
+            for _ in range(6):
+                contexts = rng.integers(60, 220, rows).tolist()
+                sizes = [size] * rows
+                build, loop = machine_host(kind, control, sizes)
+                draft = 0.0 if kind == "ar" else machine_draft(prep, contexts) * jitter()
+                steps.append(
+                    StepSample(
+                        kind,
+                        prep,
+                        control,
+                        tuple(sizes),
+                        tuple(contexts),
+                        draft,
+                        build * jitter(),
+                        machine_verify(kind, rows, size, max(contexts)) * jitter(),
+                        loop * jitter(),
+                    )
+                )
+    prefills = [PrefillSample(n, machine_prefill(n) * jitter()) for n in (16, 64, 128, 256) * 3]
+    return steps, prefills
+
+
+@pytest.fixture(scope="module")
+def fitted() -> MeasuredCosts:
+    return fit_measured(*make_samples())
+
+
+@pytest.mark.parametrize("kind", ["ar", "chain", "tree"])
+def test_the_fit_predicts_passes_it_never_saw(fitted: MeasuredCosts, kind: str) -> None:
+    # sizes between the measured ones, batch sizes and contexts beyond them (a chain is always
+    # as long as the drafter's block: 16 here)
+    for rows, size, context in [(1, 24, 150), (2, 48, 100), (3, 12, 300), (4, 100, 200)]:
+        n = {"ar": 1, "chain": 16}.get(kind, size)
+        got = fitted.verify_s(kind, [n] * rows, [context] * rows)
+        want = machine_verify(kind, rows, n, context)
+        assert got == pytest.approx(want, rel=0.04), (rows, size, context)
+
+
+def test_draft_host_and_prefill_terms_recover_the_machine(fitted: MeasuredCosts) -> None:
+    ctx = [100, 150, 90]
+    assert fitted.draft_s("topk", ctx) == pytest.approx(machine_draft("topk", ctx), rel=0.03)
+    assert fitted.draft_s("argmax", ctx) == pytest.approx(machine_draft("argmax", ctx), rel=0.03)
+    for kind, control, sizes in [
+        ("tree", "static", [24, 24]),
+        ("tree", "decide", [24, 24]),
+        ("ar", "static", [1, 1, 1]),
+    ]:
+        build, loop = fitted.host_s(kind, control, sizes)
+        want = machine_host(kind, control, sizes)
+        assert build == pytest.approx(want[0], rel=0.05)
+        assert loop == pytest.approx(want[1], rel=0.05)
+    assert fitted.prefill_s([100], [0]) == pytest.approx(machine_prefill(100), rel=0.03)
+    # a chunk over a cached prefix: the difference of two whole prefills
+    assert fitted.prefill_s([50], [100]) == pytest.approx(
+        machine_prefill(150) - machine_prefill(100), rel=0.1
+    )
+
+
+def test_a_control_never_measured_falls_back(fitted: MeasuredCosts) -> None:
+    # no "chain, repeat" samples: falls back to "chain, decide", which was measured
+    assert "chain_repeat" not in fitted.host
+    assert fitted.host_s("chain", "repeat", [16]) == fitted.host_s("chain", "decide", [16])
+    # no "ar, repeat" either: decide
+    assert fitted.host_s("ar", "repeat", [1]) == fitted.host_s("ar", "decide", [1])
+
+
+def test_noise_is_the_measured_spread(fitted: MeasuredCosts) -> None:
+    assert 0.01 < fitted.noise < 0.04  # the samples' jitter is σ = 0.02
+
+
+def test_the_truth_file_round_trips(fitted: MeasuredCosts) -> None:
+    text = measured_truth_toml(fitted, "mine", "a pretend machine", {"measured": "made up"})
+    truth = truth_from_dict(tomllib.loads(text), "mine.toml")
+    again = truth.measured
+    assert again is not None
+    assert truth.noise == pytest.approx(fitted.noise, abs=1e-6)
+    for kind in ("ar", "chain", "tree"):
+        for rows, n, c in [(1, 1, 50), (3, 40, 180)]:
+            assert again.verify_s(kind, [n] * rows, [c] * rows) == fitted.verify_s(
+                kind, [n] * rows, [c] * rows
+            )
+    assert again.host_s("tree", "decide", [8]) == fitted.host_s("tree", "decide", [8])
+    assert again.prefill_s([77], [0]) == fitted.prefill_s([77], [0])
+    assert again.meta == fitted.meta
+
+
+def test_a_simulated_gpu_prices_every_part_from_the_measured_truth(fitted: MeasuredCosts) -> None:
+    from bastion.cost.hardware import get_profile
+    from bastion.cost.models import DrafterSpec, get_model
+
+    model = get_model("qwen3-8b")
+    truth = GroundTruth(name="m", noise=0.0, measured=fitted)
+    gpu = SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model), truth)
+    sizes, ctx = np.array([16, 9]), np.array([120, 130])
+    draft, host, verify = gpu.step_s("tree", sizes, ctx, topk=True, controller=True)
+    assert draft == fitted.draft_s("topk", [120, 130])
+    build, loop = fitted.host_s("tree", "decide", [16, 9])
+    assert host == pytest.approx(build + loop)
+    assert gpu.unobserved_s == pytest.approx(loop)
+    assert verify == fitted.verify_s("tree", [16, 9], [120, 130])
+    # AR steps pay their host work too (the roofline truths charge none)
+    draft, host, verify = gpu.step_s("ar", np.array([1]), np.array([120]), controller="repeat")
+    assert draft == 0.0
+    assert host == pytest.approx(sum(fitted.host_s("ar", "repeat", [1])))
+    assert verify == fitted.verify_s("ar", [1], [120])
+    # a prefill chunk riding in the pass: prefilled alone, as the real loop does
+    _, _, both = gpu.step_s("chain", np.array([16]), np.array([120]), False, False, [80], [0])
+    alone = fitted.verify_s("chain", [16], [120]) + fitted.prefill_s([80], [0])
+    assert both == pytest.approx(alone)
+    assert gpu.prefill_truth([80], [0]) == fitted.prefill_s([80], [0])
+
+
+def test_too_few_measurements_name_what_is_missing() -> None:
+    steps, prefills = make_samples()
+    no_chain = [s for s in steps if s.kind != "chain"]
+    with pytest.raises(ConfigError, match="verify of chain steps"):
+        fit_measured(no_chain, prefills)
+    with pytest.raises(ConfigError, match="prefills"):
+        fit_measured(steps, prefills[:2])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["verify"].pop("tree"), "missing: tree"),
+        (lambda d: d["verify"]["ar"].update(knots=[2.0, 1.0, 4.0]), "rise strictly"),
+        (
+            lambda d: d["verify"]["ar"].update(pass_s=[-1.0] * len(d["verify"]["ar"]["knots"])),
+            "≥ 0",
+        ),
+        (lambda d: d["draft"]["topk"].update(context_s="fast"), "must be a number"),
+        (lambda d: d["host"]["tree_static"].update(typo=1.0), "unknown key"),
+        (lambda d: d.update(extra=1), "unknown key"),
+        (lambda d: d["prefill"].update(token_s=math.inf), "finite"),
+    ],
+)
+def test_a_bad_measured_table_is_refused_by_name(
+    fitted: MeasuredCosts, change: object, message: str
+) -> None:
+    import copy
+
+    data = copy.deepcopy(fitted.to_dict())
+    change(data)  # type: ignore[operator]
+    with pytest.raises(ConfigError, match=message):
+        measured_from_dict(data, "bad.toml")
+
+
+def test_step_samples_are_checked() -> None:
+    good = dict(
+        kind="tree",
+        preparation="topk",
+        control="static",
+        sizes=(4,),
+        contexts=(10,),
+        draft_s=1e-3,
+        build_s=1e-4,
+        verify_s=2e-3,
+        other_s=1e-4,
+    )
+    StepSample(**good)  # type: ignore[arg-type]
+    for key, value in [("kind", "beam"), ("sizes", (0,)), ("contexts", (1, 2)), ("verify_s", -1.0)]:
+        with pytest.raises(ConfigError):
+            StepSample(**{**good, key: value})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        PrefillSample(0, 1.0)
+    assert StepSample.from_dict(StepSample(**good).to_dict()) == StepSample(**good)  # type: ignore[arg-type]
+
+
+def test_a_curve_extends_its_last_segment() -> None:
+    c = Curve((1.0, 2.0, 4.0), (1.0, 2.0, 3.0))
+    assert c(3.0) == pytest.approx(2.5)
+    assert c(8.0) == pytest.approx(5.0)  # beyond the last knot: the last segment's line
+    assert c(0.5) == pytest.approx(0.5)
