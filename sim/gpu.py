@@ -1065,12 +1065,16 @@ class SimulatedGPU:
         ctx = _ints(contexts, "contexts", sizes)
         if kind not in ("ar", "chain", "tree"):
             raise ConfigError(f"unknown step kind {kind!r}; accepted: ar, chain, tree")
-        draft = 0.0 if kind == "ar" else self._noisy(m.draft_s("topk" if topk else "argmax", ctx))
+        # the measured terms are mean times: the noise is scaled to mean 1 (E exp(σz) = e^{σ²/2})
+        unbias = math.exp(-0.5 * self.truth.noise**2)
+        draft = 0.0
+        if kind != "ar":
+            draft = self._noisy(m.draft_s("topk" if topk else "argmax", ctx)) * unbias
         build, loop = m.host_s(kind, _control(controller), sizes)
-        host = self._noisy(build + loop)
+        host = self._noisy(build + loop) * unbias
         verify = self._noisy(
             self._measured_pass(kind, sizes, ctx, prefill_tokens, prefill_contexts)
-        )
+        ) * unbias
         self.unobserved_s = host * loop / (build + loop) if build + loop > 0 else 0.0
         return draft, host, verify
 

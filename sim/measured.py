@@ -139,14 +139,28 @@ def _knots(x: Array) -> tuple[float, ...]:
 
 
 def _nnls(columns: Array, y: Array) -> tuple[Array, float]:
-    """Non-negative least squares on relative error; (coefficients, σ of the log residuals)."""
+    """Non-negative coefficients whose fit is the *mean* of y where it is measured, with a fast
+    pass counting as much as a slow one; (coefficients, robust σ of the log residuals).
+
+    A step's time is heavy-tailed on a shared machine (a stall lands on one step), and what the
+    simulator must reproduce is a request's time per token — a mean over its steps. Least squares
+    on relative error would fit something near the median instead (a stall's step counts for
+    almost nothing), so it only starts the fit: then iteratively reweighted least squares with
+    variance ∝ fit (Σ (y − f)² / f), whose solution has Σ x_j·(y / f − 1) = 0 for every column
+    x_j — the measured times are, on average, what the fit says."""
     from scipy.optimize import nnls
 
     coef, _ = nnls(columns / y[:, None], np.ones_like(y))
+    for _ in range(4):
+        fit = np.maximum(columns @ coef, 1e-12)
+        w = 1.0 / np.sqrt(fit)
+        coef, _ = nnls(columns * w[:, None], y * w)
     fit = columns @ coef
     ok = fit > 0
-    sigma = float(np.std(np.log(y[ok] / fit[ok]))) if ok.any() else 0.0
-    return coef, sigma
+    if not ok.any():
+        return coef, 0.0
+    r = np.log(y[ok] / fit[ok])
+    return coef, float(1.4826 * np.median(np.abs(r - np.median(r))))
 
 
 def _num(data: Mapping[str, Any], key: str, where: str) -> float:
@@ -325,7 +339,7 @@ class MeasuredCosts:
     host: Mapping[str, HostTerm]
     loop: Mapping[str, HostTerm]
     prefill: PrefillTerm
-    noise: float = 0.0  # σ of the verify passes' log residuals around the fit
+    noise: float = 0.0  # robust σ of the verify passes' log residuals around the fit
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

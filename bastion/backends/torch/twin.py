@@ -307,6 +307,8 @@ def run_twin(
     hardware: Any = None,
     unmeasured: dict[str, GroundTruth] | None = None,
     n_max: int = 1024,
+    calibration_policies: Sequence[str] = CALIBRATION_POLICIES,
+    calibration_tokens: int = CALIBRATION_TOKENS,
     progress: Callable[[str], None] | None = None,
 ) -> TwinResult:
     """Decode for real, time the machine (unless ``truth`` is given), replay in the simulator.
@@ -315,6 +317,8 @@ def run_twin(
     learning controller's is copied per run). ``hardware``: the device's profile for the
     simulator's roofline parts (the measured truth does not use them) and for ``unmeasured``,
     the truths predicted without measuring (name → truth), each replayed like the measured one.
+    ``calibration_policies`` decode ``calibration_ids`` (``calibration_tokens`` new tokens each)
+    to time the machine; the cost-model policies among them need a belief.
     """
     from bastion.cost.models import DrafterSpec
 
@@ -334,7 +338,7 @@ def run_twin(
     real: dict[int, list[BatchGenerationReport]] = {}
     timing: list[BatchGenerationReport] = []
     eval_work = len(prompt_ids) * max_new_tokens
-    cal_work = len(calibration_ids) * CALIBRATION_TOKENS
+    cal_work = len(calibration_ids) * calibration_tokens
     for b in batch_sizes:
         sessions, clocks = _sessions(
             target,
@@ -351,7 +355,7 @@ def run_twin(
         weights = [1.0] * len(sessions)
         if measuring:
             usable = [
-                p for p in CALIBRATION_POLICIES if not p.startswith("bastion") or p in beliefs
+                p for p in calibration_policies if not p.startswith("bastion") or p in beliefs
             ]
             cal, cal_clocks = _sessions(
                 target,
@@ -359,7 +363,7 @@ def run_twin(
                 usable,
                 calibration_ids,
                 batch_size=b,
-                max_new_tokens=CALIBRATION_TOKENS,
+                max_new_tokens=calibration_tokens,
                 repeats=repeats,
                 warmup=1,
                 beliefs=beliefs,
