@@ -80,6 +80,9 @@ FIELDS: dict[str, Field] = {
     "seed": Field("1", _I, "the run's seed"),
     "cost_mode": Field("", _T, "the controller's cost model: bare, static, ema, ema+calib, …"),
     "n_max": Field("tokens", _I, "the adaptive controller's cap on the tree size"),
+    "drafter_config": Field(
+        "", _T, "the drafter priced: a DFlash config.json path (null: the published layout)"
+    ),
     "batch_size": Field("1", _I, "real backend: most requests decoded together"),
     "policy": Field("", _T, "the policy's display name (ar: target-only autoregressive)"),
     "policy_spec": Field(

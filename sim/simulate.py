@@ -83,6 +83,9 @@ class SimSpec:
     truth: str | GroundTruth = DEFAULT_TRUTH  # the simulated GPU: a truth name, path or object
     # decode steps a learning policy serves (other requests, not measured) before its run
     warmup_steps: int = 200
+    # the drafter: a DFlash config.json (or its checkpoint directory); None: the published
+    # 5-layer layout at the target's widths (DrafterSpec.dflash_for)
+    drafter_config: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or self.concurrency < 1:
@@ -132,6 +135,16 @@ class SimSpec:
         self.labels()
         get_truth(self.truth)  # raises on an unknown truth name or a bad truth file
         _check_cost_mode(self.cost_mode)
+        if self.drafter_config is not None:  # a str (the guard checks the type)
+            self.drafter()  # a missing, unreadable or non-DFlash file, or one not fitting
+
+    def drafter(self) -> DrafterSpec:
+        """The drafter the simulated GPU prices: ``drafter_config``'s, checked against the
+        target, or the published DFlash layout for the target (5 layers, its widths)."""
+        model = get_model(self.model)
+        if self.drafter_config is None:
+            return DrafterSpec.dflash_for(model)
+        return DrafterSpec.from_dflash_config(self.drafter_config, target=model)
 
     def compared(self) -> tuple[Any, ...]:
         """What :func:`simulate` serves, in order: AR (the baseline), then every other policy."""
@@ -360,7 +373,7 @@ def simulate(
     start = time.perf_counter()
     hw = get_profile(spec.gpu)
     model = get_model(spec.model)
-    drafter = DrafterSpec.dflash_for(model)
+    drafter = spec.drafter()
 
     truth = get_truth(spec.truth)
 

@@ -219,6 +219,13 @@ CASES: list[tuple[list[str], str]] = [
     (["simulate", "--requests", "1", "--truth", "{bin}"], "UTF-8"),
     (["simulate", "--requests", "1", "--workload", "{bin}"], "UTF-8"),
     (["simulate", "--requests", "1", "--cost-model", "profiled:{fresh}/none.csv"], "no measured"),
+    (["simulate", "--requests", "1", "--drafter-config", "{bin}"], "UTF-8"),
+    (["simulate", "--requests", "1", "--drafter-config", "{adir}/nope.json"], "not found"),
+    (["simulate", "--requests", "1", "--drafter-config", "{drafter}"], "vocab_size 2048"),
+    (
+        ["simulate", "--requests", "1", "--model", "{target}", "--drafter-config", "{target}"],
+        "not a DFlash drafter config: missing block_size",
+    ),
     (["workload", "show", "{bin}"], "UTF-8"),
     (["experiment", "--config", "{bin}", "--out", "{fresh}"], "UTF-8"),
     (["experiment", "budget-sweep", "--workers", "-1", "--out", "{fresh}"], "--workers"),

@@ -89,6 +89,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         n_max=args.n_max,
         truth=args.truth,
         warmup_steps=args.warmup_steps,
+        drafter_config=args.drafter_config,
     )
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
     out = Path(args.out) if args.out else None
@@ -116,6 +117,11 @@ def run_simulate(args: argparse.Namespace) -> int:
         f"{spec.model} on {spec.gpu}, workload {spec.workload}, T = {spec.temperature:g}, "
         f"concurrency {spec.concurrency}, {spec.requests} requests, seed {spec.seed}, "
         f"truth {spec.truth}"
+    )
+    drafter = spec.drafter()
+    print(
+        f"drafter: {spec.drafter_config or 'the DFlash layout for the target'} "
+        f"({drafter.model.layers} layers, block {drafter.block_size}, {drafter.taps} taps)"
     )
     print(
         f"controller's cost model: {spec.cost_mode}, calibrated on the simulated GPU "
@@ -255,6 +261,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "profiled:[FORMAT:]FILE (a measured per-operator table, docs/cost-model.md)",
     )
     p.add_argument("--n-max", type=int, default=1024, help="the controller's N_max")
+    p.add_argument(
+        "--drafter-config",
+        metavar="PATH",
+        help="the drafter to price: a DFlash config.json or the checkpoint directory holding "
+        "one (e.g. bastion/demo/models/drafter); it must fit --model (vocabulary, hidden size, "
+        "tapped layers). Default: the published 5-layer DFlash layout at the target's widths",
+    )
     p.add_argument(
         "--warmup-steps",
         type=int,
