@@ -220,6 +220,10 @@ CASES: list[tuple[list[str], str]] = [
     (["simulate", "--requests", "1", "--workload", "{bin}"], "UTF-8"),
     (["simulate", "--requests", "1", "--cost-model", "profiled:{fresh}/none.csv"], "no measured"),
     (["simulate", "--requests", "1", "--drafter-config", "{bin}"], "UTF-8"),
+    (["simulate", "--requests", "1", "--calibration", "{bin}"], "UTF-8"),
+    (["simulate", "--requests", "1", "--calibration", "{list}"], "JSON object"),
+    (["simulate", "--requests", "1", "--calibration", "{trunc}"], "not valid JSON"),
+    (["simulate", "--requests", "1", "--calibration", "{adir}/none.json"], "not found"),
     (["simulate", "--requests", "1", "--drafter-config", "{adir}/nope.json"], "not found"),
     (["simulate", "--requests", "1", "--drafter-config", "{drafter}"], "vocab_size 2048"),
     (

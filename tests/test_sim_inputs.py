@@ -139,3 +139,151 @@ def test_an_experiment_grid_takes_a_drafter_config(tmp_path: Path) -> None:
     _write(tmp_path / "d", {**_drafter_cfg(), "vocab_size": 7})
     with pytest.raises(ConfigError, match=r"exp\.toml: grid point .*vocab_size 7"):
         experiments.load_config(config)
+
+
+# --- a calibration record as the controller's belief ---------------------------------------------
+
+
+def _record(
+    tmp_path: Path,
+    gpu: str = "h100-sxm",
+    model: str = "qwen3-8b",
+    name: str | None = None,
+    compute_alpha: float = 1.2,
+    **fields: Any,
+) -> Path:
+    """A calibration record as ``bastion calibrate`` writes one, for ``model`` on ``gpu``
+    (recorded under ``name``: the real backend's ``DIRNAME-DIGEST``)."""
+    from dataclasses import replace
+
+    from bastion.cost.calibration import (
+        Branch,
+        CalibrationRecord,
+        LinearCalibration,
+        inputs_digest,
+    )
+    from bastion.cost.hardware import get_profile
+
+    hw, spec = get_profile(gpu), get_model(model)
+    spec = replace(spec, name=name or spec.name)
+    record = CalibrationRecord(
+        device=hw.name,
+        model=spec.name,
+        dtype="fp32",
+        backend="torch-cpu",
+        calibration=LinearCalibration(Branch(compute_alpha, 1e-4), Branch(1.1, 2e-4)),
+        prep_s=3e-4,
+        rmse_bare_s=0.125,
+        rmse_calibrated_s=0.0625,
+        inputs=inputs_digest(hw, spec),
+    )
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps({**record.to_dict(), **fields}))
+    return path
+
+
+def test_the_record_is_the_controllers_belief(tmp_path: Path) -> None:
+    """With a record nothing is swept: the cost model is the record's, as the real backend
+    builds it (its calibration and its T_aux), and the run reports the record's own fit."""
+    from bastion.sim.gpu import SimulatedGPU
+    from bastion.sim.simulate import calibrated_cost_model
+
+    path = _record(tmp_path)
+    spec = SimSpec(calibration_file=str(path), requests=1, output_len=8, policies=("chain",))
+    stored = spec.stored_calibration()
+    assert stored is not None and stored[1]  # fitted against exactly these inputs
+    record = stored[0]
+    hw, model = get_model("qwen3-8b"), spec.drafter()
+    from bastion.cost.hardware import get_profile
+
+    gpu = SimulatedGPU(get_profile("h100-sxm"), hw, model)
+    cm, used = calibrated_cost_model(gpu, "static", 0, record)
+    assert used is record and cm.calibration == record.calibration and cm.prep_s == 3e-4
+    result = simulate(spec)
+    assert (result.calibration_rmse_bare_s, result.calibration_rmse_calibrated_s) == (0.125, 0.0625)
+    assert result.spec.to_dict()["calibration_file"] == str(path)
+
+
+def test_a_pessimistic_record_makes_the_paper_controller_draft_less(tmp_path: Path) -> None:
+    """The adaptive policy decides on the record's belief: a record that prices every extra
+    token ×50 on the compute branch keeps the paper's controller's trees small."""
+    base = SimSpec(policies=("bastion:paper",), requests=2, output_len=48, warmup_steps=0)
+    sweep = simulate(base).row("bastion:paper")
+    path = _record(tmp_path, compute_alpha=50.0)
+    spec = SimSpec(**{**base.to_dict(), "policies": base.policies, "calibration_file": str(path)})
+    believed = simulate(spec).row("bastion:paper")
+    assert believed.mean_tree_size < 0.5 * sweep.mean_tree_size
+
+
+def test_a_record_of_the_real_backends_target_matches_by_shape(tmp_path: Path) -> None:
+    """The real backend records the demo target as ``target-DIGEST``; the simulator's
+    ``--model bastion/demo/models/target`` is ``target``: matched by the shape digest."""
+    digest = get_model(TARGET).shape_digest()
+    path = _record(tmp_path, model=TARGET, name=f"target-{digest}")
+    spec = SimSpec(model=TARGET, calibration_file=str(path))
+    assert spec.stored_calibration() is not None
+    other = _record(tmp_path, model=TARGET, name="target-00000000")
+    with pytest.raises(ConfigError, match="fitted for model 'target-00000000'"):
+        SimSpec(model=TARGET, calibration_file=str(other))
+
+
+def test_the_real_backends_target_name_is_the_shape_digest() -> None:
+    torch_calibrate = pytest.importorskip("bastion.backends.torch.calibrate")
+    from bastion.backends.torch import load_target
+
+    name = torch_calibrate.target_spec(load_target(TARGET, "cpu")).name
+    assert name == f"target-{get_model(TARGET).shape_digest()}"
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda p: _record(p, gpu="a100-sxm-80gb"), "fitted on device 'a100-sxm-80gb'"),
+        (lambda p: _record(p, model="qwen3-32b"), "fitted for model 'qwen3-32b'"),
+        (lambda p: _record(p, compute={"alpha": float("nan"), "beta": 0.0}), "finite"),
+        (lambda p: _record(p, memory={"alpha": -1.0, "beta": 0.0}), "positive"),
+        (lambda p: _drop(_record(p), "device"), "not a calibration record"),
+        (lambda p: _text(p, "[1, 2]"), "JSON object"),
+        (lambda p: _text(p, '{"device": '), "not valid JSON"),
+        (lambda p: p / "none.json", "not found"),
+    ],
+)
+def test_a_wrong_record_is_refused_naming_the_file(tmp_path: Path, make: Any, named: str) -> None:
+    path = make(tmp_path)
+    with pytest.raises(ConfigError, match=named) as err:
+        SimSpec(calibration_file=str(path))
+    assert str(path) in str(err.value)
+
+
+def _text(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "record.json"
+    path.write_text(text)
+    return path
+
+
+def _drop(path: Path, key: str) -> Path:
+    data = json.loads(path.read_text())
+    del data[key]
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("mode", ["bare", "ema"])
+def test_a_record_needs_a_cost_mode_that_uses_one(tmp_path: Path, mode: str) -> None:
+    with pytest.raises(ConfigError, match=f"cost mode '{mode}' does not use one"):
+        SimSpec(calibration_file=str(_record(tmp_path)), cost_mode=mode)
+    assert SimSpec(calibration_file=str(_record(tmp_path)), cost_mode="ema+calib")
+
+
+def test_a_record_of_other_inputs_is_used_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Same device and model names, but the record's inputs digest is another profile's
+    contents (or another bastion version's): used, and said."""
+    path = _record(tmp_path, inputs="0123456789ab")
+    spec = SimSpec(calibration_file=str(path), requests=1, output_len=8, policies=("chain",))
+    stored = spec.stored_calibration()
+    assert stored is not None and not stored[1]
+    with caplog.at_level("WARNING", logger="bastion.sim.simulate"):
+        simulate(spec)
+    assert f"calibration record {path}: fitted against other inputs" in caplog.text

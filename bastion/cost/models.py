@@ -12,10 +12,11 @@ or load weights.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,13 @@ class ModelSpec:
             + self.hidden
             + table * (1 if self.tied_embeddings else 2)
         )
+
+    def shape_digest(self) -> str:
+        """8 hex digits of a hash of the shape (every field but the name): the real backend
+        names a loaded target ``DIRNAME-DIGEST`` (``bastion.backends.torch.calibrate.
+        target_spec``), so its calibration records are matched to a spec by shape."""
+        shape = json.dumps({k: v for k, v in asdict(self).items() if k != "name"}, sort_keys=True)
+        return hashlib.sha256(shape.encode()).hexdigest()[:8]
 
     @classmethod
     def from_hf_config(

@@ -60,7 +60,15 @@ def _stage(runs: Sequence[Run], root: Path) -> tuple[dict[str, str], dict[str, s
     modules: set[str] = set()
     for run in runs:
         spec = run["spec"]
-        for key in ("model", "gpu", "workload", "truth", "arrivals", "drafter_config"):
+        for key in (
+            "model",
+            "gpu",
+            "workload",
+            "truth",
+            "arrivals",
+            "drafter_config",
+            "calibration_file",
+        ):
             value = spec.get(key)
             if isinstance(value, str) and is_path(value):
                 ship(value)

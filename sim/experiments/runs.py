@@ -4,8 +4,8 @@ A *run* is one :class:`bastion.sim.simulate.SimSpec` as a JSON-able dict (``run[
 tags it is recorded with (``run["tags"]``: the experiment's name), and its *key*
 (``run["key"]``, :func:`run_key`): a hash of the spec, the tags and :func:`fingerprint` — the
 *contents* behind every name the spec gives (hardware profile, model, drafter config, workload,
-truth and arrivals files, plug-in policy sources, a profiled cost model's table), the bastion
-version and the digest of bastion's own source (:func:`code_digest`).
+truth, arrivals and calibration record files, plug-in policy sources, a profiled cost model's
+table), the bastion version and the digest of bastion's own source (:func:`code_digest`).
 The run store (:class:`bastion.sim.results.RunStore`) files finished runs by this key, so an
 interrupted experiment resumes where it stopped and a changed input is never served from a stale
 record.
@@ -182,6 +182,9 @@ def fingerprint(spec: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None
     }
     if spec.get("drafter_config"):  # only when given: other runs keep their keys
         inputs["drafter"] = once("drafter", spec["drafter_config"], lambda: _data(_drafter(spec)))
+    if spec.get("calibration_file"):
+        record = spec["calibration_file"]
+        inputs["calibration"] = once("calibration", record, lambda: file_digest(Path(record)))
     return inputs
 
 
