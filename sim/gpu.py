@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -88,6 +89,8 @@ __all__ = [
 ]
 
 _ATTENTION_OPS = ("attn_scores", "attn_values")
+
+log = logging.getLogger(__name__)
 
 Array = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -373,6 +376,34 @@ def expected_experts(
     return np.asarray(experts - np.exp(np.multiply.outer(x, miss)).sum(axis=-1), dtype=np.float64)
 
 
+_KERNEL_KEYS = ("sm_clock_hz", "max_threads_per_sm")
+_NO_KERNEL_MODEL: set[tuple[str, str | None]] = set()  # profiles already warned about
+
+
+def _kernel_model_applies(hw: HardwareProfile) -> bool:
+    """Whether the kernel-aware GEMM model (``[gemm_shape] model = "kernel"``) can price
+    ``hw``: it models GPU kernels (tiles and waves over SMs at the SM clock, resident threads),
+    so it needs the profile's ``[peak] sm_clock_hz`` and ``max_threads_per_sm``. A profile
+    without them — every ``bastion hw probe`` profile (a CPU has neither), or a GPU profile
+    that omits them — gets no kernel steps: its GEMMs are priced on the smooth roofline
+    (factor 1), with one warning per profile and process saying which keys would apply it."""
+    missing = [k for k in _KERNEL_KEYS if getattr(hw, k) is None]
+    if not missing:
+        return True
+    if (hw.name, hw.path) not in _NO_KERNEL_MODEL:
+        _NO_KERNEL_MODEL.add((hw.name, hw.path))
+        log.warning(
+            'profile %r%s has no %s: the truth\'s [gemm_shape] model = "kernel" (GPU GEMM '
+            "tiles and waves) is not applied to it, its GEMMs are priced on the smooth roofline "
+            "(factor 1). A GPU: add those keys to the profile's [peak] table; a CPU: a truth "
+            "without [gemm_shape] says the same without this warning",
+            hw.name,
+            f" ({hw.path})" if hw.path else "",
+            " and ".join(f"[peak].{k}" for k in missing),
+        )
+    return False
+
+
 @public
 @dataclass
 class SimulatedGPU:
@@ -424,7 +455,8 @@ class SimulatedGPU:
         # the kernel-aware model's step factor of every operator at T = 1 … its length (ones
         # for the non-GEMMs), for this GPU, model and kernel layout; shared like the drafter's
         self._phi: Array | None = None
-        if t.gemm_shape_model == "kernel":
+        # (not for a profile without an SM clock, a probed CPU's: factor 1, one warning)
+        if t.gemm_shape_model == "kernel" and _kernel_model_applies(hw):
             phi_key = (repr(self.model), repr(hw), repr(self.options))
             if phi_key not in _STEP_FACTORS:
                 phi_names, table = step_factors(self.model, hw, self.options)

@@ -287,3 +287,31 @@ def test_a_record_of_other_inputs_is_used_with_a_warning(
     with caplog.at_level("WARNING", logger="bastion.sim.simulate"):
         simulate(spec)
     assert f"calibration record {path}: fitted against other inputs" in caplog.text
+
+
+# --- a probed (CPU) profile under the default truth ----------------------------------------------
+
+
+def test_a_probed_profile_simulates_under_the_default_truth(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`bastion hw probe` writes a profile without an SM clock (a CPU has none); the default
+    truth's kernel GEMM model is skipped for it (factor 1), so the demo pair simulates on it."""
+    import bastion.sim.gpu as sim_gpu
+    from bastion.cli import main
+    from bastion.cost.hardware import load_profile
+    from bastion.sim.truth import DEFAULT_TRUTH, get_truth
+
+    monkeypatch.setattr(sim_gpu, "_NO_KERNEL_MODEL", set())
+    assert get_truth(DEFAULT_TRUTH).gemm_shape_model == "kernel"
+    profile = tmp_path / "cpu.toml"
+    assert main(["hw", "probe", "--quick", "--name", "cpu", "--out", str(profile)]) == 0
+    hw = load_profile(profile)
+    assert hw.sm_clock_hz is None and hw.max_threads_per_sm is None
+    args = ["simulate", "--gpu", str(profile), "--model", TARGET, "--drafter-config", DRAFTER]
+    args += ["--requests", "2", "--output-len", "12", "--policy", "chain,bastion", "--json"]
+    capsys.readouterr()
+    assert main(args) == 0, capsys.readouterr().err
+    records = json.loads(capsys.readouterr().out)["records"]
+    assert [r["policy"] for r in records] == ["ar", "chain", "bastion"]
+    assert all(r["tpot_s"] > 0 and r["truth"] == DEFAULT_TRUTH for r in records)

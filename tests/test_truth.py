@@ -240,13 +240,33 @@ def test_kernel_shape_multiplies_each_gemm_by_its_own_factor() -> None:
     assert np.max(extra) > 0.05 * np.max(g0.verify_curve(512)[:300])  # the steps are there
 
 
-def test_kernel_shape_needs_a_profile_with_a_clock(tmp_path: Path) -> None:
+def test_kernel_shape_skips_a_profile_without_a_clock(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel model prices GPU kernels from the SM clock and resident threads; a profile
+    without them (a probed CPU's) gets factor 1 — the truth without [gemm_shape] — and one
+    warning naming the keys that would apply it, not an error."""
+    import bastion.sim.gpu as sim_gpu
     from tests.test_cost_kernels import write_profile
 
-    hw = load_profile_path(write_profile(tmp_path, "old", clock=None, threads=None))
+    monkeypatch.setattr(sim_gpu, "_NO_KERNEL_MODEL", set())
+    path = write_profile(tmp_path, "old", clock=None, threads=None)
+    hw = load_profile_path(path)
     m = get_model("qwen3-8b")
-    with pytest.raises(ConfigError, match=r"no \[peak\]\.sm_clock_hz"):
-        SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), GroundTruth(gemm_shape_model="kernel"))
+    kernel = GroundTruth(noise=0.0, tile_tokens=0, gemm_shape_model="kernel")
+    with caplog.at_level("WARNING", logger="bastion.sim.gpu"):
+        g = SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), kernel)
+        SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), kernel)  # warned once
+    assert g._phi is None
+    plain = SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), replace(kernel, gemm_shape_model=""))
+    np.testing.assert_array_equal(g.verify_curve(512), plain.verify_curve(512))
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1
+    assert "[peak].sm_clock_hz and [peak].max_threads_per_sm" in warned[0]
+    assert str(path) in warned[0] and "factor 1" in warned[0]
+    # a profile with them keeps its steps (the control)
+    clocked = load_profile_path(write_profile(tmp_path, "new"))
+    assert SimulatedGPU(clocked, m, DrafterSpec.dflash_for(m), kernel)._phi is not None
 
 
 def test_kernel_shape_one_pass_equals_the_vectorised_route() -> None:
