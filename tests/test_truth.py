@@ -70,6 +70,15 @@ def test_user_truth_by_path_and_by_environment(tmp_path: Path, monkeypatch) -> N
         ({"name": "x", "framework": {"pass_overhead_s": "1ms"}}, r"pass_overhead_s: must be"),
         ({"name": "x", "framework": {"pass_overhead_s": -1.0}}, "pass_overhead_s"),
         ({"name": "x", "attention": {"causal_reads_mask": 1}}, "true or false"),
+        ({"name": "x", "framework": {"host_adds": 1}}, r"\[framework\]\.host_adds: must be true"),
+        ({"name": "x", "framework": {"host_adds": "yes"}}, "true or false"),
+        ({"name": "x", "device": {"weight_bytes": -4}}, "weight_bytes"),
+        ({"name": "x", "device": {"weight_bytes": "fp32"}}, r"\[device\]\.weight_bytes: must be"),
+        (
+            {"name": "x", "device": {"activation_bytes": 64}},
+            r"activation_bytes must be 0 .* \(0, 16\]",
+        ),
+        ({"name": "x", "host": {"host_adds": True}}, r"unknown key\(s\) in \[host\]"),
         ({"name": "x", "device": {"tile_tokens": 1.5}}, "whole number"),
         ({"name": "x", "moe": {"routing_correlation": 1.0}}, "routing_correlation"),
         ({"name": "x", "gemm_shape": {"tokens": [1, 2], "factor": [1.0]}}, "same length"),
@@ -86,6 +95,21 @@ def test_bad_truth_files_name_file_and_key(data: dict, match: str) -> None:  # t
     with pytest.raises(ConfigError, match=match) as err:
         truth_from_dict(data, origin="bad.toml")
     assert "bad.toml" in str(err.value)
+
+
+def test_a_cpu_truth_file_says_its_widths_and_that_host_and_device_add(tmp_path: Path) -> None:
+    """[device] weight_bytes / activation_bytes and [framework] host_adds reach the simulated
+    GPU: its roofline options and its pass = host + device."""
+    text = (
+        'name = "cpu-fp32"\n[device]\nweight_bytes = 4\nactivation_bytes = 4.0\n'
+        "[framework]\nhost_adds = true\nhost_layer_s = 1e-3\n"
+    )
+    (tmp_path / "cpu.toml").write_text(text)
+    t = load_truth(tmp_path / "cpu.toml")
+    assert (t.weight_bytes, t.activation_bytes, t.host_adds) == (4.0, 4.0, True)
+    g = gpu(t)
+    assert (g.options.bytes_per_param, g.options.bytes_per_act) == (4.0, 4.0)
+    assert SimSpec(truth=str(tmp_path / "cpu.toml")).truth == str(tmp_path / "cpu.toml")
 
 
 def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
