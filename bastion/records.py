@@ -80,6 +80,14 @@ FIELDS: dict[str, Field] = {
     "seed": Field("1", _I, "the run's seed"),
     "cost_mode": Field("", _T, "the controller's cost model: bare, static, ema, ema+calib, …"),
     "n_max": Field("tokens", _I, "the adaptive controller's cap on the tree size"),
+    "drafter_config": Field(
+        "", _T, "the drafter priced: a DFlash config.json path (null: the published layout)"
+    ),
+    "calibration_file": Field(
+        "",
+        _T,
+        "the controller's calibration record file (null: calibrated on the simulated GPU)",
+    ),
     "batch_size": Field("1", _I, "real backend: most requests decoded together"),
     "policy": Field("", _T, "the policy's display name (ar: target-only autoregressive)"),
     "policy_spec": Field(
@@ -191,7 +199,12 @@ FIELDS: dict[str, Field] = {
     ),
     "predicted_draft_s": Field(_S, _N, "the cost model's mean T_draft of the steps"),
     "measured_draft_s": Field(_S, _N, "the mean measured drafter pass of the steps"),
-    "calib_rmse_bare_ms": Field("ms", _N, "the bare roofline's RMSE on the calibration sweep"),
+    "calib_rmse_bare_ms": Field(
+        "ms",
+        _N,
+        "the bare roofline's RMSE on the calibration sweep (the simulated GPU's, or the "
+        "calibration_file record's own)",
+    ),
     "calib_rmse_ms": Field("ms", _N, "the calibrated cost model's RMSE on it"),
     # -- provenance -----------------------------------------------------------------------------
     "run_key": Field("", _T, "the run's cache key (empty outside an experiment)"),

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -89,6 +90,8 @@ __all__ = [
 ]
 
 _ATTENTION_OPS = ("attn_scores", "attn_values")
+
+log = logging.getLogger(__name__)
 
 Array = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -200,6 +203,8 @@ def _floats(values: object, where: str) -> tuple[float, ...]:
     return out
 
 
+_MAX_ELEMENT_BYTES = 16.0  # a truth's weight_bytes / activation_bytes: fp4 0.5 … fp64 8, and room
+
 _UNMEASURED = {  # −1 allowed: not measured (see GroundTruth)
     "controller_repeat_single_s",
     "controller_repeat_step_s",
@@ -228,6 +233,10 @@ class GroundTruth:
     launch_scale: float = 1.5  # truth GPU-side gap per kernel = profile's launch overhead × this
     tile_tokens: int = 64  # GEMM token counts padded to a multiple of this (0: no steps)
     tile_step_s: float = 3e-6  # per layer and per extra tile: kernel/wave switches (steps)
+    # bytes per weight and per activation / KV-cache element (0: the roofline's 2, bf16;
+    # 4: an fp32 model); FLOPs still run at the profile's bf16_flops
+    weight_bytes: float = 0.0
+    activation_bytes: float = 0.0
     gemm_shape_tokens: tuple[float, ...] = ()  # token counts of the measured GEMM shape factor
     gemm_shape_factor: tuple[float, ...] = ()  # measured / smooth roofline at those counts
     gemm_shape_model: str = ""  # "kernel": each GEMM's factor from bastion.cost.kernels, per GPU
@@ -239,6 +248,8 @@ class GroundTruth:
     host_layer_s: float = 0.0  # host time to dispatch one layer's kernels (eager; 0: graphs)
     host_expert_s: float = 0.0  # … plus this per expert touched per layer (eager expert loop)
     host_kernel_s: float = 0.0  # host time per kernel launched outside a graph (preparation)
+    # True: host dispatch and device work add (a CPU runs both); False: they overlap (a GPU)
+    host_adds: bool = False
     # MoE routing and grouped GEMMs
     routing_skew: float = 0.0  # Zipf exponent of expert popularity (0: uniform routing)
     routing_correlation: float = 0.0  # share of a token's routing repeated from its request
@@ -291,7 +302,7 @@ class GroundTruth:
         }
         bad = [k for k, v in positive.items() if not v > 0]
         skip = {"name", "causal_reads_mask", "gemm_shape_tokens", "gemm_shape_factor"}
-        skip |= {"gemm_shape_model", "measured"}
+        skip |= {"gemm_shape_model", "measured", "host_adds"}
         if self.measured is not None and not isinstance(self.measured, MeasuredCosts):
             raise ConfigError(
                 f"ground truth {self.name!r}: measured must be a MeasuredCosts or None; got "
@@ -311,6 +322,13 @@ class GroundTruth:
                 "controller_chain_* ≥ 0 or −1 "
                 "(not measured), everything else ≥ 0, routing_correlation < 1)"
             )
+        for key in ("weight_bytes", "activation_bytes"):
+            width = getattr(self, key)
+            if not (width == 0 or 0 < width <= _MAX_ELEMENT_BYTES):
+                raise ConfigError(
+                    f"ground truth {self.name!r}: {key} must be 0 (the roofline's 2 bytes) or "
+                    f"bytes per element in (0, {_MAX_ELEMENT_BYTES:g}]; got {width!r}"
+                )
         tokens = _floats(self.gemm_shape_tokens, "gemm_shape_tokens")
         factor = _floats(self.gemm_shape_factor, "gemm_shape_factor")
         object.__setattr__(self, "gemm_shape_tokens", tokens)
@@ -382,6 +400,34 @@ def expected_experts(
     return np.asarray(experts - np.exp(np.multiply.outer(x, miss)).sum(axis=-1), dtype=np.float64)
 
 
+_KERNEL_KEYS = ("sm_clock_hz", "max_threads_per_sm")
+_NO_KERNEL_MODEL: set[tuple[str, str | None]] = set()  # profiles already warned about
+
+
+def _kernel_model_applies(hw: HardwareProfile) -> bool:
+    """Whether the kernel-aware GEMM model (``[gemm_shape] model = "kernel"``) can price
+    ``hw``: it models GPU kernels (tiles and waves over SMs at the SM clock, resident threads),
+    so it needs the profile's ``[peak] sm_clock_hz`` and ``max_threads_per_sm``. A profile
+    without them — every ``bastion hw probe`` profile (a CPU has neither), or a GPU profile
+    that omits them — gets no kernel steps: its GEMMs are priced on the smooth roofline
+    (factor 1), with one warning per profile and process saying which keys would apply it."""
+    missing = [k for k in _KERNEL_KEYS if getattr(hw, k) is None]
+    if not missing:
+        return True
+    if (hw.name, hw.path) not in _NO_KERNEL_MODEL:
+        _NO_KERNEL_MODEL.add((hw.name, hw.path))
+        log.warning(
+            'profile %r%s has no %s: the truth\'s [gemm_shape] model = "kernel" (GPU GEMM '
+            "tiles and waves) is not applied to it, its GEMMs are priced on the smooth roofline "
+            "(factor 1). A GPU: add those keys to the profile's [peak] table; a CPU: a truth "
+            "without [gemm_shape] says the same without this warning",
+            hw.name,
+            f" ({hw.path})" if hw.path else "",
+            " and ".join(f"[peak].{k}" for k in missing),
+        )
+    return False
+
+
 @public
 @dataclass
 class SimulatedGPU:
@@ -400,7 +446,12 @@ class SimulatedGPU:
         eff_c = min(1.0, hw.compute_efficiency * t.compute_scale)
         eff_m = min(1.0, hw.memory_efficiency * t.memory_scale)
         self.device = hw.with_efficiency(eff_c, eff_m, hw.launch_overhead_s * t.launch_scale)
-        self.options = RooflineOptions(tile_tokens=t.tile_tokens)
+        plain = RooflineOptions()  # 0 widths: the roofline's (2 bytes)
+        self.options = RooflineOptions(
+            tile_tokens=t.tile_tokens,
+            bytes_per_param=float(t.weight_bytes or plain.bytes_per_param),
+            bytes_per_act=float(t.activation_bytes or plain.bytes_per_act),
+        )
         self.rng = np.random.default_rng([self.seed, 0x6775])
         self._noise_block: list[float] = []
         self._noise_next = 0
@@ -433,7 +484,8 @@ class SimulatedGPU:
         # the kernel-aware model's step factor of every operator at T = 1 … its length (ones
         # for the non-GEMMs), for this GPU, model and kernel layout; shared like the drafter's
         self._phi: Array | None = None
-        if t.gemm_shape_model == "kernel":
+        # (not for a profile without an SM clock, a probed CPU's: factor 1, one warning)
+        if t.gemm_shape_model == "kernel" and _kernel_model_applies(hw):
             phi_key = (repr(self.model), repr(hw), repr(self.options))
             if phi_key not in _STEP_FACTORS:
                 phi_names, table = step_factors(self.model, hw, self.options)
@@ -579,11 +631,12 @@ class SimulatedGPU:
 
     def _with_host(self, gpu: Array, touched: Array) -> Array:
         """The framework's part: the host dispatches every layer's kernels (eager) while the
-        GPU runs them, so a pass takes the longer of the two, plus a fixed per-pass overhead."""
+        GPU runs them, so a pass takes the longer of the two — or, with ``host_adds`` (a CPU,
+        where one set of cores does both), their sum — plus a fixed per-pass overhead."""
         t = self.truth
         if self._host:
             host = self._layers * (t.host_layer_s + t.host_expert_s * touched)
-            gpu = np.maximum(gpu, host)
+            gpu = gpu + host if t.host_adds else np.maximum(gpu, host)
         return gpu + t.pass_overhead_s if t.pass_overhead_s else gpu
 
     def _pass_s(
@@ -821,7 +874,8 @@ class SimulatedGPU:
         gpu = self._drafter.total_s(b, self.truth.context_quantum * float(np.add.reduce(buckets)))
         t = self.truth
         if t.host_layer_s:
-            gpu = max(gpu, self.drafter.model.layers * t.host_layer_s)
+            host = self.drafter.model.layers * t.host_layer_s
+            gpu = gpu + host if t.host_adds else max(gpu, host)
         return gpu + t.pass_overhead_s
 
     def prep_truth(
@@ -883,7 +937,8 @@ class SimulatedGPU:
                 pairs = float(np.dot(s, c)) + square
             layers = self.model.layers
             moved = min(self._depth + 1.0, nodes / max(b, 1)) * b  # tokens compacted, at most
-            kv_bytes = 4.0 * layers * moved * self.model.h_kv * 2.0  # read + write K and V
+            # read + write K and V, each element bytes_per_act (2 unless the truth says)
+            kv_bytes = 4.0 * layers * moved * self.model.h_kv * self.options.bytes_per_act
             kernels = t.prep_tree_kernels + t.mask_kernels + t.compaction_kernels_per_layer * layers
             seconds = (logits * t.prep_topk_bytes + pairs * t.mask_bytes + kv_bytes) / bw
             seconds += kernels * (t.host_kernel_s + self.device.launch_overhead_s)

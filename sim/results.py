@@ -70,6 +70,8 @@ SPEC_COLUMNS = (
     "seed",
     "cost_mode",  # the controller's cost model: bare, static, ema, ema+calib
     "n_max",  # the adaptive controller's cap
+    "drafter_config",  # the drafter's DFlash config.json (empty: the published layout)
+    "calibration_file",  # the controller's calibration record (empty: the simulated sweep's)
 )
 """The run's spec (:class:`sim.simulate.SimSpec`), one column per field, policies excluded."""
 

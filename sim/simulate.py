@@ -24,7 +24,13 @@ from typing import Any
 import numpy as np
 
 from bastion.bestfirst import MAX_TREE_SIZE
-from bastion.cost.calibration import CalibrationRecord, calibrate, profile_sweep
+from bastion.cost.calibration import (
+    CalibrationRecord,
+    calibrate,
+    check_record,
+    profile_sweep,
+    read_record,
+)
 from bastion.cost.costmodel import CostMode, RooflineCostModel
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
@@ -83,6 +89,12 @@ class SimSpec:
     truth: str | GroundTruth = DEFAULT_TRUTH  # the simulated GPU: a truth name, path or object
     # decode steps a learning policy serves (other requests, not measured) before its run
     warmup_steps: int = 200
+    # the drafter: a DFlash config.json (or its checkpoint directory); None: the published
+    # 5-layer layout at the target's widths (DrafterSpec.dflash_for)
+    drafter_config: str | None = None
+    # the controller's belief: a calibration record (what `bastion calibrate` writes) instead
+    # of the sweep on the simulated GPU; for cost modes static, ema+calib, profiled:…
+    calibration_file: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or self.concurrency < 1:
@@ -132,6 +144,35 @@ class SimSpec:
         self.labels()
         get_truth(self.truth)  # raises on an unknown truth name or a bad truth file
         _check_cost_mode(self.cost_mode)
+        if self.drafter_config is not None:  # a str (the guard checks the type)
+            self.drafter()  # a missing, unreadable or non-DFlash file, or one not fitting
+        if self.calibration_file is not None:
+            if self.cost_mode in ("bare", "ema"):
+                raise ConfigError(
+                    f"a calibration record is the belief of cost modes static, ema+calib and "
+                    f"profiled:…; cost mode {self.cost_mode!r} does not use one"
+                )
+            self.stored_calibration()  # unreadable, not a record, another device or model
+
+    def stored_calibration(self) -> tuple[CalibrationRecord, bool] | None:
+        """``calibration_file``'s record, checked against the spec's profile and model
+        (:func:`bastion.cost.calibration.check_record`), and whether its inputs digest is
+        theirs; None without one."""
+        if self.calibration_file is None:
+            return None
+        record = read_record(self.calibration_file)
+        exact = check_record(
+            record, get_profile(self.gpu), get_model(self.model), self.calibration_file
+        )
+        return record, exact
+
+    def drafter(self) -> DrafterSpec:
+        """The drafter the simulated GPU prices: ``drafter_config``'s, checked against the
+        target, or the published DFlash layout for the target (5 layers, its widths)."""
+        model = get_model(self.model)
+        if self.drafter_config is None:
+            return DrafterSpec.dflash_for(model)
+        return DrafterSpec.from_dflash_config(self.drafter_config, target=model)
 
     def compared(self) -> tuple[Any, ...]:
         """What :func:`simulate` serves, in order: AR (the baseline), then every other policy."""
@@ -282,16 +323,29 @@ def _check_cost_mode(mode: object) -> None:
 
 @public
 def calibrated_cost_model(
-    gpu: SimulatedGPU, mode: str = "static", seed: int = 0
+    gpu: SimulatedGPU,
+    mode: str = "static",
+    seed: int = 0,
+    record: CalibrationRecord | None = None,
 ) -> tuple[RooflineCostModel, CalibrationRecord]:
     """The controller's belief: the nominal profile's roofline fitted to the simulated GPU, or,
     for ``profiled:[FORMAT:]FILE``, the measured per-operator table with that calibrated
-    roofline beyond it."""
+    roofline beyond it.
+
+    With ``record`` (a calibration measured elsewhere, e.g. by ``bastion calibrate --target``
+    on the real device) nothing is swept: the roofline is corrected by that record and T_aux is
+    the record's ``prep_s``, as the real backend builds its cost model from a cached record;
+    the drafter is priced on the roofline of ``gpu.drafter``."""
     _check_cost_mode(mode)
-    probe = SimulatedGPU(gpu.hardware, gpu.model, gpu.drafter, gpu.truth, seed=seed + 7919)
-    points = profile_sweep(lambda s, c: probe.verify_s([s], [c]), repeats=3, warmup=0)
-    record = calibrate(gpu.model, gpu.hardware, points, backend="sim", tile_candidates=(0, 64, 128))
-    prep_s = float(np.median([probe.prep_truth([64])]))
+    if record is not None:
+        prep_s = record.prep_s
+    else:
+        probe = SimulatedGPU(gpu.hardware, gpu.model, gpu.drafter, gpu.truth, seed=seed + 7919)
+        points = profile_sweep(lambda s, c: probe.verify_s([s], [c]), repeats=3, warmup=0)
+        record = calibrate(
+            gpu.model, gpu.hardware, points, backend="sim", tile_candidates=(0, 64, 128)
+        )
+        prep_s = float(np.median([probe.prep_truth([64])]))
     if mode.startswith("profiled:"):
         profiled = cost_model_from_spec(
             mode, gpu.hardware, gpu.model, drafter=gpu.drafter, calibration=record, prep_s=prep_s
@@ -355,19 +409,29 @@ def simulate(
 
     Policies that declare ``uses_cost_model = True`` are given ``cost_model`` when one is passed
     (a researcher's own belief about the GPU), else the roofline calibrated on the simulated GPU
-    as ``spec.cost_mode`` says. The calibration is run either way: its errors are reported.
+    as ``spec.cost_mode`` says — or, with ``spec.calibration_file``, corrected by that record (no
+    sweep; its own errors are reported). The calibration is run either way: its errors are
+    reported.
     """
     start = time.perf_counter()
     hw = get_profile(spec.gpu)
     model = get_model(spec.model)
-    drafter = DrafterSpec.dflash_for(model)
+    drafter = spec.drafter()
 
     truth = get_truth(spec.truth)
+    stored = spec.stored_calibration()
+    belief = stored[0] if stored is not None else None
+    if stored is not None and not stored[1]:
+        log.warning(
+            "calibration record %s: fitted against other inputs (the profile's contents, the "
+            "model's shape or the bastion version differ from this simulation's); used as is",
+            spec.calibration_file,
+        )
 
     def gpu() -> SimulatedGPU:
         return SimulatedGPU(hw, model, drafter, truth, seed=spec.seed, max_tree_size=spec.n_max)
 
-    calibrated, record = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed)
+    calibrated, record = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed, belief)
     learned: LearnedCostModel | None = None  # the learning controller's, calibrated once
     arrivals = arrivals_of(spec)
     n_requests = None if arrivals is not None else spec.requests
@@ -381,7 +445,7 @@ def simulate(
             if cm is None:
                 cm = calibrated
                 if spec.cost_mode in ("ema", "ema+calib"):  # fresh γ for every policy
-                    cm = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed)[0]
+                    cm = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed, belief)[0]
             if getattr(policy, "learns", False):  # start-up timing once; each run learns anew
                 if learned is None or not isinstance(cm, LearnedCostModel):
                     learned = learned_cost_model(

@@ -66,10 +66,24 @@ BUILTIN = "builtin"
 _FIELDS = {f.name: f for f in fields(GroundTruth)}
 # section → keys (GroundTruth fields; [gemm_shape] maps tokens/factor to gemm_shape_*)
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "device": ("compute_scale", "memory_scale", "launch_scale", "tile_tokens", "tile_step_s"),
+    "device": (
+        "compute_scale",
+        "memory_scale",
+        "launch_scale",
+        "tile_tokens",
+        "tile_step_s",
+        "weight_bytes",
+        "activation_bytes",
+    ),
     "gemm_shape": ("model", "tokens", "factor"),
     "attention": ("tree_attention_penalty", "causal_reads_mask"),
-    "framework": ("pass_overhead_s", "host_layer_s", "host_expert_s", "host_kernel_s"),
+    "framework": (
+        "pass_overhead_s",
+        "host_layer_s",
+        "host_expert_s",
+        "host_kernel_s",
+        "host_adds",
+    ),
     "moe": (
         "routing_skew",
         "routing_correlation",
@@ -112,7 +126,7 @@ _INTS |= {"mask_kernels", "context_quantum"}
 
 
 def _value(key: str, value: Any, where: str) -> Any:
-    if key == "causal_reads_mask":
+    if key in ("causal_reads_mask", "host_adds"):
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: must be true or false; got {value!r}")
         return value

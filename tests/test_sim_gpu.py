@@ -252,3 +252,95 @@ def test_prep_truth_takes_arrays_lists_and_scalars() -> None:
     assert g.prep_truth(sizes, topk=False) == g.prep_truth([1, 1, 1], False)
     assert g.prep_truth(5) == g.prep_truth([5])
     assert g.prep_s(sizes) == g.prep_truth(sizes)  # noise off
+
+
+# --- byte widths and a host that adds (a CPU truth) --------------------------------------------
+
+
+def _passes(g: SimulatedGPU) -> list[float]:
+    """A few passes of every kind: batch-1 curve, batched tree and chain, AR, mixed, draft, prep."""
+    s, c = np.array([3, 40, 7]), np.array([100, 2000, 513])
+    return [
+        *g.verify_curve(512)[[0, 15, 63, 255]].tolist(),
+        g.verify_truth(s, c),
+        g.verify_truth(s, c, tree=False),
+        g.ar_truth(c),
+        g.ar_truth([77]),
+        g.verify_truth(s, c, [256], [0]),
+        g.prefill_truth([512], [1024]),
+        g.draft_truth(c),
+        g.draft_truth([300]),
+        g.prep_truth(s, contexts=c),
+        g.prep_truth(s, topk=False),
+    ]
+
+
+@pytest.mark.parametrize("truth", ["hf-eager", "cudagraph", "builtin"])
+def test_two_byte_widths_and_no_host_adds_are_the_defaults_bit_for_bit(truth: str) -> None:
+    """weight_bytes / activation_bytes 0 (absent) and 2 price exactly as before; host_adds
+    false is the overlap of host and device."""
+    from bastion.sim.truth import get_truth
+
+    m = get_model("qwen3-coder-30b-a3b")
+    base = get_truth(truth)
+    assert (base.weight_bytes, base.activation_bytes, base.host_adds) == (0.0, 0.0, False)
+    said = replace(base, weight_bytes=2.0, activation_bytes=2.0, host_adds=False)
+
+    def make(t: GroundTruth) -> SimulatedGPU:
+        return SimulatedGPU(get_profile("h100-sxm"), m, DrafterSpec.dflash_for(m), t)
+
+    assert make(said).options == make(base).options
+    assert _passes(make(said)) == _passes(make(base))
+
+
+def test_weight_bytes_4_doubles_a_memory_bound_pass() -> None:
+    """An fp32 model: a batch-1 decode step of qwen3-8b reads its weights, so its device time
+    (the pass less its fixed kernel launches) doubles; the truth still equals the per-operator
+    roofline at those widths."""
+    two, four = gpu(noise=0.0, tile_tokens=0), gpu(noise=0.0, tile_tokens=0, weight_bytes=4.0)
+    assert four.options.bytes_per_param == 4.0 and four.options.bytes_per_act == 2.0
+    launch = two._launch_plain
+    assert launch == four._launch_plain
+    ratio = (four.ar_truth([64]) - launch) / (two.ar_truth([64]) - launch)
+    assert 1.95 < ratio <= 2.0
+    c = np.array([64.0])
+    ref = reference(four, PassShape.of_batch(np.ones(1), c, masked=False), False)
+    close(four.ar_truth([64]), ref)
+    drafted = drafter_pass(four.drafter, four.device, [64.0], four.options).total_s
+    close(four.draft_truth([64]), drafted)
+    assert four.draft_truth([64]) > 1.5 * two.draft_truth([64])
+
+
+def test_activation_bytes_price_the_kv_cache() -> None:
+    """activation_bytes is the KV cache's width too: a long-context batch reads mostly KV and
+    slows by far more than a one-token step over an empty cache."""
+    two, four = gpu(noise=0.0, tile_tokens=0), gpu(noise=0.0, tile_tokens=0, activation_bytes=4.0)
+    long = np.full(32, 16_000)
+    assert four.ar_truth(long) > 1.5 * two.ar_truth(long)
+    assert four.ar_truth([0]) < 1.02 * two.ar_truth([0])
+    assert four.prep_truth([16], contexts=[100]) > two.prep_truth([16], contexts=[100])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_host_adds_makes_a_pass_host_plus_device(model: str) -> None:
+    """host_adds: pass = overhead + host dispatch + device work (a CPU does both); without it
+    the two overlap: overhead + max(host, device)."""
+    host_layer, overhead = 4e-3, 1e-4
+    device = gpu(model, noise=0.0, pass_overhead_s=overhead)  # no host time
+    adds = gpu(model, noise=0.0, pass_overhead_s=overhead, host_layer_s=host_layer, host_adds=True)
+    overlaps = gpu(model, noise=0.0, pass_overhead_s=overhead, host_layer_s=host_layer)
+    host = device.model.layers * host_layer
+    s, c = np.array([3, 40]), np.array([100, 2000])
+    for name, args in [
+        ("verify_truth", (s, c)),
+        ("verify_truth", ([16], [512])),
+        ("ar_truth", (c,)),
+        ("verify_truth", (s, c, [64], [0])),
+    ]:
+        alone = getattr(device, name)(*args) - overhead
+        close(getattr(adds, name)(*args), overhead + alone + host)
+        close(getattr(overlaps, name)(*args), overhead + max(alone, host))
+    drafter_host = device.drafter.model.layers * host_layer
+    alone = device.draft_truth(c) - overhead
+    close(adds.draft_truth(c), overhead + alone + drafter_host)
+    close(overlaps.draft_truth(c), overhead + max(alone, drafter_host))

@@ -70,6 +70,15 @@ def test_user_truth_by_path_and_by_environment(tmp_path: Path, monkeypatch) -> N
         ({"name": "x", "framework": {"pass_overhead_s": "1ms"}}, r"pass_overhead_s: must be"),
         ({"name": "x", "framework": {"pass_overhead_s": -1.0}}, "pass_overhead_s"),
         ({"name": "x", "attention": {"causal_reads_mask": 1}}, "true or false"),
+        ({"name": "x", "framework": {"host_adds": 1}}, r"\[framework\]\.host_adds: must be true"),
+        ({"name": "x", "framework": {"host_adds": "yes"}}, "true or false"),
+        ({"name": "x", "device": {"weight_bytes": -4}}, "weight_bytes"),
+        ({"name": "x", "device": {"weight_bytes": "fp32"}}, r"\[device\]\.weight_bytes: must be"),
+        (
+            {"name": "x", "device": {"activation_bytes": 64}},
+            r"activation_bytes must be 0 .* \(0, 16\]",
+        ),
+        ({"name": "x", "host": {"host_adds": True}}, r"unknown key\(s\) in \[host\]"),
         ({"name": "x", "device": {"tile_tokens": 1.5}}, "whole number"),
         ({"name": "x", "moe": {"routing_correlation": 1.0}}, "routing_correlation"),
         ({"name": "x", "gemm_shape": {"tokens": [1, 2], "factor": [1.0]}}, "same length"),
@@ -86,6 +95,21 @@ def test_bad_truth_files_name_file_and_key(data: dict, match: str) -> None:  # t
     with pytest.raises(ConfigError, match=match) as err:
         truth_from_dict(data, origin="bad.toml")
     assert "bad.toml" in str(err.value)
+
+
+def test_a_cpu_truth_file_says_its_widths_and_that_host_and_device_add(tmp_path: Path) -> None:
+    """[device] weight_bytes / activation_bytes and [framework] host_adds reach the simulated
+    GPU: its roofline options and its pass = host + device."""
+    text = (
+        'name = "cpu-fp32"\n[device]\nweight_bytes = 4\nactivation_bytes = 4.0\n'
+        "[framework]\nhost_adds = true\nhost_layer_s = 1e-3\n"
+    )
+    (tmp_path / "cpu.toml").write_text(text)
+    t = load_truth(tmp_path / "cpu.toml")
+    assert (t.weight_bytes, t.activation_bytes, t.host_adds) == (4.0, 4.0, True)
+    g = gpu(t)
+    assert (g.options.bytes_per_param, g.options.bytes_per_act) == (4.0, 4.0)
+    assert SimSpec(truth=str(tmp_path / "cpu.toml")).truth == str(tmp_path / "cpu.toml")
 
 
 def test_bad_toml_and_missing_file(tmp_path: Path) -> None:
@@ -240,13 +264,33 @@ def test_kernel_shape_multiplies_each_gemm_by_its_own_factor() -> None:
     assert np.max(extra) > 0.05 * np.max(g0.verify_curve(512)[:300])  # the steps are there
 
 
-def test_kernel_shape_needs_a_profile_with_a_clock(tmp_path: Path) -> None:
+def test_kernel_shape_skips_a_profile_without_a_clock(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel model prices GPU kernels from the SM clock and resident threads; a profile
+    without them (a probed CPU's) gets factor 1 — the truth without [gemm_shape] — and one
+    warning naming the keys that would apply it, not an error."""
+    import bastion.sim.gpu as sim_gpu
     from tests.test_cost_kernels import write_profile
 
-    hw = load_profile_path(write_profile(tmp_path, "old", clock=None, threads=None))
+    monkeypatch.setattr(sim_gpu, "_NO_KERNEL_MODEL", set())
+    path = write_profile(tmp_path, "old", clock=None, threads=None)
+    hw = load_profile_path(path)
     m = get_model("qwen3-8b")
-    with pytest.raises(ConfigError, match=r"no \[peak\]\.sm_clock_hz"):
-        SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), GroundTruth(gemm_shape_model="kernel"))
+    kernel = GroundTruth(noise=0.0, tile_tokens=0, gemm_shape_model="kernel")
+    with caplog.at_level("WARNING", logger="bastion.sim.gpu"):
+        g = SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), kernel)
+        SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), kernel)  # warned once
+    assert g._phi is None
+    plain = SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), replace(kernel, gemm_shape_model=""))
+    np.testing.assert_array_equal(g.verify_curve(512), plain.verify_curve(512))
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1
+    assert "[peak].sm_clock_hz and [peak].max_threads_per_sm" in warned[0]
+    assert str(path) in warned[0] and "factor 1" in warned[0]
+    # a profile with them keeps its steps (the control)
+    clocked = load_profile_path(write_profile(tmp_path, "new"))
+    assert SimulatedGPU(clocked, m, DrafterSpec.dflash_for(m), kernel)._phi is not None
 
 
 def test_kernel_shape_one_pass_equals_the_vectorised_route() -> None:

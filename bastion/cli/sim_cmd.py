@@ -89,6 +89,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         n_max=args.n_max,
         truth=args.truth,
         warmup_steps=args.warmup_steps,
+        drafter_config=args.drafter_config,
+        calibration_file=args.calibration,
     )
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
     out = Path(args.out) if args.out else None
@@ -117,8 +119,18 @@ def run_simulate(args: argparse.Namespace) -> int:
         f"concurrency {spec.concurrency}, {spec.requests} requests, seed {spec.seed}, "
         f"truth {spec.truth}"
     )
+    drafter = spec.drafter()
     print(
-        f"controller's cost model: {spec.cost_mode}, calibrated on the simulated GPU "
+        f"drafter: {spec.drafter_config or 'the DFlash layout for the target'} "
+        f"({drafter.model.layers} layers, block {drafter.block_size}, {drafter.taps} taps)"
+    )
+    where = (
+        f"from the calibration record {spec.calibration_file}, its fit"
+        if spec.calibration_file
+        else "calibrated on the simulated GPU"
+    )
+    print(
+        f"controller's cost model: {spec.cost_mode}, {where} "
         f"(RMSE {result.calibration_rmse_bare_s * 1e3:.2f} ms bare → "
         f"{result.calibration_rmse_calibrated_s * 1e3:.2f} ms)"
     )
@@ -255,6 +267,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "profiled:[FORMAT:]FILE (a measured per-operator table, docs/cost-model.md)",
     )
     p.add_argument("--n-max", type=int, default=1024, help="the controller's N_max")
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="the controller's belief from a calibration record (the JSON file `bastion "
+        "calibrate` writes and prints) instead of a sweep on the simulated GPU; it must have "
+        "been fitted on --gpu's profile and for --model (else an error); with --cost-model "
+        "static (the default), ema+calib or profiled:…",
+    )
+    p.add_argument(
+        "--drafter-config",
+        metavar="PATH",
+        help="the drafter to price: a DFlash config.json or the checkpoint directory holding "
+        "one (e.g. bastion/demo/models/drafter); it must fit --model (vocabulary, hidden size, "
+        "tapped layers). Default: the published 5-layer DFlash layout at the target's widths",
+    )
     p.add_argument(
         "--warmup-steps",
         type=int,

@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -60,9 +60,11 @@ __all__ = [
     "Measurement",
     "calibrate",
     "calibrate_or_load",
+    "check_record",
     "fit_linear",
     "profile_sweep",
     "raw_branches",
+    "read_record",
     "rmse",
 ]
 
@@ -311,7 +313,50 @@ class CalibrationRecord:
             raise ConfigError(f"{origin}: not a calibration record ({exc!r})") from None
         if cal.compute.alpha <= 0 or cal.memory.alpha <= 0 or record.prep_s < 0:
             raise ConfigError(f"{origin}: calibration scales must be positive, prep_s ≥ 0")
+        numbers = (cal.compute.alpha, cal.compute.beta, cal.memory.alpha, cal.memory.beta)
+        if not all(math.isfinite(x) for x in (*numbers, record.prep_s)):
+            raise ConfigError(f"{origin}: calibration scales, offsets and prep_s must be finite")
         return record
+
+
+@public
+def read_record(path: str | os.PathLike[str]) -> CalibrationRecord:
+    """The calibration record in the JSON file ``path`` (what ``bastion calibrate`` writes; its
+    path is printed). Missing, unreadable, invalid or not a record: a :class:`ConfigError`
+    naming the file."""
+    data = read_json_file(path, "calibration record")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a calibration record is a JSON object")
+    return CalibrationRecord.from_dict(data, origin=str(path))
+
+
+@public
+def check_record(
+    record: CalibrationRecord, hw: HardwareProfile, model: ModelSpec, origin: str = "<record>"
+) -> bool:
+    """Refuse a record fitted on another device or another model; say whether it was fitted
+    against exactly these inputs.
+
+    The device is matched by the profile's name. The model by name, or by shape: the real
+    backend names a target ``DIRNAME-DIGEST`` (:meth:`ModelSpec.shape_digest`), so a record of
+    the demo target matches ``--model bastion/demo/models/target``. A mismatch is a
+    :class:`ConfigError` naming both. Returns whether the record's inputs digest
+    (:func:`inputs_digest`: the profile's contents, the model's shape, the package version)
+    is this profile's and model's — ``False`` when the profile file changed since the fit or
+    another bastion version made it; the caller decides whether to warn."""
+    if record.device != hw.name:
+        raise ConfigError(
+            f"{origin}: the record was fitted on device {record.device!r}, the simulation's "
+            f"profile is {hw.name!r}; give the profile it was fitted on (on a CPU, the probed "
+            "profile kept beside the records: this-machine-*.toml)"
+        )
+    digest = model.shape_digest()
+    if record.model != model.name and not record.model.endswith(f"-{digest}"):
+        raise ConfigError(
+            f"{origin}: the record was fitted for model {record.model!r}, not for {model.name!r} "
+            f"(shape digest {digest}); give the model it was fitted for"
+        )
+    return record.inputs == inputs_digest(hw, replace(model, name=record.model))
 
 
 def _slug(text: str) -> str:

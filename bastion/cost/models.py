@@ -12,10 +12,11 @@ or load weights.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,13 @@ class ModelSpec:
             + table * (1 if self.tied_embeddings else 2)
         )
 
+    def shape_digest(self) -> str:
+        """8 hex digits of a hash of the shape (every field but the name): the real backend
+        names a loaded target ``DIRNAME-DIGEST`` (``bastion.backends.torch.calibrate.
+        target_spec``), so its calibration records are matched to a spec by shape."""
+        shape = json.dumps({k: v for k, v in asdict(self).items() if k != "name"}, sort_keys=True)
+        return hashlib.sha256(shape.encode()).hexdigest()[:8]
+
     @classmethod
     def from_hf_config(
         cls, path_or_dict: str | os.PathLike[str] | Mapping[str, Any], name: str | None = None
@@ -253,13 +261,92 @@ class DrafterSpec:
     def from_hf_config(
         cls, path_or_dict: str | os.PathLike[str] | Mapping[str, Any]
     ) -> DrafterSpec:
-        """Read a DFlash ``config.json`` (``block_size``, ``dflash_config.target_layer_ids``)."""
+        """Read a DFlash ``config.json`` (``block_size``, ``dflash_config.target_layer_ids``).
+
+        Lenient: a plain model config is a drafter of its layers with a 16-token block and one
+        tap per layer. :meth:`from_dflash_config` insists on the DFlash fields."""
         if isinstance(path_or_dict, Mapping):
-            cfg: Mapping[str, Any] = path_or_dict
-            origin = "<drafter config dict>"
-        else:
-            cfg, p = read_config_json(path_or_dict, "drafter config")
-            origin = str(p)
+            return cls._from_mapping(path_or_dict, "<drafter config dict>")
+        cfg, p = read_config_json(path_or_dict, "drafter config")
+        return cls._from_mapping(cfg, str(p))
+
+    @classmethod
+    def from_dflash_config(
+        cls, path: str | os.PathLike[str], target: ModelSpec | None = None
+    ) -> DrafterSpec:
+        """A DFlash drafter's ``config.json`` (or the checkpoint directory holding one), as the
+        real backend reads it (``docs/real-backend.md``): ``block_size``, ``mask_token_id`` and
+        ``target_layer_ids`` or ``num_target_layers`` (inside ``dflash_config`` or at the top
+        level) are required, besides the Qwen3 shape fields. With ``target``, the drafter must
+        fit it: the same vocabulary and hidden size (it shares the target's embedding and LM
+        head), taps inside its layers, ``num_target_layers`` (if given) its layer count.
+
+        A missing, unreadable or non-DFlash file, or a misfit, is a :class:`ConfigError`
+        naming the file and what is missing or wrong. Torch-free (no weights are read)."""
+        if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+            raise ConfigError(
+                f"a drafter config is a path to a DFlash config.json or its directory; got "
+                f"{_show(path)}"
+            )
+        cfg, p = read_config_json(path, "drafter config")
+        origin = str(p)
+        inner = cfg.get("dflash_config") or {}
+        if not isinstance(inner, Mapping):
+            raise ConfigError(f"{origin}: 'dflash_config' must be an object, got {_show(inner)}")
+
+        def given(key: str) -> bool:
+            return inner.get(key, cfg.get(key)) is not None
+
+        missing = [k for k in ("block_size",) if cfg.get(k) is None]
+        missing += [k for k in ("mask_token_id",) if not given(k)]
+        if not given("target_layer_ids") and cfg.get("num_target_layers") is None:
+            missing.append("target_layer_ids or num_target_layers")
+        if missing:
+            raise ConfigError(
+                f"{origin}: not a DFlash drafter config: missing {', '.join(missing)} (at the top "
+                "level or in dflash_config; see docs/real-backend.md)"
+            )
+        spec = cls._from_mapping(cfg, origin)
+        mask_id = inner.get("mask_token_id", cfg.get("mask_token_id"))
+        mask = config_int(mask_id, "mask_token_id", origin, minimum=0)
+        if mask >= spec.model.vocab:
+            raise ConfigError(
+                f"{origin}: mask_token_id {mask} is outside the vocabulary (0 … "
+                f"{spec.model.vocab - 1})"
+            )
+        num_target = _optional_int(cfg, "num_target_layers", origin)
+        taps_ids = inner.get("target_layer_ids", cfg.get("target_layer_ids"))
+        taps = () if taps_ids is None else target_layer_ids(taps_ids, origin)
+        if num_target is not None and taps and max(taps) >= num_target:
+            raise ConfigError(
+                f"{origin}: target_layer_ids {list(taps)} are out of range for "
+                f"num_target_layers = {num_target}"
+            )
+        if target is not None:
+            for key, mine, theirs in (
+                ("vocab_size", spec.model.vocab, target.vocab),
+                ("hidden_size", spec.model.hidden, target.hidden),
+            ):
+                if mine != theirs:
+                    raise ConfigError(
+                        f"{origin}: {key} {mine} does not match the target's {theirs} "
+                        f"({target.name})"
+                    )
+            if num_target is not None and num_target != target.layers:
+                raise ConfigError(
+                    f"{origin}: num_target_layers {num_target} does not match the target's "
+                    f"{target.layers} layers ({target.name})"
+                )
+            bad = [j for j in taps if j >= target.layers]
+            if bad:
+                raise ConfigError(
+                    f"{origin}: target_layer_ids {bad} are out of range for the "
+                    f"{target.layers}-layer target ({target.name})"
+                )
+        return spec
+
+    @classmethod
+    def _from_mapping(cls, cfg: Mapping[str, Any], origin: str) -> DrafterSpec:
         model = ModelSpec.from_hf_config(cfg, name=origin if origin[0] != "<" else None)
         model = replace(model, name="dflash-drafter")
         inner = cfg.get("dflash_config") or {}

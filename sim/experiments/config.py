@@ -58,6 +58,7 @@ class _Key:
     low_open: bool = False
     choices: tuple[str, ...] = ()
     path: bool = False  # a relative path is read from the config file's directory
+    only_path: bool = False  # always a path (never a name), even without a separator
     what: str = ""
 
 
@@ -81,6 +82,12 @@ GRID_KEYS: dict[str, _Key] = {
         what="one of " + ", ".join(COST_MODES) + ", profiled:[FORMAT:]FILE",
     ),
     "n_max": _Key("int", 1, what="an integer ≥ 1"),
+    "drafter_config": _Key(
+        "str",
+        path=True,
+        only_path=True,
+        what="a DFlash drafter config.json path (or its checkpoint directory)",
+    ),
     "policies": _Key("policies", what="a list of policy specs, or a list of such lists"),
 }
 """The keys of a ``[grid]`` table. Each takes one value or a list of values (an axis of the
@@ -183,7 +190,8 @@ def _values(source: str, where: str, key: str, raw: Any, base: Path) -> list[Any
                 v = "profiled:" + (f"{fmt}:" if fmt else "") + file
         if not ok:
             raise _bad(source, where, f"expected {spec.what} or a list of them; got {v!r}")
-        if spec.path and is_path(v) and not Path(v).expanduser().is_absolute():
+        named = spec.path and (spec.only_path or is_path(v))
+        if named and not Path(v).expanduser().is_absolute():
             v = str((base / v).resolve())
         checked.append(float(v) if spec.kind == "float" else v)
     return checked

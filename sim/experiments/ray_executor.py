@@ -36,8 +36,8 @@ DATA_DIR_ENVS = ("BASTION_HWPROFILES", "BASTION_WORKLOADS", "BASTION_TRUTHS")
 def _stage(runs: Sequence[Run], root: Path) -> tuple[dict[str, str], dict[str, str]]:
     """Copy what the workers must read into ``root`` (Ray's ``working_dir``).
 
-    Files the specs name (profiles, model configs, workloads, traces, truths, arrivals,
-    ``file.py`` policies) go under ``_files/``; the directories of ``BASTION_HWPROFILES``,
+    Files the specs name (profiles, model and drafter configs, workloads, traces, truths,
+    arrivals, ``file.py`` policies) go under ``_files/``; the directories of ``BASTION_HWPROFILES``,
     ``BASTION_WORKLOADS`` and ``BASTION_TRUTHS`` under ``_data/`` (the workers' variables point
     there); plug-in policy modules not installed in site-packages at the top of ``root``, which
     Ray puts on the workers' ``sys.path``. Returns (path → shipped path, environment).
@@ -60,7 +60,15 @@ def _stage(runs: Sequence[Run], root: Path) -> tuple[dict[str, str], dict[str, s
     modules: set[str] = set()
     for run in runs:
         spec = run["spec"]
-        for key in ("model", "gpu", "workload", "truth", "arrivals"):
+        for key in (
+            "model",
+            "gpu",
+            "workload",
+            "truth",
+            "arrivals",
+            "drafter_config",
+            "calibration_file",
+        ):
             value = spec.get(key)
             if isinstance(value, str) and is_path(value):
                 ship(value)

@@ -3,9 +3,9 @@
 A *run* is one :class:`bastion.sim.simulate.SimSpec` as a JSON-able dict (``run["spec"]``), the
 tags it is recorded with (``run["tags"]``: the experiment's name), and its *key*
 (``run["key"]``, :func:`run_key`): a hash of the spec, the tags and :func:`fingerprint` — the
-*contents* behind every name the spec gives (hardware profile, model, workload, truth and
-arrivals files, plug-in policy sources, a profiled cost model's table), the bastion version and
-the digest of bastion's own source (:func:`code_digest`).
+*contents* behind every name the spec gives (hardware profile, model, drafter config, workload,
+truth, arrivals and calibration record files, plug-in policy sources, a profiled cost model's
+table), the bastion version and the digest of bastion's own source (:func:`code_digest`).
 The run store (:class:`bastion.sim.results.RunStore`) files finished runs by this key, so an
 interrupted experiment resumes where it stopped and a changed input is never served from a stale
 record.
@@ -161,7 +161,7 @@ def fingerprint(spec: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None
             return file_digest(path)
         return _data(get_workload(spec["workload"]))
 
-    return {
+    inputs = {
         "bastion_version": package_version(),
         "code": code_digest(),
         "gpu": once("gpu", spec["gpu"], lambda: profile_to_dict(get_profile(spec["gpu"]))),
@@ -180,6 +180,20 @@ def fingerprint(spec: Mapping[str, Any], memo: dict[tuple[str, str], Any] | None
             else None
         ),
     }
+    if spec.get("drafter_config"):  # only when given: other runs keep their keys
+        inputs["drafter"] = once("drafter", spec["drafter_config"], lambda: _data(_drafter(spec)))
+    if spec.get("calibration_file"):
+        record = spec["calibration_file"]
+        inputs["calibration"] = once("calibration", record, lambda: file_digest(Path(record)))
+    return inputs
+
+
+def _drafter(spec: Mapping[str, Any]) -> Any:
+    """The drafter a spec's ``drafter_config`` describes (its shape, not the file's bytes: a
+    checkpoint directory's weights do not change what the simulator prices)."""
+    from bastion.cost.models import DrafterSpec, get_model
+
+    return DrafterSpec.from_dflash_config(spec["drafter_config"], get_model(spec["model"]))
 
 
 def _table_of(spec: Mapping[str, Any]) -> str:

@@ -35,7 +35,15 @@ def _spec(spec: Mapping[str, Any]) -> SimSpec:
 def _remapped(spec: Mapping[str, Any], remap: Mapping[str, str]) -> dict[str, Any]:
     """``spec`` with its file paths replaced by their shipped copies (Ray workers)."""
     d = dict(spec)
-    for key in ("model", "gpu", "workload", "truth", "arrivals"):
+    for key in (
+        "model",
+        "gpu",
+        "workload",
+        "truth",
+        "arrivals",
+        "drafter_config",
+        "calibration_file",
+    ):
         if isinstance(d.get(key), str) and d[key] in remap:
             d[key] = remap[d[key]]
     policies = []

@@ -26,7 +26,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +88,7 @@ def target_spec(model: Any) -> ModelSpec:
     cfg = model.config.to_dict()
     base = Path(str(getattr(model.config, "_name_or_path", "") or "target")).name or "target"
     spec = ModelSpec.from_hf_config(cfg, name=base)
-    shape = json.dumps({k: v for k, v in asdict(spec).items() if k != "name"}, sort_keys=True)
-    return replace(spec, name=f"{base}-{hashlib.sha256(shape.encode()).hexdigest()[:8]}")
+    return replace(spec, name=f"{base}-{spec.shape_digest()}")
 
 
 def cpu_profile_path(cache: CalibrationCache) -> Path:
