@@ -1127,9 +1127,10 @@ class SimulatedGPU:
             draft = self._noisy(m.draft_s("topk" if topk else "argmax", ctx)) * unbias
         build, loop = m.host_s(kind, _control(controller), sizes)
         host = self._noisy(build + loop) * unbias
-        verify = self._noisy(
-            self._measured_pass(kind, sizes, ctx, prefill_tokens, prefill_contexts)
-        ) * unbias
+        verify = (
+            self._noisy(self._measured_pass(kind, sizes, ctx, prefill_tokens, prefill_contexts))
+            * unbias
+        )
         self.unobserved_s = host * loop / (build + loop) if build + loop > 0 else 0.0
         return draft, host, verify
 

@@ -10,10 +10,10 @@ sessions only; the records and the written truth read back. Timing accuracy is n
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -113,7 +113,10 @@ def test_twin_cli_writes_records_truth_traces_and_plot(tmp_path: Path, capsys) -
     argv += ["--repeats", "1", "--warmup", "0", "--json", "--out", str(out)]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
-    assert {(r["source"], r["policy"]) for r in data["records"]} >= {("real", "chain"), ("sim", "chain")}
+    assert {(r["source"], r["policy"]) for r in data["records"]} >= {
+        ("real", "chain"),
+        ("sim", "chain"),
+    }
     for name in ("twin.json", "comparison.txt", "truth.toml", "twin-tpot.png"):
         assert (out / name).is_file(), name
     truth = truth_from_dict(tomllib.loads((out / "truth.toml").read_text()), "truth.toml")
