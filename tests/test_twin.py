@@ -123,7 +123,7 @@ def test_twin_cli_writes_records_truth_traces_and_plot(tmp_path: Path, capsys) -
     assert truth.measured is not None
     assert len(list((out / "traces").glob("*.json"))) == 2
     # the written truth drives the twin instead of a new timing
-    argv2 = [a for a in argv if a != "--json"][:-2] + ["--truth", str(out / "truth.toml")]
+    argv2 = [*[a for a in argv if a != "--json"][:-2], "--truth", str(out / "truth.toml")]
     assert main(argv2) == 0
     assert "replayed step-exactly: 2 of 2" in capsys.readouterr().out  # chain, fixed:4
 
