@@ -113,13 +113,21 @@ def _shares(kinds: Mapping[str, int]) -> tuple[float, float, float]:
     return tuple(kinds.get(k, 0) / total for k in ("ar", "chain", "tree"))  # type: ignore[return-value]
 
 
-def _row(source: str, batch_size: int, served: ServingResult) -> TwinRow:
+def _row(source: str, batch_size: int, runs: Sequence[ServingResult]) -> TwinRow:
+    """A row from ``runs`` of the same requests: TPOT pooled over every run's requests (as the
+    real report pools its timed runs), the decision mix over every run's steps, the rest from
+    the first run."""
+    served = runs[0]
     reqs = sorted(served.requests, key=lambda r: r.request_id)
-    tpots = [r.tpot_s for r in reqs if r.tokens > 1]
+    tpots = [r.tpot_s for run in runs for r in run.requests if r.tokens > 1]
     steps = max(served.steps, 1)
     committed = [n for r in reqs for n in r.committed]
     sizes = [s for r in reqs for s in r.tree_sizes]
-    ar, chain, tree = _shares(served.step_kinds)
+    kinds: dict[str, int] = {}
+    for run in runs:
+        for k, n in run.step_kinds.items():
+            kinds[k] = kinds.get(k, 0) + n
+    ar, chain, tree = _shares(kinds)
     return TwinRow(
         source=source,
         policy=served.policy,
@@ -152,7 +160,12 @@ def with_speedups(rows: Sequence[TwinRow]) -> list[TwinRow]:
     return out
 
 
-@public(batch_size=integer(1, 1 << 16), n_max=integer(1, 1 << 20), seed=integer(lo=0))
+@public(
+    batch_size=integer(1, 1 << 16),
+    n_max=integer(1, 1 << 20),
+    seed=integer(lo=0),
+    repeats=integer(1, 1000),
+)
 def replay(
     traces: Sequence[Trace],
     policies: Sequence[str],
@@ -166,6 +179,7 @@ def replay(
     source: str = "sim",
     n_max: int = 1024,
     seed: int = 0,
+    repeats: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> list[TwinRow]:
     """Serve the traced requests with every policy on the simulated GPU; one row each.
@@ -174,7 +188,9 @@ def replay(
     position: a dense trace). ``beliefs[policy]`` is the cost model a policy that uses one is
     given (the real run's, so both decide from the same belief; a learning controller's is
     copied per run). Every request arrives at time 0; at most ``batch_size`` are served at once,
-    in order, each prompt prefilled whole."""
+    in order, each prompt prefilled whole. ``repeats`` runs of them (each its own noise seed),
+    pooled as the real report pools its timed runs; a learning controller keeps its learner
+    from one run to the next, as it does for real."""
     if not traces:
         raise ConfigError("twin replay needs at least one trace (one per request)")
     if not all(isinstance(t, Trace) for t in traces):
@@ -190,19 +206,22 @@ def replay(
         belief = (beliefs or {}).get(name)
         copy = getattr(belief, "copy", None)
         if getattr(policy, "learns", False) and callable(copy):
-            belief = copy()  # each run learns anew from the same start-up table
-        gpu = SimulatedGPU(hardware, model, drafter, truth, seed=seed, max_tree_size=n_max)
-        served = serve(
-            policy,
-            gpu,
-            TraceSource([(t, f"request {i}") for i, t in enumerate(traces)]),
-            cost_model=belief if getattr(policy, "uses_cost_model", False) else None,
-            concurrency=batch_size,
-            arrivals=arrivals,
-            prefill_chunk=WHOLE_PROMPT,
-        )
-        served.policy = name
-        rows.append(_row(source, batch_size, served))
+            belief = copy()  # a learner of its own, from the same start-up table
+        runs = []
+        for r in range(repeats):
+            gpu = SimulatedGPU(hardware, model, drafter, truth, seed=seed + r, max_tree_size=n_max)
+            served = serve(
+                policy,
+                gpu,
+                TraceSource([(t, f"request {i}") for i, t in enumerate(traces)]),
+                cost_model=belief if getattr(policy, "uses_cost_model", False) else None,
+                concurrency=batch_size,
+                arrivals=arrivals,
+                prefill_chunk=WHOLE_PROMPT,
+            )
+            served.policy = name
+            runs.append(served)
+        rows.append(_row(source, batch_size, runs))
     return with_speedups(rows)
 
 

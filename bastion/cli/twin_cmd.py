@@ -103,7 +103,6 @@ def run_twin_cmd(args: argparse.Namespace) -> int:
     _need_torch()
     from bastion.backends.torch.twin import run_twin
     from bastion.demo import CALIBRATION_PROMPTS_FILE, PROMPTS_FILE
-    from bastion.sim.gpu import GroundTruth
     from bastion.sim.twin import format_comparison
 
     texts = _prompts(args.prompts, PROMPTS_FILE, "--prompts")
@@ -133,7 +132,7 @@ def run_twin_cmd(args: argparse.Namespace) -> int:
         truth=truth,
         beliefs=beliefs,
         hardware=hardware,
-        unmeasured={"roofline": GroundTruth(name="builtin")},
+        unmeasured=_unmeasured(target, args.device),
         progress=say,
     )
     table = format_comparison(result.entries)
@@ -144,6 +143,25 @@ def run_twin_cmd(args: argparse.Namespace) -> int:
     else:
         _print(result, table, len(texts), args)
     return 0 if result.identical else 1
+
+
+def _unmeasured(target: Any, device: str) -> dict[str, Any]:
+    """What the simulator predicts without timing this machine: the bare roofline of the
+    device's profile in the device's form (on a CPU host and device work add, and there are no
+    GEMM tiles), with the target's own element width; and the default truth as shipped."""
+    from bastion.sim.gpu import GroundTruth
+    from bastion.sim.truth import DEFAULT_TRUTH, get_truth
+
+    width = float(next(target.parameters()).element_size())
+    cpu = device == "cpu"
+    bare = GroundTruth(
+        name="roofline",
+        host_adds=cpu,
+        weight_bytes=width,
+        activation_bytes=width,
+        tile_tokens=0 if cpu else GroundTruth.tile_tokens,
+    )
+    return {"roofline": bare, DEFAULT_TRUTH: get_truth(DEFAULT_TRUTH)}
 
 
 def _json_safe(data: Any) -> Any:

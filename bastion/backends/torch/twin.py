@@ -424,6 +424,7 @@ def run_twin(
                 beliefs=beliefs,
                 source=source,
                 n_max=n_max,
+                repeats=repeats,
                 progress=progress,
             )
     seconds["sim_s"] = time.perf_counter() - t0
