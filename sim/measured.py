@@ -138,29 +138,43 @@ def _knots(x: Array) -> tuple[float, ...]:
     return tuple(keep) or (1.0,)
 
 
-def _nnls(columns: Array, y: Array) -> tuple[Array, float]:
-    """Non-negative coefficients whose fit is the *mean* of y where it is measured, with a fast
-    pass counting as much as a slow one; (coefficients, robust σ of the log residuals).
+STALL_SIGMAS = 4.0  # a sample above fit × exp(this × robust σ) is a stall, left out of the fit
 
-    A step's time is heavy-tailed on a shared machine (a stall lands on one step), and what the
-    simulator must reproduce is a request's time per token — a mean over its steps. Least squares
-    on relative error would fit something near the median instead (a stall's step counts for
-    almost nothing), so it only starts the fit: then iteratively reweighted least squares with
+
+def _robust_sigma(y: Array, fit: Array) -> float:
+    ok = fit > 0
+    if not ok.any():
+        return 0.0
+    r = np.log(y[ok] / fit[ok])
+    return float(1.4826 * np.median(np.abs(r - np.median(r))))
+
+
+def _nnls(columns: Array, y: Array) -> tuple[Array, float]:
+    """Non-negative coefficients whose fit is the *mean* of y where it is measured, stalls left
+    out, with a fast pass counting as much as a slow one; (coefficients, robust σ of the log
+    residuals).
+
+    What the simulator must reproduce is a request's time per token — a mean over its steps —
+    and the real runs report the median of it over requests, which a rare stall of the machine
+    (hundreds of ms, landing on one step of one request) does not move. So: least squares on
+    relative error starts the fit (near the median of y); the samples above it by more than
+    :data:`STALL_SIGMAS` robust standard deviations (σ from the median absolute deviation of the
+    log residuals) are stalls and are left out; then iteratively reweighted least squares with
     variance ∝ fit (Σ (y − f)² / f), whose solution has Σ x_j·(y / f − 1) = 0 for every column
-    x_j — the measured times are, on average, what the fit says."""
+    x_j: over the rest, the measured times are on average what the fit says."""
     from scipy.optimize import nnls
 
     coef, _ = nnls(columns / y[:, None], np.ones_like(y))
+    fit = columns @ coef
+    sigma = _robust_sigma(y, fit)
+    keep = ~(y > np.maximum(fit, 1e-12) * math.exp(STALL_SIGMAS * max(sigma, 1e-3)))
+    if keep.sum() >= columns.shape[1]:
+        columns, y = columns[keep], y[keep]
     for _ in range(4):
         fit = np.maximum(columns @ coef, 1e-12)
         w = 1.0 / np.sqrt(fit)
         coef, _ = nnls(columns * w[:, None], y * w)
-    fit = columns @ coef
-    ok = fit > 0
-    if not ok.any():
-        return coef, 0.0
-    r = np.log(y[ok] / fit[ok])
-    return coef, float(1.4826 * np.median(np.abs(r - np.median(r))))
+    return coef, _robust_sigma(y, columns @ coef)
 
 
 def _num(data: Mapping[str, Any], key: str, where: str) -> float:

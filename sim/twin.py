@@ -114,13 +114,13 @@ def _shares(kinds: Mapping[str, int]) -> tuple[float, float, float]:
 
 
 def _row(source: str, batch_size: int, runs: Sequence[ServingResult]) -> TwinRow:
-    """A row from ``runs`` of the same requests: TPOT pooled over every run's requests (as the
-    real report pools its timed runs), the decision mix over every run's steps, the rest from
-    the first run."""
+    """A row from ``runs`` of the same requests: TPOT pooled over every run's requests and the
+    cycle's parts and the decision mix over every run's steps (as the real report pools its
+    timed runs), the rest from the first run."""
     served = runs[0]
     reqs = sorted(served.requests, key=lambda r: r.request_id)
     tpots = [r.tpot_s for run in runs for r in run.requests if r.tokens > 1]
-    steps = max(served.steps, 1)
+    steps = max(sum(run.steps for run in runs), 1)
     committed = [n for r in reqs for n in r.committed]
     sizes = [s for r in reqs for s in r.tree_sizes]
     kinds: dict[str, int] = {}
@@ -139,9 +139,9 @@ def _row(source: str, batch_size: int, runs: Sequence[ServingResult]) -> TwinRow
         tau=float(np.mean(committed)) if committed else 0.0,
         mean_tree_size=float(np.mean(sizes)) if sizes else 1.0,
         steps=served.steps,
-        draft_s=served.draft_s / steps,
-        host_s=served.prep_s / steps,
-        verify_s=served.verify_s / steps,
+        draft_s=sum(run.draft_s for run in runs) / steps,
+        host_s=sum(run.prep_s for run in runs) / steps,
+        verify_s=sum(run.verify_s for run in runs) / steps,
         share_ar=ar,
         share_chain=chain,
         share_tree=tree,

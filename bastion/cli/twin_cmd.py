@@ -206,6 +206,12 @@ def _write_out(out: Path, result: Any, table: str) -> None:
         write_text_atomic(out / "truth.toml", _truth_toml(result.truth.measured))
     for i, trace in enumerate(result.traces):
         write_trace(out / "traces" / f"request-{i}.json", trace)
+    steps = {
+        "calibration": [s.to_dict() for s in result.samples],
+        "prefills": [[p.tokens, p.seconds] for p in result.prefills],
+        "real": {f"{p}@{b}": [s.to_dict() for s in v] for (p, b), v in result.real_samples.items()},
+    }
+    write_json_atomic(out / "steps.json", steps)
     try:
         plot_twin(result.rows, out / "twin-tpot.png")
     except ConfigError as exc:  # no matplotlib: the numbers are written, the plot is not

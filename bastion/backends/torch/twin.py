@@ -81,6 +81,8 @@ class TwinResult:
     samples: list[StepSample] = field(default_factory=list)  # the truth's calibration steps
     prefills: list[PrefillSample] = field(default_factory=list)
     traces: list[Trace] = field(default_factory=list)  # what was replayed (dense)
+    # every predicted run's steps, by (policy, batch size): what the real columns summarise
+    real_samples: dict[tuple[str, int], list[StepSample]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -260,9 +262,9 @@ def _dense_traces(
 
 def _real_row(report: BatchGenerationReport, name: str) -> TwinRow:
     lat = report.latency()
-    first = [s for s in report.samples][: report.steps]  # the first timed run's steps
-    kinds = [s.kind for s in report.samples]
-    n = max(len(first), 1)
+    every = report.samples  # every timed run's steps, as the TPOT pools every run's requests
+    kinds = [s.kind for s in every]
+    n = max(len(every), 1)
     share = {k: kinds.count(k) / max(len(kinds), 1) for k in ("ar", "chain", "tree")}
     return TwinRow(
         source="real",
@@ -275,9 +277,9 @@ def _real_row(report: BatchGenerationReport, name: str) -> TwinRow:
         tau=report.tau,
         mean_tree_size=report.mean_tree_size,
         steps=report.steps,
-        draft_s=sum(s.draft_s for s in first) / n,
-        host_s=sum(s.host_s for s in first) / n,
-        verify_s=sum(s.verify_s for s in first) / n,
+        draft_s=sum(s.draft_s for s in every) / n,
+        host_s=sum(s.host_s for s in every) / n,
+        verify_s=sum(s.verify_s for s in every) / n,
         share_ar=share["ar"],
         share_chain=share["chain"],
         share_tree=share["tree"],
@@ -441,6 +443,11 @@ def run_twin(
         samples,
         prefills,
         traces,
+        {
+            (p, b): list(r.samples)
+            for b, reports in real.items()
+            for p, r in zip(policies, reports, strict=True)
+        },
     )
 
 
