@@ -11,8 +11,9 @@ side by side with the error of each.
 
 Statistics are the real report's: TPOT is the median over requests (``tpot_p50_s``); the
 speedup is AR's median TPOT over the policy's, within one source and batch size; the cycle's
-parts are means per decode step (draft, host = build + loop, verify); the decision mix is the
-share of decode steps of each kind.
+parts are means per decode step (draft, host = build + loop, verify; the real run's without its
+stalls, :func:`bastion.backends.torch.twin.bulk_mean`); the decision mix is the share of decode
+steps of each kind.
 
 What this module does not do: run models (the torch side does) or fit truths
 (:mod:`bastion.sim.measured`).
@@ -94,6 +95,8 @@ class TwinRow:
     speedup: float = math.nan  # AR's tpot_p50_s over this one, same source and batch size
     # per request, the tokens each step delivered (bonus included), prompt order
     committed: tuple[tuple[int, ...], ...] = ()
+    # every run's per-request TPOTs, runs in order, each in prompt order
+    request_tpots: tuple[tuple[float, ...], ...] = ()
 
     @property
     def cycle_s(self) -> float:
@@ -102,6 +105,7 @@ class TwinRow:
     def to_record(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("committed")
+        d["request_tpots"] = [list(run) for run in self.request_tpots]
         d["cycle_s"] = self.cycle_s
         return d
 
@@ -146,6 +150,10 @@ def _row(source: str, batch_size: int, runs: Sequence[ServingResult]) -> TwinRow
         share_chain=chain,
         share_tree=tree,
         committed=tuple(tuple(r.committed) for r in reqs),
+        request_tpots=tuple(
+            tuple(r.tpot_s for r in sorted(run.requests, key=lambda q: q.request_id))
+            for run in runs
+        ),
     )
 
 

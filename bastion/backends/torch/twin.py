@@ -260,11 +260,28 @@ def _dense_traces(
     return traces
 
 
+def bulk_mean(values: Sequence[float]) -> float:
+    """The mean of ``values`` without the stalls — those above the median by more than
+    :data:`bastion.sim.measured.STALL_SIGMAS` robust standard deviations of their logs — the
+    statistic the measured truth fits (what a step costs when the machine does not stall)."""
+    from bastion.sim.measured import STALL_SIGMAS
+
+    v = np.asarray(values, dtype=np.float64)
+    if not v.size:
+        return math.nan
+    positive = v[v > 0]
+    if not positive.size:
+        return float(v.mean())
+    mid = float(np.median(positive))
+    logs = np.log(positive / mid)
+    sigma = 1.4826 * float(np.median(np.abs(logs - np.median(logs))))
+    return float(v[v <= mid * math.exp(STALL_SIGMAS * max(sigma, 1e-3))].mean())
+
+
 def _real_row(report: BatchGenerationReport, name: str) -> TwinRow:
     lat = report.latency()
     every = report.samples  # every timed run's steps, as the TPOT pools every run's requests
     kinds = [s.kind for s in every]
-    n = max(len(every), 1)
     share = {k: kinds.count(k) / max(len(kinds), 1) for k in ("ar", "chain", "tree")}
     return TwinRow(
         source="real",
@@ -277,13 +294,14 @@ def _real_row(report: BatchGenerationReport, name: str) -> TwinRow:
         tau=report.tau,
         mean_tree_size=report.mean_tree_size,
         steps=report.steps,
-        draft_s=sum(s.draft_s for s in every) / n,
-        host_s=sum(s.host_s for s in every) / n,
-        verify_s=sum(s.verify_s for s in every) / n,
+        draft_s=bulk_mean([s.draft_s for s in every]),
+        host_s=bulk_mean([s.host_s for s in every]),
+        verify_s=bulk_mean([s.verify_s for s in every]),
         share_ar=share["ar"],
         share_chain=share["chain"],
         share_tree=share["tree"],
         committed=tuple(tuple(r.committed_per_step) for r in report.records),
+        request_tpots=tuple(tuple(run.request_tpots) for run in report.runs),
     )
 
 
