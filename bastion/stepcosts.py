@@ -41,7 +41,12 @@ CONTROLS = ("static", "decide", "repeat")
 def _seconds(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{name} must be a number of seconds; got {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:
+        raise ConfigError(
+            f"{name} must be a finite number of seconds; got a {value.bit_length()}-bit int"
+        ) from None
     if not (math.isfinite(v) and v >= 0):
         raise ConfigError(f"{name} must be a finite number of seconds ≥ 0; got {value!r}")
     return v
@@ -51,7 +56,7 @@ def _counts(values: object, name: str, least: int) -> tuple[int, ...]:
     if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
         raise ConfigError(f"{name} must be a list of whole numbers; got {values!r}")
     out = []
-    for v in values:
+    for v in values:  # a str, bytes or non-iterable was refused above
         if isinstance(v, bool) or not isinstance(v, int) or v < least:
             raise ConfigError(f"{name} must hold whole numbers ≥ {least}; got {v!r}")
         out.append(int(v))
@@ -78,8 +83,10 @@ class StepSample:
             ("preparation", self.preparation, PREPARATIONS),
             ("control", self.control, CONTROLS),
         ):
-            if value not in accepted:
-                raise ConfigError(f"step sample {name} {value!r}; accepted: {', '.join(accepted)}")
+            if not isinstance(value, str) or value not in accepted:
+                raise ConfigError(
+                    f"step sample {name} {value!r:.60}; accepted: {', '.join(accepted)}"
+                )
         sizes = _counts(self.sizes, "step sample sizes", 1)
         contexts = _counts(self.contexts, "step sample contexts", 0)
         if not sizes or len(sizes) != len(contexts):

@@ -99,8 +99,7 @@ class Curve:
     values: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        k = tuple(float(v) for v in self.knots)
-        v = tuple(float(x) for x in self.values)
+        k, v = _floats(self.knots, "knots"), _floats(self.values, "values")
         if not k or len(k) != len(v):
             raise ConfigError(
                 f"a measured curve needs as many values as knots (≥ 1); got {len(k)} knots and "
@@ -120,6 +119,48 @@ class Curve:
         i = min(max(bisect.bisect_right(k, x) - 1, 0), len(k) - 2)
         w = (x - k[i]) / (k[i + 1] - k[i])
         return max(v[i] + w * (v[i + 1] - v[i]), 0.0)
+
+
+def _finite(x: float) -> bool:
+    """Whether ``x`` converts to a finite float (an int too large for one does not)."""
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
+def _floats(values: object, what: str) -> tuple[float, ...]:
+    """A tuple of finite numbers, or a ConfigError saying what ``values`` was."""
+    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+        raise ConfigError(
+            f"a measured curve's {what} must be a list of numbers; got {values!r:.60}"
+        )
+    out = []
+    for x in values:
+        if isinstance(x, bool) or not isinstance(x, int | float | np.floating | np.integer):
+            raise ConfigError(f"a measured curve's {what} must be numbers; got {x!r:.60}")
+        if not _finite(x):
+            raise ConfigError(f"a measured curve's {what} must be finite; got {x!r}")
+        out.append(float(x))
+    return tuple(out)
+
+
+def _checked(term: object, names: Sequence[str], curve: bool = False) -> None:
+    """Every field in ``names`` of a measured term a finite number of seconds ≥ 0 (stored as a
+    float), ``samples`` a whole number ≥ 0, and with ``curve`` its ``pass_s`` a Curve."""
+    where = type(term).__name__
+    if curve and not isinstance(getattr(term, "pass_s", None), Curve):
+        raise ConfigError(f"{where}: pass_s must be a Curve; got {term.pass_s!r:.60}")
+    for name in names:
+        value = getattr(term, name)
+        if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
+            raise ConfigError(f"{where}: {name} must be a number of seconds; got {value!r:.60}")
+        if not (_finite(value) and value >= 0):
+            raise ConfigError(f"{where}: {name} must be finite and ≥ 0; got {value!r}")
+        object.__setattr__(term, name, float(value))
+    n = getattr(term, "samples", 0)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError(f"{where}: samples must be a whole number ≥ 0; got {n!r:.60}")
 
 
 def _knots(x: Array) -> tuple[float, ...]:
@@ -181,6 +222,8 @@ def _num(data: Mapping[str, Any], key: str, where: str) -> float:
     value = data.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{where}: '{key}' must be a number; got {value!r}")
+    if not (_finite(value) and value >= 0):
+        raise ConfigError(f"{where}: '{key}' must be a finite number ≥ 0; got {value!r:.60}")
     v = float(value)
     if not (math.isfinite(v) and v >= 0):
         raise ConfigError(f"{where}: '{key}' must be a finite number ≥ 0; got {value!r}")
@@ -229,6 +272,9 @@ class VerifyTerm:
     cache_s: float = 0.0
     samples: int = 0
 
+    def __post_init__(self) -> None:
+        _checked(self, ("row_s", "attention_s", "cache_s"), curve=True)
+
     def __call__(self, rows: int, size: int, context: int) -> float:
         r, n, c = float(rows), float(size), float(context)
         return (
@@ -269,6 +315,9 @@ class DraftTerm:
     context_s: float = 0.0
     samples: int = 0
 
+    def __post_init__(self) -> None:
+        _checked(self, ("context_s",), curve=True)
+
     def __call__(self, rows: int, total_context: float) -> float:
         return self.pass_s(float(rows)) + self.context_s * total_context
 
@@ -294,6 +343,9 @@ class HostTerm:
     request_s: float = 0.0
     node_s: float = 0.0
     samples: int = 0
+
+    def __post_init__(self) -> None:
+        _checked(self, ("step_s", "request_s", "node_s"))
 
     def __call__(self, rows: int, nodes: float) -> float:
         return self.step_s + self.request_s * rows + self.node_s * nodes
@@ -322,6 +374,9 @@ class PrefillTerm:
     token_s: float = 0.0
     token2_s: float = 0.0
     samples: int = 0
+
+    def __post_init__(self) -> None:
+        _checked(self, ("pass_s", "token_s", "token2_s"))
 
     def __call__(self, tokens: float) -> float:
         n = float(tokens)
@@ -357,6 +412,29 @@ class MeasuredCosts:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name, kind in (
+            ("verify", VerifyTerm),
+            ("draft", DraftTerm),
+            ("host", HostTerm),
+            ("loop", HostTerm),
+        ):
+            table = getattr(self, name)
+            if not isinstance(table, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, kind) for k, v in table.items()
+            ):
+                raise ConfigError(
+                    f"MeasuredCosts.{name} must map names to {kind.__name__}; got {table!r:.60}"
+                )
+        if not isinstance(self.prefill, PrefillTerm):
+            raise ConfigError(
+                f"MeasuredCosts.prefill must be a PrefillTerm; got {self.prefill!r:.60}"
+            )
+        if isinstance(self.noise, bool) or not isinstance(self.noise, int | float):
+            raise ConfigError(f"MeasuredCosts.noise must be a number ≥ 0; got {self.noise!r:.60}")
+        if not (_finite(self.noise) and self.noise >= 0):
+            raise ConfigError(f"MeasuredCosts.noise must be finite and ≥ 0; got {self.noise!r}")
+        if not isinstance(self.meta, Mapping):
+            raise ConfigError(f"MeasuredCosts.meta must be a mapping; got {self.meta!r:.60}")
         missing = [k for k in KINDS if k not in self.verify]
         missing += [f"draft.{p}" for p in ("argmax", "topk") if p not in self.draft]
         missing += [f"host.{k}_static" for k in KINDS if f"{k}_static" not in self.host]

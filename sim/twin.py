@@ -33,7 +33,7 @@ import numpy as np
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.errors import ConfigError
-from bastion.guard import integer, public
+from bastion.guard import integer, public, writable_file
 from bastion.interfaces import CostModel
 from bastion.policies import make_policy
 from bastion.sim.arrivals import Arrival
@@ -157,6 +157,7 @@ def _row(source: str, batch_size: int, runs: Sequence[ServingResult]) -> TwinRow
     )
 
 
+@public
 def with_speedups(rows: Sequence[TwinRow]) -> list[TwinRow]:
     """Each row with its speedup over the AR row of its source and batch size."""
     ar = {(r.source, r.batch_size): r.tpot_p50_s for r in rows if r.policy == "ar"}
@@ -265,8 +266,23 @@ def compare(rows: Sequence[TwinRow], against: str = "real") -> list[dict[str, An
     return out
 
 
+def _check_entries(entries: Sequence[Mapping[str, Any]], against: str) -> None:
+    """Entries as :func:`compare` makes them, or a ConfigError naming what is missing."""
+    needed = {"policy", "batch_size", "source"}
+    for name, *_ in TWIN_FIELDS:
+        needed |= {name, f"{name}_{against}", f"{name}_error"}
+    for i, e in enumerate(entries):
+        missing = sorted(needed - set(e))
+        if missing:
+            raise ConfigError(
+                f"comparison entry {i} lacks {', '.join(missing[:4])}: give what compare() returns"
+            )
+
+
+@public
 def format_comparison(entries: Sequence[Mapping[str, Any]], against: str = "real") -> str:
     """The comparison as a text table: per policy and batch size, real → other (error)."""
+    _check_entries(entries, against)
     shown = ("tpot_p50_s", "speedup", "tau", "mean_tree_size", "draft_s", "host_s", "verify_s")
     labels = {f: (label, scale, fmt) for f, label, scale, fmt in TWIN_FIELDS}
     head = f"{'source':<9}{'policy':<14}{'B':>3} "
@@ -290,9 +306,11 @@ def format_comparison(entries: Sequence[Mapping[str, Any]], against: str = "real
     return "\n".join(lines)
 
 
+@public
 def summary(entries: Sequence[Mapping[str, Any]], source: str = "sim") -> dict[str, float]:
     """The twin's headline numbers for one source: worst and mean |error| of the speedup over
     AR (policies other than AR) and of the median TPOT, and the worst decision-mix gap."""
+    _check_entries(entries, "real")
     mine = [e for e in entries if e["source"] == source]
     speed = [abs(e["speedup_error"]) for e in mine if e["policy"] != "ar"]
     tpot = [abs(e["tpot_p50_s_error"]) for e in mine]
@@ -307,6 +325,7 @@ def summary(entries: Sequence[Mapping[str, Any]], source: str = "sim") -> dict[s
     }
 
 
+@public(path=writable_file)
 def plot_twin(rows: Sequence[TwinRow], path: Any, against: str = "real") -> None:
     """Simulated against measured median TPOT per policy, one panel per batch size, with every
     other source beside the simulator (needs matplotlib)."""

@@ -31,7 +31,7 @@ import numpy as np
 
 from bastion.demo import DRAFTER_DIR, PROMPTS_FILE, TARGET_DIR
 from bastion.errors import ConfigError
-from bastion.guard import integer, public, readable_file
+from bastion.guard import has, integer, public, readable_file
 from bastion.records import json_safe
 
 __all__ = [
@@ -125,6 +125,7 @@ def _learns(policy: str) -> bool:
     return bool(getattr(make_policy(policy), "learns", False))
 
 
+@public(target=has("config", "parameters"), drafter=has("cfg", "draft_batch"))
 def calibrated_beliefs(
     target: Any,
     drafter: Any,
