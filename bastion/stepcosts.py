@@ -45,7 +45,7 @@ def _seconds(value: object, name: str) -> float:
         v = float(value)
     except OverflowError:
         raise ConfigError(
-            f"{name} must be a finite number of seconds; got a {value.bit_length()}-bit int"
+            f"{name} must be a finite number of seconds; got an int too large for a float"
         ) from None
     if not (math.isfinite(v) and v >= 0):
         raise ConfigError(f"{name} must be a finite number of seconds ≥ 0; got {value!r}")

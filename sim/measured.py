@@ -121,11 +121,11 @@ class Curve:
         return max(v[i] + w * (v[i + 1] - v[i]), 0.0)
 
 
-def _finite(x: float) -> bool:
+def _finite(x: object) -> bool:
     """Whether ``x`` converts to a finite float (an int too large for one does not)."""
     try:
-        return math.isfinite(float(x))
-    except OverflowError:
+        return math.isfinite(float(x))  # type: ignore[arg-type]
+    except (OverflowError, TypeError, ValueError):
         return False
 
 
@@ -150,7 +150,8 @@ def _checked(term: object, names: Sequence[str], curve: bool = False) -> None:
     float), ``samples`` a whole number ≥ 0, and with ``curve`` its ``pass_s`` a Curve."""
     where = type(term).__name__
     if curve and not isinstance(getattr(term, "pass_s", None), Curve):
-        raise ConfigError(f"{where}: pass_s must be a Curve; got {term.pass_s!r:.60}")
+        shown = getattr(term, "pass_s", None)
+        raise ConfigError(f"{where}: pass_s must be a Curve; got {shown!r:.60}")
     for name in names:
         value = getattr(term, name)
         if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
