@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -226,6 +226,8 @@ class BeamPolicy:
 
     width: int
     depth: int
+    # its own tree builder (not best-first): a measured truth prices its host work apart
+    tree_builder: ClassVar[str] = "beam"
 
     def __post_init__(self) -> None:
         _positive_int("width", self.width)
@@ -270,6 +272,7 @@ class EaglePolicy:
     top_k: int = 10
     depth: int = 7
     total: int = 60
+    tree_builder: ClassVar[str] = "eagle"  # its own builder, as BeamPolicy's
 
     def __post_init__(self) -> None:
         for field_name in ("top_k", "depth", "total"):

@@ -31,9 +31,10 @@ from typing import Any
 
 from bastion.errors import ConfigError
 
-__all__ = ["CONTROLS", "KINDS", "PREPARATIONS", "PrefillSample", "StepSample"]
+__all__ = ["BUILDERS", "CONTROLS", "KINDS", "PREPARATIONS", "PrefillSample", "StepSample"]
 
 KINDS = ("ar", "chain", "tree")
+BUILDERS = ("", "beam", "eagle")  # a tree policy's own builder ("": best-first)
 PREPARATIONS = ("none", "argmax", "topk")
 CONTROLS = ("static", "decide", "repeat")
 
@@ -76,12 +77,14 @@ class StepSample:
     build_s: float
     verify_s: float
     other_s: float
+    builder: str = ""  # the tree policy's own builder (BUILDERS; "": best-first or none)
 
     def __post_init__(self) -> None:
         for name, value, accepted in (
             ("kind", self.kind, KINDS),
             ("preparation", self.preparation, PREPARATIONS),
             ("control", self.control, CONTROLS),
+            ("builder", self.builder, BUILDERS),
         ):
             if not isinstance(value, str) or value not in accepted:
                 raise ConfigError(
@@ -124,6 +127,7 @@ class StepSample:
             "build_s": self.build_s,
             "verify_s": self.verify_s,
             "other_s": self.other_s,
+            "builder": self.builder,
         }
 
     @classmethod
@@ -132,8 +136,10 @@ class StepSample:
             raise ConfigError(f"a step sample must be an object; got {data!r:.80}")
         keys = {"kind", "preparation", "control", "sizes", "contexts"}
         keys |= {"draft_s", "build_s", "verify_s", "other_s"}
-        if set(data) != keys:
-            raise ConfigError(f"a step sample needs exactly the keys {sorted(keys)}")
+        if not keys <= set(data) <= keys | {"builder"}:
+            raise ConfigError(
+                f"a step sample needs the keys {sorted(keys)} (and optionally 'builder')"
+            )
         return cls(**data)
 
 

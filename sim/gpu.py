@@ -1059,6 +1059,7 @@ class SimulatedGPU:
         controller: bool | str = False,
         prefill_tokens: npt.ArrayLike = (),
         prefill_contexts: npt.ArrayLike = (),
+        builder: str = "",
     ) -> tuple[float, float, float]:
         """(draft, preparation, verification) seconds of one decode step verified as ``kind``:
         "ar" is one unmasked pass and nothing else; "chain" and "tree" pay the drafter, the
@@ -1066,9 +1067,16 @@ class SimulatedGPU:
         after top-K drafting keeps its top-K pass but has no tree work) and a pass — causal for
         the chain, masked for a tree. Prefill chunks ride in the pass. Noisy, drawn in that
         order."""
-        if self._measured is not None:
+        if self._measured is not None:  # ``builder``: the tree policy's own (a measured term)
             return self._measured_step(
-                kind, tree_sizes, contexts, topk, controller, prefill_tokens, prefill_contexts
+                kind,
+                tree_sizes,
+                contexts,
+                topk,
+                controller,
+                prefill_tokens,
+                prefill_contexts,
+                builder,
             )
         if kind == "ar":
             return 0.0, 0.0, self.ar_s(contexts, prefill_tokens, prefill_contexts)
@@ -1111,6 +1119,7 @@ class SimulatedGPU:
         controller: bool | str,
         prefill_tokens: npt.ArrayLike,
         prefill_contexts: npt.ArrayLike,
+        builder: str = "",
     ) -> tuple[float, float, float]:
         """:meth:`step_s` under a measured truth: (draft, host, verify), each measured for the
         step's kind, preparation and control; noisy, drawn in that order."""
@@ -1125,7 +1134,7 @@ class SimulatedGPU:
         draft = 0.0
         if kind != "ar":
             draft = self._noisy(m.draft_s("topk" if topk else "argmax", ctx)) * unbias
-        build, loop = m.host_s(kind, _control(controller), sizes)
+        build, loop = m.host_s(kind, _control(controller), sizes, builder)
         host = self._noisy(build + loop) * unbias
         verify = (
             self._noisy(self._measured_pass(kind, sizes, ctx, prefill_tokens, prefill_contexts))

@@ -24,7 +24,9 @@ tree (the pass pads every row to it), L the longest context (the cache's length)
   controller's choice, step_s + request_s·R + node_s·ΣN; and ``loop.<kind>_<control>``, the rest
   of the step's wall time outside the draft, build and verify calls (the learning update after
   the pass, the decode loop's bookkeeping), of the same form. A missing control falls back to
-  ``repeat`` ↔ ``decide``, then ``static`` of the same kind. A learning controller learns from
+  ``repeat`` ↔ ``decide``, then ``static`` of the same kind. A tree policy with its own builder
+  (``beam``, ``eagle``: ``tree_builder`` of the policy) has its own ``host.beam_static`` … where
+  it was measured, else the best-first tree's. A learning controller learns from
   draft + build + verify, as the real engine reports it: the loop's part is charged to the step
   but not shown to the learner (:attr:`bastion.sim.gpu.SimulatedGPU.unobserved_s`);
 - ``prefill``: one prompt of n tokens prefilled alone: pass_s + token_s·n + token2_s·n².
@@ -51,7 +53,7 @@ import numpy.typing as npt
 
 from bastion.errors import ConfigError
 from bastion.guard import public
-from bastion.stepcosts import CONTROLS, KINDS, PrefillSample, StepSample
+from bastion.stepcosts import BUILDERS, CONTROLS, KINDS, PrefillSample, StepSample
 
 __all__ = [
     "Curve",
@@ -448,7 +450,7 @@ class MeasuredCosts:
         unknown = sorted(set(self.verify) - set(KINDS)) + sorted(
             set(self.draft) - {"argmax", "topk"}
         )
-        keys = {f"{k}_{c}" for k in KINDS for c in CONTROLS}
+        keys = {f"{k}_{c}" for k in (*KINDS, *BUILDERS[1:]) for c in CONTROLS}
         unknown += sorted(set(self.host) - keys) + sorted(set(self.loop) - keys)
         if unknown:
             raise ConfigError(f"a measured truth has unknown terms: {', '.join(unknown)}")
@@ -467,12 +469,17 @@ class MeasuredCosts:
             raise ConfigError("a pass needs at least one request")
         return self.draft[preparation](len(contexts), float(sum(contexts)))
 
-    def host_s(self, kind: str, control: str, sizes: Sequence[int]) -> tuple[float, float]:
-        """(build, loop) host seconds of a step of ``kind`` decided as ``control``."""
+    def host_s(
+        self, kind: str, control: str, sizes: Sequence[int], builder: str = ""
+    ) -> tuple[float, float]:
+        """(build, loop) host seconds of a step of ``kind`` decided as ``control``; a tree step
+        of a policy with its own ``builder`` (beam, eagle) is priced by that builder's terms
+        where they were measured."""
         out = []
+        names = (builder, kind) if builder and kind == "tree" else (kind,)
         for table in (self.host, self.loop):
-            for c in _FALLBACK[control]:
-                term = table.get(f"{kind}_{c}")
+            for name, c in ((n, c) for n in names for c in _FALLBACK[control]):
+                term = table.get(f"{name}_{c}")
                 if term is not None:
                     out.append(term(len(sizes), float(sum(sizes))))
                     break
@@ -624,11 +631,14 @@ def fit_measured(
         sigmas.append(sigma)
         for control in CONTROLS:
             hosted = [s for s in steps if s.kind == kind and s.control == control]
-            if len(hosted) >= _MIN_SAMPLES:
-                host[f"{kind}_{control}"] = _fit_host(hosted, "build_s")
-                loop[f"{kind}_{control}"] = _fit_host(hosted, "other_s")
-            elif control == "static":
-                missing.append(f"host work of static {kind} steps ({len(hosted)} samples)")
+            for builder in BUILDERS:
+                own = [s for s in hosted if s.builder == builder]
+                name = builder or kind
+                if len(own) >= _MIN_SAMPLES:
+                    host[f"{name}_{control}"] = _fit_host(own, "build_s")
+                    loop[f"{name}_{control}"] = _fit_host(own, "other_s")
+                elif control == "static" and not builder:
+                    missing.append(f"host work of static {kind} steps ({len(own)} samples)")
     for preparation in ("argmax", "topk"):
         group = [s for s in steps if s.preparation == preparation and s.draft_s > 0]
         if len(group) < _MIN_SAMPLES:

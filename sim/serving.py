@@ -228,6 +228,7 @@ def serve(
     # argmax preparation; every other drafting policy verifies trees (tree mask, top-K)
     topk = bool(getattr(policy, "uses_topk", True))
     controller = bool(getattr(batched, "uses_cost_model", False))  # host time of the controller
+    builder = str(getattr(policy, "tree_builder", ""))  # its own tree builder (beam, eagle)
     # a cost model learns from measured passes unless it says it does not (static, bare)
     learns = getattr(cost_model, "mode", "ema") in ("ema", "ema+calib")
     observe = cost_model is not None and not is_ar and learns
@@ -361,6 +362,7 @@ def serve(
                 charge,
                 chunk_tokens,
                 chunk_contexts,
+                builder,
             )
             # the passes run back to back on the one GPU and nothing can happen between them
             yield env.timeout(t_draft + t_prep + t_verify)

@@ -38,8 +38,11 @@ def machine_draft(prep: str, contexts: list[int]) -> float:
     return (2e-3 if prep == "topk" else 1.6e-3) + 4e-4 * (len(contexts) - 1) + 1e-7 * sum(contexts)
 
 
-def machine_host(kind: str, control: str, sizes: list[int]) -> tuple[float, float]:
+def machine_host(
+    kind: str, control: str, sizes: list[int], builder: str = ""
+) -> tuple[float, float]:
     build = {"ar": 2e-5, "chain": 6e-5, "tree": 9e-5}[kind] + 3e-6 * sum(sizes)
+    build *= 2.5 if builder == "beam" else 1.0  # a beam builds its rectangle slower
     build += {"static": 0.0, "decide": 2e-4, "repeat": 5e-5}[control]
     loop = 8e-5 + 1e-5 * len(sizes) + (4e-5 if control != "static" else 0.0)
     return build, loop
@@ -59,12 +62,14 @@ def make_samples(
     policies += [("tree", "topk", "static", n) for n in (2, 4, 8, 16, 32, 64, 128)]
     policies += [("tree", "topk", "decide", 24), ("ar", "none", "decide", 1)]
     policies += [("tree", "topk", "repeat", 24), ("chain", "topk", "decide", 16)]
-    for kind, prep, control, size in policies:
+    policies += [("tree", "topk", "static", 17)]  # beam:2x8 (its own builder), below
+    for i, (kind, prep, control, size) in enumerate(policies):
+        builder = "beam" if i == len(policies) - 1 else ""
         for rows in (1, 2, 3, 4):
             for _ in range(6):
                 contexts = rng.integers(60, 220, rows).tolist()
                 sizes = [size] * rows
-                build, loop = machine_host(kind, control, sizes)
+                build, loop = machine_host(kind, control, sizes, builder)
                 draft = 0.0 if kind == "ar" else machine_draft(prep, contexts) * jitter()
                 steps.append(
                     StepSample(
@@ -77,6 +82,7 @@ def make_samples(
                         build * jitter(),
                         machine_verify(kind, rows, size, max(contexts)) * jitter(),
                         loop * jitter(),
+                        builder,
                     )
                 )
     prefills = [PrefillSample(n, machine_prefill(n) * jitter()) for n in (16, 64, 128, 256) * 3]
@@ -117,6 +123,16 @@ def test_draft_host_and_prefill_terms_recover_the_machine(fitted: MeasuredCosts)
     assert fitted.prefill_s([50], [100]) == pytest.approx(
         machine_prefill(150) - machine_prefill(100), rel=0.1
     )
+
+
+def test_a_policy_with_its_own_builder_has_its_own_host_term(fitted: MeasuredCosts) -> None:
+    build, _ = fitted.host_s("tree", "static", [61], "beam")
+    assert build == pytest.approx(machine_host("tree", "static", [61], "beam")[0], rel=0.05)
+    plain, _ = fitted.host_s("tree", "static", [61])
+    assert plain == pytest.approx(machine_host("tree", "static", [61])[0], rel=0.05)
+    # a builder never measured (eagle) is priced as best-first; a chain step ignores builders
+    assert fitted.host_s("tree", "static", [61], "eagle") == (plain, _)
+    assert fitted.host_s("chain", "static", [16], "beam") == fitted.host_s("chain", "static", [16])
 
 
 def test_a_control_never_measured_falls_back(fitted: MeasuredCosts) -> None:

@@ -519,6 +519,7 @@ def _decoding(
     prefills: list[PrefillSample] = []
     learns = bool(getattr(engine.policy, "learns", False))  # it may skip drafting some steps
     decides = bool(getattr(engine.policy, "uses_cost_model", False))
+    builder = str(getattr(engine.policy, "tree_builder", ""))
 
     def finish(live: _Live, at: float) -> None:
         live.end_at = at
@@ -621,6 +622,7 @@ def _decoding(
                 step.build_s,
                 step.verify_s,
                 max(clock() - begin - step.draft_s - step.build_s - step.verify_s, 0.0),
+                builder if step.kind == "tree" else "",
             )
         )
         yield False  # a step done (not the start of timing: see _session)
