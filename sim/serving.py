@@ -181,6 +181,7 @@ def serve(
     arrivals: Sequence[Arrival] | None = None,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     max_steps: int | None = None,
+    prefill_alone: bool = False,
 ) -> ServingResult:
     """Serve requests with ``policy``, at most ``concurrency`` in service at once.
 
@@ -189,6 +190,9 @@ def serve(
     ``prefill_chunk`` = 0 skips prefill (a request's first token comes at its admission).
     ``max_steps`` stops after that many decode steps, finished or not (a learning policy's
     warm-up); the result then holds only the requests that finished.
+    ``prefill_alone``: as the real backend's loop (``bastion twin`` replays it), every admitted
+    prompt is prefilled whole in a pass of its own, one after another, and joins the very next
+    decode step; ``prefill_chunk`` is then unused.
     """
     if arrivals is not None:
         n = len(arrivals)
@@ -204,6 +208,8 @@ def serve(
         raise ConfigError(f"concurrency must be an integer ≥ 1; got {concurrency!r}")
     if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 0:
         raise ConfigError(f"prefill_chunk must be an integer ≥ 0; got {prefill_chunk!r}")
+    if not isinstance(prefill_alone, bool):
+        raise ConfigError(f"prefill_alone must be true or false; got {prefill_alone!r}")
     if max_steps is not None and (
         isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 0
     ):
@@ -328,6 +334,14 @@ def serve(
                 if arrivals is None or next_arrival >= n:  # pragma: no cover - guarded above
                     raise ConfigError("internal error: nothing to serve and nothing to come")
                 yield env.timeout(arrivals[next_arrival].time_s - env.now)
+                continue
+            if prefill_alone and prefilling:  # the real loop: each prompt alone, then the step
+                for entry in list(prefilling):
+                    t = gpu.prefill_s([entry[2]], [0])
+                    yield env.timeout(t)
+                    result.prefill_s += t
+                    prefilling.remove(entry)
+                    start_decoding(entry[0])
                 continue
             chunk_tokens, chunk_contexts = plan_prefill()
             if not decoding:

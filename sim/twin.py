@@ -5,7 +5,8 @@ exactly those requests (:mod:`bastion.backends.torch.twin`): the prompts' length
 tokens and the drafter's marginals at every position (dense traces), the batch size, and the
 controller's belief. :func:`replay` serves the same requests on a :class:`SimulatedGPU` — all
 submitted at once in prompt order, at most ``batch_size`` in service, each prompt prefilled
-whole before it joins (as the real loop does) — and summarises each policy as a
+whole in a pass of its own and joining the next decode step (as the real loop does) — and
+summarises each policy as a
 :class:`TwinRow`, the same fields as the real run's rows, so that :func:`compare` can set them
 side by side with the error of each.
 
@@ -227,6 +228,7 @@ def replay(
                 concurrency=batch_size,
                 arrivals=arrivals,
                 prefill_chunk=WHOLE_PROMPT,
+                prefill_alone=True,
             )
             served.policy = name
             runs.append(served)

@@ -158,3 +158,39 @@ def test_replay_refuses_what_it_cannot_replay(setting: dict[str, object]) -> Non
         replay(setting["traces"], (), **kw)  # type: ignore[arg-type]
     with pytest.raises(ArgumentError, match="each a Trace"):
         replay(["nope"], POLICIES, **kw)  # type: ignore[arg-type, list-item]
+
+
+def test_prompts_are_prefilled_alone_one_after_another_as_the_real_loop_does(
+    setting: dict[str, object],
+) -> None:
+    from bastion.policies import make_policy
+    from bastion.sim.arrivals import Arrival
+    from bastion.sim.gpu import SimulatedGPU
+    from bastion.sim.replay import TraceSource
+    from bastion.sim.serving import serve
+
+    m = setting["measured"]
+    assert isinstance(m, MeasuredCosts)
+    traces = setting["traces"]
+    gpu = SimulatedGPU(
+        setting["hardware"],  # type: ignore[arg-type]
+        setting["model"],  # type: ignore[arg-type]
+        setting["drafter"],  # type: ignore[arg-type]
+        GroundTruth(name="m", noise=0.0, measured=m),
+    )
+    arrivals = [Arrival(0.0, len(t.prompt_ids), len(t.output_ids)) for t in traces]  # type: ignore[attr-defined]
+    source = TraceSource([(t, str(i)) for i, t in enumerate(traces)])  # type: ignore[arg-type]
+    run = serve(
+        make_policy("fixed:8"),
+        gpu,
+        source,
+        concurrency=2,
+        arrivals=arrivals,
+        prefill_chunk=1 << 30,
+        prefill_alone=True,
+    )
+    ttft = {r.request_id: r.ttft_s for r in run.requests}
+    p = [m.prefill_s([len(t.prompt_ids)], [0]) for t in traces]  # type: ignore[attr-defined]
+    assert ttft[0] == pytest.approx(p[0])
+    assert ttft[1] == pytest.approx(p[0] + p[1])  # the second waits for the first's prefill
+    assert run.prefill_s == pytest.approx(sum(p))
