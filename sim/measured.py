@@ -183,6 +183,7 @@ def _knots(x: Array) -> tuple[float, ...]:
 
 
 STALL_SIGMAS = 4.0  # a sample above fit × exp(this × robust σ) is a stall, left out of the fit
+BUSY_STALL_SHARE = 0.05  # stalls above this share of the verify time: the machine was busy
 
 
 def _robust_sigma(y: Array, fit: Array) -> float:
@@ -193,7 +194,7 @@ def _robust_sigma(y: Array, fit: Array) -> float:
     return float(1.4826 * np.median(np.abs(r - np.median(r))))
 
 
-def _nnls(columns: Array, y: Array) -> tuple[Array, float]:
+def _nnls(columns: Array, y: Array) -> tuple[Array, float, float]:
     """Non-negative coefficients whose fit is the *mean* of y where it is measured, stalls left
     out, with a fast pass counting as much as a slow one; (coefficients, robust σ of the log
     residuals).
@@ -205,20 +206,23 @@ def _nnls(columns: Array, y: Array) -> tuple[Array, float]:
     :data:`STALL_SIGMAS` robust standard deviations (σ from the median absolute deviation of the
     log residuals) are stalls and are left out; then iteratively reweighted least squares with
     variance ∝ fit (Σ (y − f)² / f), whose solution has Σ x_j·(y / f − 1) = 0 for every column
-    x_j: over the rest, the measured times are on average what the fit says."""
+    x_j: over the rest, the measured times are on average what the fit says. The third value is
+    the stalls' share of the measured time (their excess over the fit ÷ the total)."""
     from scipy.optimize import nnls
 
     coef, _ = nnls(columns / y[:, None], np.ones_like(y))
     fit = columns @ coef
     sigma = _robust_sigma(y, fit)
     keep = ~(y > np.maximum(fit, 1e-12) * math.exp(STALL_SIGMAS * max(sigma, 1e-3)))
+    every_x, every_y = columns, y
     if keep.sum() >= columns.shape[1]:
         columns, y = columns[keep], y[keep]
     for _ in range(4):
         fit = np.maximum(columns @ coef, 1e-12)
         w = 1.0 / np.sqrt(fit)
         coef, _ = nnls(columns * w[:, None], y * w)
-    return coef, _robust_sigma(y, columns @ coef)
+    excess = np.maximum(every_y - every_x @ coef, 0.0)[~keep].sum()
+    return coef, _robust_sigma(y, columns @ coef), float(excess / every_y.sum())
 
 
 def _num(data: Mapping[str, Any], key: str, where: str) -> float:
@@ -509,7 +513,7 @@ class MeasuredCosts:
         }
 
 
-_META = ("origin", "device", "steps", "prefills", "seconds")
+_META = ("origin", "device", "steps", "prefills", "seconds", "stall_share")
 
 
 @public
@@ -548,7 +552,7 @@ def measured_from_dict(data: object, origin: str = "<dict>") -> MeasuredCosts:
 # -- fitting ---------------------------------------------------------------------------------
 
 
-def _fit_verify(samples: Sequence[StepSample], kind: str) -> tuple[VerifyTerm, float]:
+def _fit_verify(samples: Sequence[StepSample], kind: str) -> tuple[VerifyTerm, float, float]:
     rows = np.array([s.rows for s in samples], dtype=np.float64)
     sizes = np.array([1 if kind == "ar" else max(s.sizes) for s in samples], dtype=np.float64)
     contexts = np.array([max(s.contexts) for s in samples], dtype=np.float64)
@@ -558,12 +562,12 @@ def _fit_verify(samples: Sequence[StepSample], kind: str) -> tuple[VerifyTerm, f
     extra = VerifyTerm.features(rows, sizes, contexts)
     if kind == "ar":
         extra = extra[:, 1:]  # h(R) carries the rows
-    coef, sigma = _nnls(np.hstack([_hats(tokens, knots), extra]), y)
+    coef, sigma, stalls = _nnls(np.hstack([_hats(tokens, knots), extra]), y)
     h = coef[: len(knots)]
     rest = [0.0, *coef[len(knots) :].tolist()] if kind == "ar" else coef[len(knots) :].tolist()
     row, attention, cache = (float(x) for x in rest)
     term = VerifyTerm(Curve(knots, tuple(h.tolist())), row, attention, cache, len(samples))
-    return term, sigma
+    return term, sigma, stalls
 
 
 def _fit_draft(samples: Sequence[StepSample]) -> DraftTerm:
@@ -571,7 +575,7 @@ def _fit_draft(samples: Sequence[StepSample]) -> DraftTerm:
     total = np.array([sum(s.contexts) for s in samples], dtype=np.float64)
     y = np.array([s.draft_s for s in samples], dtype=np.float64)
     knots = _knots(rows)
-    coef, _ = _nnls(np.hstack([_hats(rows, knots), total[:, None]]), y)
+    coef = _nnls(np.hstack([_hats(rows, knots), total[:, None]]), y)[0]
     curve = Curve(knots, tuple(coef[: len(knots)].tolist()))
     return DraftTerm(curve, float(coef[-1]), samples=len(samples))
 
@@ -621,14 +625,18 @@ def fit_measured(
     host: dict[str, HostTerm] = {}
     loop: dict[str, HostTerm] = {}
     sigmas = []
+    stalls: list[float] = []  # seconds of the verify passes that stalls added
+    total = 0.0
     missing = []
     for kind in KINDS:
         group = [s for s in steps if s.kind == kind and s.verify_s > 0]
         if len(group) < _MIN_SAMPLES:
             missing.append(f"verify of {kind} steps ({len(group)} samples)")
             continue
-        verify[kind], sigma = _fit_verify(group, kind)
+        verify[kind], sigma, stalled = _fit_verify(group, kind)
         sigmas.append(sigma)
+        stalls.append(stalled * sum(s.verify_s for s in group))
+        total += sum(s.verify_s for s in group)
         for control in CONTROLS:
             hosted = [s for s in steps if s.kind == kind and s.control == control]
             for builder in BUILDERS:
@@ -655,6 +663,7 @@ def fit_measured(
     info = dict(meta or {})
     info.setdefault("steps", len(steps))
     info.setdefault("prefills", len(prefills))
+    info.setdefault("stall_share", round(sum(stalls) / total, 4) if total else 0.0)
     return MeasuredCosts(
         verify, draft, host, loop, _fit_prefill(prefills), float(np.median(sigmas)), info
     )

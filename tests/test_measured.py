@@ -6,6 +6,7 @@ fit is checked against a truth the code never saw in any shipped file.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -250,3 +251,23 @@ def test_a_curve_extends_its_last_segment() -> None:
     assert c(3.0) == pytest.approx(2.5)
     assert c(8.0) == pytest.approx(5.0)  # beyond the last knot: the last segment's line
     assert c(0.5) == pytest.approx(0.5)
+
+
+def test_stalls_are_left_out_of_the_fit_and_reported() -> None:
+    steps, prefills = make_samples(seed=3)
+    rng = np.random.default_rng(5)
+    stalled = []
+    for s in steps:
+        hit = rng.random() < 0.04  # one step in 25 hit by a stall of 8× its time
+        stalled.append(dataclasses.replace(s, verify_s=s.verify_s * (8.0 if hit else 1.0)))
+    fitted = fit_measured(stalled, prefills)
+    truth = [machine_verify(s.kind, s.rows, max(s.sizes), max(s.contexts)) for s in stalled]
+    measured = [s.verify_s for s in stalled]
+    # negative control: the plain mean of the measured times is far above the machine's …
+    assert np.mean(np.array(measured) / np.array(truth)) > 1.2
+    # … the fit is not, and it reports how much of the time the stalls took
+    for rows, size in [(1, 24), (3, 12), (4, 100)]:
+        got = fitted.verify_s("tree", [size] * rows, [150] * rows)
+        assert got == pytest.approx(machine_verify("tree", rows, size, 150), rel=0.05)
+    assert 0.1 < fitted.meta["stall_share"] < 0.35
+    assert fit_measured(*make_samples(seed=3)).meta["stall_share"] < 0.01

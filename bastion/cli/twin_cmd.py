@@ -190,8 +190,23 @@ def _print(result: Any, table: str, n: int, args: argparse.Namespace) -> None:
     print(f"fixed-size policies replayed step-exactly: {same} of {len(fixed)}")
     verdict = "identical" if result.identical else "DIFFERENT — losslessness violated"
     print(f"outputs of all policies vs AR: {verdict}")
+    _busy(result.truth.measured)
     parts = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in result.seconds.items())
     print(f"wall time: {parts}")
+
+
+def _busy(measured: Any) -> None:
+    """Say when the machine stalled for a noticeable share of the timing (another process)."""
+    from bastion.sim.measured import BUSY_STALL_SHARE
+
+    share = float(measured.meta.get("stall_share", 0.0)) if measured is not None else 0.0
+    if share > BUSY_STALL_SHARE:
+        print(
+            f"warning: stalls of the machine took {share * 100:.0f} % of the timed verify passes "
+            "(another process?); the measured times, and the errors against them, are the busy "
+            "machine's: rerun on a quiet one",
+            file=sys.stderr,
+        )
 
 
 def _write_out(out: Path, result: Any, table: str) -> None:
@@ -257,9 +272,11 @@ def run_truth_measure(args: argparse.Namespace) -> int:
         progress=say,
     )
     write_text_atomic(args.out, _truth_toml(measured))
+    _busy(measured)
     print(
         f"wrote {args.out}: {measured.meta.get('steps')} steps and {measured.meta.get('prefills')} "
-        f"prefills fitted in {measured.meta.get('seconds')} s; noise σ {measured.noise:.3f}"
+        f"prefills fitted in {measured.meta.get('seconds')} s; noise σ {measured.noise:.3f}; "
+        f"stalls {measured.meta.get('stall_share', 0.0) * 100:.1f} % of the verify time"
     )
     return 0
 

@@ -92,6 +92,9 @@ class TwinResult:
             "identical": self.identical,
             "seconds": self.seconds,
             "truth": self.truth.name,
+            "stall_share": (
+                self.truth.measured.meta.get("stall_share") if self.truth.measured else None
+            ),
         }
 
 
