@@ -8,7 +8,10 @@ four parts and every prefill whole:
 - ``build_s``: the tree policy or controller choosing every request's tree (best-first growth,
   the controller's decision, the chain's argmax path);
 - ``verify_s``: the verifier's whole call — masks and positions, the target's forward pass, the
-  acceptance walk and the KV compaction;
+  acceptance walk and the KV compaction; where the verifier times its stages, also split into
+  ``mask_s`` (masks and positions), ``forward_s`` (the target's pass), ``accept_s`` (the
+  acceptance walks) and ``commit_s`` (the rest of the call: KV compaction, the drafter's
+  features, bookkeeping), which add up to ``verify_s``;
 - ``other_s``: the rest of the step's wall time — the learning controller's update after the
   pass, the loop's bookkeeping and the next step's request arrays.
 
@@ -31,10 +34,19 @@ from typing import Any
 
 from bastion.errors import ConfigError
 
-__all__ = ["BUILDERS", "CONTROLS", "KINDS", "PREPARATIONS", "PrefillSample", "StepSample"]
+__all__ = [
+    "BUILDERS",
+    "CONTROLS",
+    "KINDS",
+    "PREPARATIONS",
+    "STAGES",
+    "PrefillSample",
+    "StepSample",
+]
 
 KINDS = ("ar", "chain", "tree")
 BUILDERS = ("", "beam", "eagle")  # a tree policy's own builder ("": best-first)
+STAGES = ("mask_s", "forward_s", "accept_s", "commit_s")  # the verifier's call, split
 PREPARATIONS = ("none", "argmax", "topk")
 CONTROLS = ("static", "decide", "repeat")
 
@@ -78,6 +90,11 @@ class StepSample:
     verify_s: float
     other_s: float
     builder: str = ""  # the tree policy's own builder (BUILDERS; "": best-first or none)
+    # the verifier's stages (sum: verify_s), where it times them; all 0 where it does not
+    mask_s: float = 0.0
+    forward_s: float = 0.0
+    accept_s: float = 0.0
+    commit_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value, accepted in (
@@ -99,8 +116,19 @@ class StepSample:
             )
         object.__setattr__(self, "sizes", sizes)
         object.__setattr__(self, "contexts", contexts)
-        for name in ("draft_s", "build_s", "verify_s", "other_s"):
+        for name in ("draft_s", "build_s", "verify_s", "other_s", *STAGES):
             object.__setattr__(self, name, _seconds(getattr(self, name), f"step sample {name}"))
+        staged = sum(getattr(self, name) for name in STAGES)
+        if staged > 0 and abs(staged - self.verify_s) > 1e-6 + 1e-3 * self.verify_s:
+            raise ConfigError(
+                f"a step sample's verifier stages add up to {staged!r} s, not its verify_s "
+                f"{self.verify_s!r} s"
+            )
+
+    @property
+    def staged(self) -> bool:
+        """Whether the verifier's stages were timed."""
+        return self.forward_s > 0
 
     @property
     def rows(self) -> int:
@@ -128,6 +156,7 @@ class StepSample:
             "verify_s": self.verify_s,
             "other_s": self.other_s,
             "builder": self.builder,
+            **{name: getattr(self, name) for name in STAGES},
         }
 
     @classmethod
@@ -136,9 +165,10 @@ class StepSample:
             raise ConfigError(f"a step sample must be an object; got {data!r:.80}")
         keys = {"kind", "preparation", "control", "sizes", "contexts"}
         keys |= {"draft_s", "build_s", "verify_s", "other_s"}
-        if not keys <= set(data) <= keys | {"builder"}:
+        if not keys <= set(data) <= keys | {"builder", *STAGES}:
             raise ConfigError(
-                f"a step sample needs the keys {sorted(keys)} (and optionally 'builder')"
+                f"a step sample needs the keys {sorted(keys)} (and optionally 'builder', "
+                f"{', '.join(STAGES)})"
             )
         return cls(**data)
 

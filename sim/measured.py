@@ -12,11 +12,13 @@ The terms, each fitted by non-negative least squares on relative error (a fast p
 much as a slow one), with R the requests of the step (rows of the batched pass), N the largest
 tree (the pass pads every row to it), L the longest context (the cache's length) and T = R·N:
 
-- ``verify.<kind>`` (kind ``ar``, ``chain``, ``tree``): the verifier's whole call — masks,
-  forward pass, acceptance walk, KV compaction:
-  h(T) + row_s·(R − 1) + attention_s·R·N·(L + N) + cache_s·R·L, with h piecewise linear in T
-  between knots at powers of two (linear beyond the last); for ``ar`` N = 1 and no row term
-  (h(R) carries it);
+- ``verify.<kind>`` (kind ``ar``, ``chain``, ``tree``): the target's forward pass, and
+  ``verify.<kind>_mask``, ``_accept``, ``_commit`` the verifier's host work around it — masks
+  and positions (every step, AR included), the acceptance walks, the KV compaction and the rest
+  of the call — each h(T) + row_s·(R − 1) + attention_s·R·N·(L + N) + cache_s·R·L, with h
+  piecewise linear in T between knots at powers of two (linear beyond the last); for ``ar``
+  N = 1 and no row term (h(R) carries it). Where the verifier's stages were not timed apart,
+  ``verify.<kind>`` alone is its whole call;
 - ``draft.<preparation>`` (``argmax``: the chain's top-1 path; ``topk``: top-K marginals for
   trees): g(R) + context_s·ΣL, g piecewise linear in R;
 - ``host.<kind>_<control>`` (control ``static``: a fixed policy; ``decide``: the controller
@@ -68,6 +70,7 @@ __all__ = [
 
 Array = npt.NDArray[np.float64]
 
+_STAGE_TERMS = ("mask", "accept", "commit")  # the verifier's host stages beside its pass
 _FALLBACK = {
     "static": ("static",),
     "decide": ("decide", "repeat", "static"),
@@ -451,7 +454,8 @@ class MeasuredCosts:
                 f"a measured truth needs every step kind measured; missing: {', '.join(missing)} "
                 "(measure with the policies ar, chain and a tree policy, e.g. fixed:16)"
             )
-        unknown = sorted(set(self.verify) - set(KINDS)) + sorted(
+        verify_keys = {*KINDS, *(f"{k}_{s}" for k in KINDS for s in _STAGE_TERMS)}
+        unknown = sorted(set(self.verify) - verify_keys) + sorted(
             set(self.draft) - {"argmax", "topk"}
         )
         keys = {f"{k}_{c}" for k in (*KINDS, *BUILDERS[1:]) for c in CONTROLS}
@@ -462,11 +466,18 @@ class MeasuredCosts:
     # -- pricing -------------------------------------------------------------------------
 
     def verify_s(self, kind: str, sizes: Sequence[int], contexts: Sequence[int]) -> float:
-        """The verifier's call for one batched step of ``kind``: the padded pass."""
+        """The verifier's call for one batched step of ``kind``: the padded pass, and its
+        masks, acceptance walk and commit where they were measured apart."""
         if not len(sizes):
             raise ConfigError("a pass needs at least one request")
         n = 1 if kind == "ar" else int(max(sizes))
-        return self.verify[kind](len(sizes), n, int(max(contexts)))
+        rows, context = len(sizes), int(max(contexts))
+        total = self.verify[kind](rows, n, context)
+        for stage in _STAGE_TERMS:
+            term = self.verify.get(f"{kind}_{stage}")
+            if term is not None:
+                total += term(rows, n, context)
+        return total
 
     def draft_s(self, preparation: str, contexts: Sequence[int]) -> float:
         if not len(contexts):
@@ -552,11 +563,13 @@ def measured_from_dict(data: object, origin: str = "<dict>") -> MeasuredCosts:
 # -- fitting ---------------------------------------------------------------------------------
 
 
-def _fit_verify(samples: Sequence[StepSample], kind: str) -> tuple[VerifyTerm, float, float]:
+def _fit_verify(
+    samples: Sequence[StepSample], kind: str, part: str = "verify_s"
+) -> tuple[VerifyTerm, float, float]:
     rows = np.array([s.rows for s in samples], dtype=np.float64)
     sizes = np.array([1 if kind == "ar" else max(s.sizes) for s in samples], dtype=np.float64)
     contexts = np.array([max(s.contexts) for s in samples], dtype=np.float64)
-    y = np.array([s.verify_s for s in samples], dtype=np.float64)
+    y = np.array([max(getattr(s, part), 1e-9) for s in samples], dtype=np.float64)
     tokens = rows * sizes
     knots = _knots(tokens)
     extra = VerifyTerm.features(rows, sizes, contexts)
@@ -633,10 +646,16 @@ def fit_measured(
         if len(group) < _MIN_SAMPLES:
             missing.append(f"verify of {kind} steps ({len(group)} samples)")
             continue
-        verify[kind], sigma, stalled = _fit_verify(group, kind)
+        staged = all(s.staged for s in group)  # the verifier's stages, each its own term
+        verify[kind], sigma, stalled = _fit_verify(
+            group, kind, "forward_s" if staged else "verify_s"
+        )
         sigmas.append(sigma)
-        stalls.append(stalled * sum(s.verify_s for s in group))
-        total += sum(s.verify_s for s in group)
+        seconds = sum(s.forward_s if staged else s.verify_s for s in group)
+        stalls.append(stalled * seconds)
+        total += seconds
+        for stage in _STAGE_TERMS if staged else ():
+            verify[f"{kind}_{stage}"] = _fit_verify(group, kind, f"{stage}_s")[0]
         for control in CONTROLS:
             hosted = [s for s in steps if s.kind == kind and s.control == control]
             for builder in BUILDERS:

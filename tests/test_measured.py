@@ -271,3 +271,29 @@ def test_stalls_are_left_out_of_the_fit_and_reported() -> None:
         assert got == pytest.approx(machine_verify("tree", rows, size, 150), rel=0.05)
     assert 0.1 < fitted.meta["stall_share"] < 0.35
     assert fit_measured(*make_samples(seed=3)).meta["stall_share"] < 0.01
+
+
+def test_the_verifiers_stages_get_terms_of_their_own() -> None:
+    steps, prefills = make_samples(seed=4)
+    split = [
+        dataclasses.replace(
+            s,
+            mask_s=0.1 * s.verify_s,
+            forward_s=0.7 * s.verify_s,
+            accept_s=0.05 * s.verify_s,
+            commit_s=0.15 * s.verify_s,
+        )
+        for s in steps
+    ]
+    fitted = fit_measured(split, prefills)
+    for kind in ("ar", "chain", "tree"):
+        assert {f"{kind}_mask", f"{kind}_accept", f"{kind}_commit"} <= set(fitted.verify)
+        n = {"ar": 1, "chain": 16}.get(kind, 40)
+        got = fitted.verify_s(kind, [n] * 2, [150, 120])
+        assert got == pytest.approx(machine_verify(kind, 2, n, 150), rel=0.04)
+        mask = fitted.verify[f"{kind}_mask"](2, n, 150)
+        assert mask / got == pytest.approx(0.1, rel=0.1)
+    # unsplit samples: one term per kind, the whole call
+    assert set(fit_measured(steps, prefills).verify) == {"ar", "chain", "tree"}
+    with pytest.raises(ConfigError, match="add up"):
+        dataclasses.replace(steps[0], mask_s=1.0, forward_s=1.0)

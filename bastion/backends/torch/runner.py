@@ -608,6 +608,7 @@ def _decoding(
         active = still
         diag = step.diagnostics
         diag = diag[0] if isinstance(diag, (list, tuple)) and diag else diag
+        split = _stages(getattr(verifier, "last_timing", None), step.verify_s)
         control = (
             "repeat" if getattr(diag, "repeated", False) else "decide" if decides else "static"
         )
@@ -623,12 +624,25 @@ def _decoding(
                 step.verify_s,
                 max(clock() - begin - step.draft_s - step.build_s - step.verify_s, 0.0),
                 builder if step.kind == "tree" else "",
+                *split,
             )
         )
         yield False  # a step done (not the start of timing: see _session)
     wall = clock() - start
     lives = [finished[i] for i in range(len(prompts))]
     return _Run(lives, wall, steps, step_sizes, stages, cycles, samples, prefills)
+
+
+def _stages(timing: VerifyTiming | None, verify_s: float) -> tuple[float, float, float, float]:
+    """(mask, forward, accept, commit) of a step's verifier call, commit taking the rest of the
+    call (its bookkeeping) so that they add up to ``verify_s``; zeros without a timing."""
+    if timing is None:
+        return 0.0, 0.0, 0.0, 0.0
+    rest = verify_s - timing.mask_s - timing.forward_s - timing.accept_s
+    if rest < 0:  # the engine's and the verifier's clocks read apart: scale to the call
+        scale = verify_s / (timing.mask_s + timing.forward_s + timing.accept_s)
+        return timing.mask_s * scale, timing.forward_s * scale, timing.accept_s * scale, 0.0
+    return timing.mask_s, timing.forward_s, timing.accept_s, rest
 
 
 def _cycle_report(

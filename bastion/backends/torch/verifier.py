@@ -236,6 +236,7 @@ class TorchVerifier:
         self._requests: dict[int, _Request] = {}
         self._rows: list[int] = []  # request id of each row of the batched cache
         self._cache: Any = None  # the batched DynamicCache (None while no request is resident)
+        self.last_timing: VerifyTiming | None = None  # the stages of the last verify_batch
 
     # ---------------------------------------------------------------- model access
 
@@ -457,6 +458,7 @@ class TorchVerifier:
         feedback = self._commit(rows, ids, walks, out.hidden_states, length, tokens.shape[1])
         t4 = self.clock()
         timing = VerifyTiming(t1 - t0, t2 - t1, t3 - t2, t4 - t3, len(ids))
+        self.last_timing = timing  # the step's stages, for the decode loop's step samples
         results = []
         for rid, w, fb in zip(ids, walks, feedback, strict=True):
             self._requests[rid].timings.append(timing)
