@@ -40,22 +40,22 @@ def twin():  # type: ignore[no-untyped-def]
 
     target = load_target(TARGET_DIR, "cpu")
     tok = AutoTokenizer.from_pretrained(TARGET_DIR)
-    ids = [list(tok(t)["input_ids"]) for t in json.loads(PROMPTS_FILE.read_text())[:3]]
+    ids = [list(tok(t)["input_ids"]) for t in json.loads(PROMPTS_FILE.read_text())[:2]]
     cal = [list(tok(t)["input_ids"]) for t in json.loads(CALIBRATION_PROMPTS_FILE.read_text())]
     result = run_twin(
         target,
         DRAFTER_DIR,
         ids,
-        cal[:3],
+        cal[:2],
         policies=POLICIES,
         batch_sizes=(1, 2),
-        max_new_tokens=16,
+        max_new_tokens=12,
         repeats=1,
         warmup=0,
         hardware=device_profile(torch.device("cpu"), None, CalibrationCache()),
         unmeasured={"roofline": GroundTruth(name="builtin")},
         calibration_policies=CALIBRATION,
-        calibration_tokens=12,
+        calibration_tokens=8,
     )
     return result, ids
 
