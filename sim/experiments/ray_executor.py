@@ -26,7 +26,7 @@ from bastion.guard import public
 
 from .ray_connect import check_address, one_line
 from .runs import Row, Run, installed, is_path
-from .worker import execute
+from .worker import FILE_KEYS, execute
 
 __all__ = ["DATA_DIR_ENVS", "run_ray"]
 
@@ -60,15 +60,7 @@ def _stage(runs: Sequence[Run], root: Path) -> tuple[dict[str, str], dict[str, s
     modules: set[str] = set()
     for run in runs:
         spec = run["spec"]
-        for key in (
-            "model",
-            "gpu",
-            "workload",
-            "truth",
-            "arrivals",
-            "drafter_config",
-            "calibration_file",
-        ):
+        for key in FILE_KEYS:
             value = spec.get(key)
             if isinstance(value, str) and is_path(value):
                 ship(value)

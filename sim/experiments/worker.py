@@ -32,18 +32,14 @@ def _spec(spec: Mapping[str, Any]) -> SimSpec:
     return SimSpec(**d)
 
 
+# the spec fields that may name a file (a Ray cluster ships each to its workers)
+FILE_KEYS = ("model", "gpu", "workload", "truth", "arrivals", "drafter_config", "calibration_file")
+
+
 def _remapped(spec: Mapping[str, Any], remap: Mapping[str, str]) -> dict[str, Any]:
     """``spec`` with its file paths replaced by their shipped copies (Ray workers)."""
     d = dict(spec)
-    for key in (
-        "model",
-        "gpu",
-        "workload",
-        "truth",
-        "arrivals",
-        "drafter_config",
-        "calibration_file",
-    ):
+    for key in FILE_KEYS:
         if isinstance(d.get(key), str) and d[key] in remap:
             d[key] = remap[d[key]]
     policies = []

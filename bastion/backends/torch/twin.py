@@ -197,10 +197,15 @@ def measured_truth(costs: MeasuredCosts, name: str = "measured") -> GroundTruth:
     return GroundTruth(name=name, noise=costs.noise, measured=costs)
 
 
-def _ids(tokenizer: Any, texts: Sequence[str], what: str) -> list[list[int]]:
-    if not texts or not all(isinstance(t, str) and t for t in texts):
-        raise ConfigError(f"{what} must be a non-empty list of non-empty strings")
-    return [list(tokenizer(t)["input_ids"]) for t in texts]
+def _usable(policies: Sequence[str], beliefs: dict[str, Any]) -> list[str]:
+    """The calibration policies that can run: a cost-model policy only with its belief."""
+    from bastion.policies import make_policy
+
+    return [
+        p
+        for p in policies
+        if not getattr(make_policy(p), "uses_cost_model", False) or beliefs.get(p) is not None
+    ]
 
 
 @public(
@@ -226,7 +231,7 @@ def measure_truth(
     start = time.perf_counter()
     clock = device_clock(next(target.parameters()).device)
     beliefs = beliefs or {}
-    usable = [p for p in policies if not p.startswith("bastion") or beliefs.get(p) is not None]
+    usable = _usable(policies, beliefs)
     reports: list[BatchGenerationReport] = []
     for b in batch_sizes:
         if progress:
@@ -377,9 +382,7 @@ def run_twin(
         )
         weights = [1.0] * len(sessions)
         if measuring:
-            usable = [
-                p for p in calibration_policies if not p.startswith("bastion") or p in beliefs
-            ]
+            usable = _usable(calibration_policies, beliefs)
             cal, cal_clocks = _sessions(
                 target,
                 drafter_dir,
