@@ -151,3 +151,60 @@ def test_prompts_that_are_also_calibration_prompts_are_refused(tmp_path: Path, c
     argv = ["twin", "--prompts", str(same), "--calibration-prompts", str(same), "--policy", "ar"]
     assert main(argv) == 2
     assert "disjoint" in capsys.readouterr().err
+
+
+def test_every_timing_of_the_twin_is_the_targets_device_clock(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """On CUDA the stages must be the device's: the twin, its sessions and its prefill sweep
+    take their clock from ``device_clock(the target's device)`` (which synchronises CUDA). Here,
+    without a GPU, a recording clock stands in for it and must be the one that times."""
+    import time
+
+    from bastion.backends.torch import twin as twin_module
+
+    asked: list[str] = []
+    ticks = [0]
+
+    def fake_device_clock(device):  # type: ignore[no-untyped-def]
+        asked.append(str(device))
+
+        def clock() -> float:
+            ticks[0] += 1
+            return time.perf_counter()
+
+        return clock
+
+    monkeypatch.setattr(twin_module, "device_clock", fake_device_clock)
+    target = load_target(TARGET_DIR, "cpu")
+    ids = [[5, 17, 3, 44, 9, 2], [70, 1, 30, 8]]
+    result = run_twin(
+        target,
+        DRAFTER_DIR,
+        ids[:1],
+        ids[1:],
+        policies=("ar", "chain"),
+        batch_sizes=(1,),
+        max_new_tokens=6,
+        repeats=1,
+        warmup=0,
+        hardware=device_profile(torch.device("cpu"), None, CalibrationCache()),
+        calibration_policies=("ar", "chain", "fixed:4"),
+        calibration_tokens=6,
+    )
+    assert asked and set(asked) == {"cpu"}
+    # every step of every session read it at least twice (its own turn clock runs on it)
+    steps = sum(len(v) for v in result.real_samples.values()) + len(result.samples)
+    assert ticks[0] >= 2 * steps
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_twin_on_cuda(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """What a user with a GPU runs (docs/sim-to-real.md), on the demo pair and a GPU profile."""
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps(["def f(x):\n    return", "class A:\n    def"]))
+    argv = ["twin", "--device", "cuda", "--gpu", "h100-sxm", "--prompts", str(prompts)]
+    argv += ["--policy", "ar,chain,fixed:8", "--batch-size", "1,2", "--max-new-tokens", "12"]
+    argv += ["--repeats", "1", "--warmup", "1", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert all(e["committed_exact"] for e in data["comparison"] if e["source"] == "sim")
