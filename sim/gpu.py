@@ -70,13 +70,14 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import numpy.typing as npt
 
+from bastion.bestfirst import MAX_TREE_SIZE
 from bastion.cost.backends import register_backend
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.kernels import step_factors
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.roofline import DrafterPricer, LinearPricer, RooflineOptions
 from bastion.errors import ConfigError
-from bastion.guard import array, integer, number, public
+from bastion.guard import INT64_LIMIT, array, integer, number, public
 
 __all__ = [
     "DEFAULT_PREFILL_CHUNK",
@@ -373,7 +374,7 @@ def expected_experts(
     return np.asarray(experts - np.exp(np.multiply.outer(x, miss)).sum(axis=-1), dtype=np.float64)
 
 
-@public
+@public(seed=integer(0, INT64_LIMIT - 1), max_tree_size=integer(1, MAX_TREE_SIZE))
 @dataclass
 class SimulatedGPU:
     """Ground-truth pass latencies for one target (and its DFlash drafter) on one device."""
