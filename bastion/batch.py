@@ -31,11 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from bastion.bestfirst import MAX_TREE_SIZE
 from bastion.errors import BudgetError, MarginalsError
-from bastion.guard import public
+from bastion.guard import array, integer, public
 from bastion.tree import DraftMarginals, DraftTree
 
 __all__ = [
+    "MAX_BATCH",
     "BatchMarginals",
     "BatchVerifyResult",
     "StepRequests",
@@ -46,6 +48,10 @@ __all__ = [
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+
+MAX_BATCH = 1 << 20
+"""The most requests one step's batch built from a bare size holds (``BatchMarginals.empty``,
+``TreeBatch.roots``): a larger size is refused before anything is allocated for it."""
 
 
 def _ints(values: npt.ArrayLike) -> IntArray:
@@ -68,6 +74,23 @@ class StepRequests:
     riding_tokens: int = 0
 
     @classmethod
+    @public(
+        request_ids=array(1, whole=True),
+        context_lens=array(1, lo=0, whole=True),
+        bonus_tokens=array(1, whole=True),
+        previous_tree_sizes=array(1, lo=0, hi=MAX_TREE_SIZE, whole=True),
+        previous_expected=array(1, lo=0),
+        own=("riding_tokens",),
+        lengths=(
+            "request_ids",
+            "context_lens",
+            "bonus_tokens",
+            "previous_tree_sizes",
+            "previous_expected",
+            "feedback",
+            "committed",
+        ),
+    )
     def of(
         cls,
         request_ids: npt.ArrayLike,
@@ -124,6 +147,7 @@ class BatchMarginals:
         return DraftMarginals.trusted(self.token_ids[i], self.probs[i])
 
     @classmethod
+    @public(error=MarginalsError)
     def from_rows(cls, rows: Sequence[DraftMarginals]) -> BatchMarginals:
         """Stack per-request marginals; smaller lattices are padded with zero probability."""
         if not rows:
@@ -144,6 +168,7 @@ class BatchMarginals:
         return cls(ids, probs)
 
     @classmethod
+    @public(batch_size=integer(1, MAX_BATCH))
     def empty(cls, batch_size: int) -> BatchMarginals:
         """What a policy that never drafts (target-only AR) receives: one zero candidate."""
         return _empty_marginals(batch_size)
@@ -210,6 +235,7 @@ class TreeBatch:
         return TreeBatch(self.offsets, self.parents, tokens, self.depths, self.scores, self.ranks)
 
     @classmethod
+    @public(error=MarginalsError)
     def from_trees(cls, trees: Sequence[DraftTree]) -> TreeBatch:
         if not trees:
             raise MarginalsError("a tree batch needs at least one tree")
@@ -230,6 +256,7 @@ class TreeBatch:
         )
 
     @classmethod
+    @public(batch_size=integer(1, MAX_BATCH))
     def roots(cls, batch_size: int) -> TreeBatch:
         """B root-only trees (target-only AR)."""
         return _root_batch(batch_size)
@@ -295,6 +322,7 @@ class BatchVerifyResult:
         return VerifyResult(path, tuple(toks[:-1]), int(toks[-1]), fb)
 
     @classmethod
+    @public
     def from_results(cls, results: Sequence[VerifyResult]) -> BatchVerifyResult:
         lens = np.array([r.committed_len for r in results], np.int64)
         tokens = [t for r in results for t in (*r.accepted_tokens, r.bonus_token)]

@@ -148,8 +148,8 @@ def _clamped(probs: FloatArray, budgets: npt.ArrayLike) -> IntArray:
     """Budgets [B] (≥ 1) cut to what each request's lattice can build; refuses more than
     :data:`MAX_TREE_SIZE` before allocating."""
     b = probs.shape[0]
-    given = np.asarray(budgets)
     try:
+        given = np.asarray(budgets)
         if given.dtype != np.int64:  # the engine's own budgets are int64 already
             fits = given.dtype.kind == "i" or (
                 given.dtype.kind == "u" and not (given.size and int(given.max()) >> 63)

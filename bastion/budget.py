@@ -94,6 +94,11 @@ class BudgetDiagnostics:
 
 def validate_cost_curve(curve: CostCurve, n_max: int) -> npt.NDArray[np.float64]:
     """Ĉ(N) for N = 1 … n_max, checked finite and positive; raises CostModelError otherwise."""
+    if not isinstance(curve, CostCurve):
+        raise CostModelError(
+            f"a cost model or curve source must return a CostCurve pricing N = 1 … {n_max}; "
+            f"got {curve!r:.80}"
+        )
     verify = np.asarray(curve.verify_s, dtype=np.float64)
     if verify.ndim != 1 or verify.shape[0] < n_max:
         raise CostModelError(
@@ -144,13 +149,14 @@ def speedup_curve(
     a_hat: npt.NDArray[np.float64], c_hat: npt.NDArray[np.float64], ar_step_s: float
 ) -> npt.NDArray[np.float64]:
     """Ŝ(N) = Â(N) · L_AR / Ĉ(N)."""
-    return a_hat * ar_step_s / c_hat
+    return np.asarray(a_hat, dtype=np.float64) * ar_step_s / np.asarray(c_hat, dtype=np.float64)
 
 
 @public(s_hat=array(1))
 def first_decrease(s_hat: npt.NDArray[np.float64]) -> int | None:
     """The smallest N with Ŝ(N + 1) < Ŝ(N), or None if Ŝ never decreases on the array."""
-    down = np.flatnonzero(s_hat[1:] < s_hat[:-1])
+    s = np.asarray(s_hat, dtype=np.float64)
+    down = np.flatnonzero(s[1:] < s[:-1])
     return int(down[0]) + 1 if down.size else None
 
 
@@ -231,6 +237,8 @@ def _choose_compiled(
     while True:
         ahead = min(2 * budget, n_max) if bounded else budget
         cc = source(ahead)
+        if not isinstance(cc, CostCurve):
+            validate_cost_curve(cc, ahead)  # raises the named error
         verify = np.asarray(cc.verify_s, dtype=np.float64)
         if verify.ndim != 1 or verify.shape[0] < ahead:
             validate_cost_curve(cc, ahead)  # raises the named error

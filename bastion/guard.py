@@ -4,20 +4,22 @@ One layer, raising :class:`ArgumentError` (or the error a function names) whose 
 the function and the argument, says what it got and what is accepted:
 
 - :func:`public`, the decorator on every public function and class (its ``__init__``) that
-  takes arguments: each argument is checked against the parameter's annotation — ``int`` takes
-  an integer (not a bool) within ±2**63, ``float`` a finite real number (±inf too where the
-  default is infinite), ``str``/``bool`` their type, ``Path`` a ``str`` or ``os.PathLike``
-  (converted to a ``Path``), a class an instance of it, ``Sequence[X]``/``list[X]``/``Mapping``
-  their container and items, ``Literal`` one of its values, a ``Callable`` something callable,
-  ``npt.NDArray`` a numeric numpy array, ``npt.ArrayLike`` a numeric array-like; ``None`` only
-  where the annotation or the default allows it. ``Any``, type variables and protocols are not
-  checked (duck typing stays).
+  takes arguments, and on the methods that take a caller's input (a class's constructors such
+  as ``from_dict``, a cost model's ``cost_curve``): each argument is checked against the
+  parameter's annotation — ``int`` takes an integer (not a bool) within ±2**63, ``float`` a
+  finite real number (±inf too where the default is infinite), ``str``/``bool`` their type,
+  ``Path`` a ``str`` or ``os.PathLike`` (converted to a ``Path``), a class an instance of it,
+  ``Sequence[X]``/``list[X]``/``Mapping`` their container and items, ``Literal`` one of its
+  values, a ``Callable`` something callable, ``npt.NDArray`` a numeric numpy array,
+  ``npt.ArrayLike`` a numeric array-like; ``None`` only where the annotation or the default
+  allows it. ``Any``, type variables and protocols are not checked (duck typing stays).
 - rules for what an annotation cannot say, given to the decorator by parameter name
   (:func:`integer`, :func:`number`, :func:`array`, :func:`each`, :func:`has`,
   :func:`mapping_with`, :func:`readable_file`, :func:`writable_file`), and agreements between
   parameters (``lengths=``, ``broadcast=``);
 - the same checks as plain functions for a function body (:func:`as_int`, :func:`as_float`,
-  :func:`finite_array`, :func:`same_length`, :func:`output_path`).
+  :func:`finite_array`, :func:`same_length`, :func:`output_path`), and :func:`forwarded` for a
+  caller's arguments the library hands on to another public function as they came.
 
 Past the boundary nothing is checked again: a call from the library's own modules
 (``bastion.*`` and the simulator, but not the command line, which hands over what a user typed)
@@ -56,6 +58,7 @@ __all__ = [
     "as_int",
     "each",
     "finite_array",
+    "forwarded",
     "has",
     "integer",
     "is_finite",
@@ -189,6 +192,14 @@ def same_length(error: type[BastionError] = ArgumentError, **named: cabc.Sized) 
     return next(iter(lengths.values()), 0)
 
 
+def forwarded(fn: F) -> F:
+    """``fn`` (a function or method decorated with :func:`public`) checking its arguments even
+    when the library calls it: for a caller's arguments the library hands on as they came
+    (``**sweep_kwargs``), which a call from the library would otherwise skip. A function that
+    is not decorated is returned as it is."""
+    return getattr(fn, "__checked__", fn)
+
+
 def output_path(value: object, name: str = "path") -> Path:
     """A file path that can be written (not a directory, not under a regular file), or a
     :class:`ConfigError`; missing parent folders are fine."""
@@ -267,6 +278,8 @@ def array(
         if _array_check(value) is not None:
             return what
         try:
+            if np.asarray(value).dtype.kind in "USV":  # "3": a string is not a number here
+                return what
             arr = np.asarray(value, dtype=np.float64)
         except (TypeError, ValueError, OverflowError):
             return what
@@ -506,7 +519,7 @@ def _container_check(origin: object, args: tuple[Any, ...], allow_inf: bool) -> 
     arrays_ok = inner in (None, _int_check) or (args and args[0] is float)
 
     def container(value: object) -> str | None:
-        if isinstance(value, str | bytes) and args and args[0] is not str:
+        if isinstance(value, str | bytes) and args and (args[0] is not str or type(value) is bytes):
             return "a sequence (not a string)"
         if isinstance(value, np.ndarray) and value.ndim == 0:
             return "a sequence (list or tuple)"
@@ -618,6 +631,9 @@ def _guarded(
             inside = _inside[caller] = _is_internal(caller)
         if inside:
             return fn(*args, **kwargs)  # past the boundary: the library's own call
+        return checked(*args, **kwargs)
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
         if not plan:
             plan.append(_plan(fn, own, rules))
         sig, checks, paths = plan[0]
@@ -654,6 +670,7 @@ def _guarded(
             return fn(*bound.args, **bound.kwargs)
         return fn(*args, **kwargs)
 
+    wrapper.__checked__ = checked  # type: ignore[attr-defined]
     wrapper.__guard__ = {  # type: ignore[attr-defined]
         "error": error.__name__,
         "rules": {name: describe(rule) for name, rule in rules.items()},
@@ -707,9 +724,9 @@ def public(
                 init, target.__name__, error, skip, rules, tuple(lengths), tuple(broadcast)
             )
             return target
-        return _guarded(
-            target, target.__name__, error, skip, rules, tuple(lengths), tuple(broadcast)
-        )
+        qualname = getattr(target, "__qualname__", "")
+        where = target.__name__ if not qualname or "<locals>" in qualname else qualname
+        return _guarded(target, where, error, skip, rules, tuple(lengths), tuple(broadcast))
 
     return decorate if obj is None else decorate(obj)
 
@@ -749,11 +766,21 @@ def public_surface(torch: bool = True) -> dict[str, Callable[..., Any]]:
 
 
 def rules_table(surface: dict[str, Callable[..., Any]] | None = None) -> str:
-    """The rules beyond the annotations, one Markdown row per argument: what docs/errors.md
-    lists (``python docs/make_guard_table.py`` rewrites it from this)."""
+    """The rules beyond the annotations, one Markdown row per argument of each public callable
+    and of the guarded methods of each public class: what docs/errors.md lists (``python
+    docs/make_guard_table.py`` rewrites it from this)."""
     rows = ["| callable | argument | accepts | error |", "|---|---|---|---|"]
-    for name, obj in sorted((surface or public_surface()).items()):
-        target = obj.__init__ if isinstance(obj, type) else obj  # type: ignore[misc]
+    guarded: list[tuple[str, Any]] = []
+    for name, obj in (surface or public_surface()).items():
+        if not isinstance(obj, type):
+            guarded.append((name, obj))
+            continue
+        guarded.append((name, obj.__init__))  # type: ignore[misc]
+        for attr, raw in vars(obj).items():  # its guarded methods, constructors included
+            method = raw.__func__ if isinstance(raw, classmethod | staticmethod) else raw
+            if not attr.startswith("_") and hasattr(method, "__guard__"):
+                guarded.append((f"{name}.{attr}", method))
+    for name, target in sorted(guarded):
         meta = getattr(target, "__guard__", None)
         if meta is None:
             continue
@@ -778,6 +805,7 @@ as_int = public(as_int)
 as_float = public(as_float)
 finite_array = public(finite_array)
 same_length = public(same_length)
+forwarded = public(forwarded)
 output_path = public(output_path)
 integer = public(integer)
 number = public(number)

@@ -28,7 +28,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch, VerifyResult
-from bastion.errors import CostModelError
+from bastion.errors import BudgetError, CostModelError
+from bastion.guard import integer, number, public
 from bastion.tree import DraftMarginals, DraftTree
 
 __all__ = [
@@ -59,6 +60,12 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
+@public(
+    error=BudgetError,
+    tree_size=integer(lo=1),
+    context_len=integer(lo=0),
+    expected_tokens=number(lo=0.0),
+)
 @dataclass(frozen=True)
 class RequestLoad:
     """One request's share of a batched verification pass."""
@@ -68,6 +75,7 @@ class RequestLoad:
     expected_tokens: float = 0.0  # its Â: tokens it is expected to commit from this pass
 
 
+@public(error=BudgetError, context_len=integer(lo=0))
 @dataclass(frozen=True)
 class StepLoad:
     """The situation in which one request's tree is priced.
@@ -141,7 +149,7 @@ class CostCurve:
         if not (isinstance(verify, np.ndarray) and verify.dtype == np.float64):
             try:
                 verify = np.asarray(verify, dtype=np.float64)
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, OverflowError) as exc:
                 raise CostModelError(f"CostCurve.verify_s must be numbers: {exc}") from exc
             object.__setattr__(self, "verify_s", verify)
         if verify.ndim != 1 or verify.shape[0] < 1:

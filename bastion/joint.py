@@ -57,7 +57,7 @@ from bastion.batch import BatchMarginals, TreeBatch
 from bastion.bestfirst import best_first_forest
 from bastion.budget import ControllerMode, Rule, first_decrease
 from bastion.errors import BudgetError, CostModelError
-from bastion.guard import array, public
+from bastion.guard import array, each, public
 from bastion.interfaces import CostCurve, CostModel, RequestLoad, StepLoad
 from bastion.tree import DraftMarginals, DraftTree
 
@@ -126,7 +126,7 @@ class JointDiagnostics:
         return float(self.s_hat[self.total_size - self.batch_size])
 
 
-@public
+@public(scores=each(array(1, lo=0.0, nonempty=True)))
 def merge_order(scores: Sequence[FloatArray]) -> tuple[IntArray, FloatArray]:
     """The joint best-first order of B requests' added nodes (the definition; the controller
     grows it directly with :func:`bastion.bestfirst.best_first_forest`, which tests check equal).
@@ -137,6 +137,7 @@ def merge_order(scores: Sequence[FloatArray]) -> tuple[IntArray, FloatArray]:
     """
     if len(scores) == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
+    scores = [np.asarray(s, dtype=np.float64) for s in scores]
     sizes = np.fromiter((s.shape[0] for s in scores), dtype=np.int64, count=len(scores))
     if np.any(sizes < 1):
         raise BudgetError("every request's best-first scores start with its root")
@@ -154,6 +155,10 @@ def _check_int(value: object, name: str) -> int:
 
 def _chain_costs(cc: CostCurve, m: int) -> FloatArray:
     """Ĉ for m = 0 … ``m`` added nodes, checked finite and positive (CostModelError if not)."""
+    if not isinstance(cc, CostCurve):
+        raise CostModelError(
+            f"a joint cost curve must be a CostCurve pricing 0 … {m} added nodes; got {cc!r:.80}"
+        )
     verify = np.asarray(cc.verify_s, dtype=np.float64)
     if verify.ndim != 1 or verify.shape[0] < m + 1:
         raise CostModelError(

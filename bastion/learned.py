@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.batch import TreeBatch
+from bastion.bestfirst import MAX_TREE_SIZE
 from bastion.cycles import (
     LATTICE,
     REFRESH_SHIFT,
@@ -59,7 +60,7 @@ from bastion.cycles import (
     token_lattice,
 )
 from bastion.errors import BudgetError, CostModelError
-from bastion.guard import each, integer, public
+from bastion.guard import array, each, integer, is_finite, public
 from bastion.interfaces import BatchChoice, CostCurve, CostModel, StepCost, StepLoad
 from bastion.observed import (
     AcceptanceCalibration,
@@ -150,14 +151,18 @@ class LearnedCostModel:
                 raise CostModelError(f"the prior must be a CostModel (no {name}); got {prior!r}")
         if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 1:
             raise BudgetError(f"probe_every must be an integer ≥ 1; got {probe_every!r}")
-        if not (math.isfinite(margin) and margin >= 0):
-            raise BudgetError(f"margin must be a finite number ≥ 0; got {margin!r}")
+        if not (is_finite(margin) and margin >= 0):
+            raise BudgetError(f"margin must be a finite number ≥ 0; got {margin!r:.80}")
         if isinstance(evidence, bool) or not isinstance(evidence, int) or evidence < 2:
             raise BudgetError(f"evidence must be an integer ≥ 2; got {evidence!r}")
         if isinstance(explore_every, bool) or not isinstance(explore_every, int):
             raise BudgetError(f"explore_every must be an integer ≥ 0; got {explore_every!r}")
         if explore_every < 0:
             raise BudgetError(f"explore_every must be an integer ≥ 0; got {explore_every!r}")
+        if acceptance is not None and not isinstance(acceptance, AcceptanceCalibration):
+            raise BudgetError(
+                f"acceptance must be an AcceptanceCalibration or None; got {acceptance!r:.80}"
+            )
         self.prior = prior
         self.table = CycleTable(window)
         self.acceptance = acceptance or AcceptanceCalibration()
@@ -257,6 +262,7 @@ class LearnedCostModel:
         pessimism = 1.0 + self.table.noise("tree", b) / np.sqrt(np.minimum(seen, self.table.window))
         return cycle * ratio * pessimism / self.sizes.factors(b)[cells]
 
+    @public(error=BudgetError, max_tree_size=integer(1, MAX_TREE_SIZE))
     def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
         """The learned cycle of one request's tree, N = 1 … max: the prior's curve scaled by
         the cells of the batch's bucket at the pass's total (the co-batched trees' sizes plus
@@ -274,6 +280,7 @@ class LearnedCostModel:
             ar_step_s=cc.ar_step_s * float(self.table.ratios("ar", b)[0]),
         )
 
+    @public(error=BudgetError, tree_size=integer(1, MAX_TREE_SIZE))
     def step_cost(self, tree_size: int, load: StepLoad) -> StepCost:
         """The prior's breakdown with its verification scaled so the total is the learned one."""
         cost = self.prior.step_cost(tree_size, load)
@@ -284,6 +291,7 @@ class LearnedCostModel:
 
     learns_whole_steps = True  # the engine reports steps (observe_step), not verify passes
 
+    @public(error=BudgetError, tree_size=integer(1, MAX_TREE_SIZE))
     def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
         """A verify-only measurement: not what this model learns from (see observe_step)."""
 
@@ -304,9 +312,20 @@ class LearnedCostModel:
     # -- what the controller decides on ------------------------------------------------------
 
     @staticmethod
+    @public(
+        error=BudgetError,
+        totals=array(1, lo=1, hi=MAX_TREE_SIZE, nonempty=True, whole=True),
+        cost=array(1, nonempty=True),
+        lengths=("totals", "cost"),
+    )
     def stepped(totals: IntArray, cost: FloatArray) -> FloatArray:
         """Each entry priced at the cheapest lattice point at or above it (within the priced
-        range; its last entry counts as one): non-decreasing, constant within a lattice cell."""
+        range; its last entry counts as one): non-decreasing, constant within a lattice cell.
+        ``totals`` are consecutive token counts, ``cost[j]`` the price at ``totals[j]``."""
+        totals = np.asarray(totals, dtype=np.int64)
+        cost = np.asarray(cost, dtype=np.float64)
+        if np.any(np.diff(totals) != 1):
+            raise BudgetError(f"totals must be consecutive token counts; got {totals!r:.80}")
         cell_end = LATTICE[lattice_index(totals)]
         end = np.minimum(cell_end - totals[0], cost.shape[0] - 1)
         at_end = cost[end]

@@ -35,7 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from bastion.guard import public
+from bastion.bestfirst import MAX_TREE_SIZE
+from bastion.errors import ArgumentError
+from bastion.guard import each, integer, public
 
 __all__ = [
     "FIELDS",
@@ -317,7 +319,11 @@ def delivered_counts(committed: int, wanted: int) -> tuple[int, int]:
     return delivered, min(committed - 1, delivered)
 
 
-@public
+@public(
+    accepted=each(integer(lo=0)),
+    sizes=each(integer(1, MAX_TREE_SIZE)),
+    lengths=("accepted", "sizes"),
+)
 def acceptance_stats(accepted: Sequence[int], sizes: Sequence[int]) -> dict[str, Any]:
     """Draft acceptance over steps: ``accepted[i]`` draft tokens delivered by a step whose tree
     had ``sizes[i]`` nodes (root included).
@@ -333,6 +339,12 @@ def acceptance_stats(accepted: Sequence[int], sizes: Sequence[int]) -> dict[str,
     if acc.shape != n.shape or not drafted.any():
         return {"acceptance_rate": float("nan"), "acceptance_by_position": ()}
     hits = acc[drafted]
+    if np.any(hits >= n[drafted]):
+        i = int(np.flatnonzero(drafted)[np.flatnonzero(hits >= n[drafted])[0]])
+        raise ArgumentError(
+            f"acceptance_stats: step {i} accepted {int(acc[i])} draft tokens from a tree of "
+            f"{int(n[i])} nodes (at most {int(n[i]) - 1})"
+        )
     depth = int(hits.max())
     return {
         "acceptance_rate": float(hits.sum() / (n[drafted] - 1).sum()),

@@ -240,6 +240,8 @@ def optimal_acceptance_enumerated(m: DraftMarginals) -> dict[int, float]:
 def _allocation_table(
     batch: Sequence[DraftMarginals], n_max: int | None
 ) -> tuple[Array, npt.NDArray[np.int64]]:
+    if not batch:
+        raise MarginalsError("a batch needs at least one request's marginals")
     a_hat = []
     for m in batch:
         best = optimal_acceptance(m)[1:]
@@ -252,7 +254,7 @@ def _allocation_table(
     return np.sum([g.ravel() for g in grids], axis=0), np.sum([s.ravel() for s in sizes], axis=0)
 
 
-@public
+@public(n_max=integer(lo=1))
 def best_joint_acceptance(batch: Sequence[DraftMarginals], n_max: int | None = None) -> Array:
     """max Σᵢ Âᵢ(Nᵢ) over every allocation with Σ Nᵢ = M (each Nᵢ ≤ ``n_max``), for
     M = B, B + 1, … (entry M − B): what a joint budget of M nodes can at best achieve."""
@@ -284,7 +286,7 @@ def best_joint_speedup(
     return float(np.max(totals * ar_step_s / costs[ms - len(batch)]))
 
 
-@public
+@public(rtol=number(lo=0.0))
 def check_tree(tree: DraftTree, m: DraftMarginals, rtol: float = 1e-12) -> None:
     """Raise ``AssertionError`` unless ``tree`` is a valid draft tree for ``m``: parents precede
     children, depths and ranks are in range, no two siblings share a rank, every token is the
@@ -305,4 +307,4 @@ def check_tree(tree: DraftTree, m: DraftMarginals, rtol: float = 1e-12) -> None:
     d = tree.depths[1:] - 1
     assert np.array_equal(tree.tokens[1:], m.token_ids[d, ranks]), "tokens are the candidates"
     rho = tree.scores[par] * m.probs[d, ranks]
-    np.testing.assert_allclose(tree.scores[1:], rho, rtol=rtol, err_msg="scores are ρ")
+    np.testing.assert_allclose(tree.scores[1:], rho, rtol=float(rtol), err_msg="scores are ρ")

@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.bestfirst import MAX_TREE_SIZE, TreeArrays, best_first, best_first_many
-from bastion.errors import BudgetError, MarginalsError
-from bastion.guard import public
+from bastion.errors import ArgumentError, BudgetError, MarginalsError
+from bastion.guard import as_int, finite_array, public
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -165,14 +165,17 @@ class DraftMarginals:
     @classmethod
     def from_distributions(cls, dists: npt.ArrayLike, k: int) -> DraftMarginals:
         """Top-k of full distributions ``dists`` [depth, vocab] (ties: lower token id first)."""
-        d = np.asarray(dists, dtype=np.float64)
+        d = finite_array(dists, "DraftMarginals.from_distributions: dists", error=MarginalsError)
         if d.ndim != 2 or d.shape[0] == 0 or d.shape[1] == 0:
-            raise MarginalsError(f"dists must be a non-empty [depth, vocab] array; got {d.shape}")
-        if not 1 <= k <= d.shape[1]:
-            raise BudgetError(f"k must be in [1, vocab={d.shape[1]}]; got {k}")
+            raise MarginalsError(
+                "DraftMarginals.from_distributions: dists must be a non-empty [depth, vocab] "
+                f"array; got shape {d.shape}"
+            )
+        k = as_int(k, "DraftMarginals.from_distributions: k", 1, d.shape[1], error=BudgetError)
         ids = np.argsort(-d, axis=1, kind="stable")[:, :k]
         return cls(ids, np.take_along_axis(d, ids, axis=1))
 
+    @public(error=BudgetError)
     def truncate(self, depth: int | None = None, k: int | None = None) -> DraftMarginals:
         """The first ``depth`` positions and top ``k`` candidates."""
         d = self.depth if depth is None else depth
@@ -290,6 +293,7 @@ class DraftTree:
             object.__setattr__(self, name, value)
         return self
 
+    @public(error=BudgetError)
     def prefix(self, n: int) -> DraftTree:
         """The first n nodes: for a best-first tree, the optimal tree T_n."""
         if not 1 <= n <= self.size:
@@ -298,6 +302,7 @@ class DraftTree:
             self.parents[:n], self.tokens[:n], self.depths[:n], self.scores[:n], self.ranks[:n]
         )
 
+    @public
     def with_root_token(self, token: int) -> DraftTree:
         if self.tokens[0] == token:
             return self
@@ -305,6 +310,7 @@ class DraftTree:
         tokens[0] = token
         return DraftTree.trusted(self.parents, tokens, self.depths, self.scores, self.ranks)
 
+    @public
     def children(self, node: int) -> npt.NDArray[np.int64]:
         return np.flatnonzero(self.parents == node)
 
@@ -367,7 +373,7 @@ def best_first_tree(marginals: DraftMarginals, budget: int, root_token: int = -1
     return tree_from_arrays(best_first(marginals.probs, n), marginals, root_token)
 
 
-@public(own=("budgets",))
+@public(own=("budgets",), lengths=("batch", "root_tokens"))
 def best_first_trees(
     batch: Sequence[DraftMarginals],
     budgets: int | Sequence[int],
@@ -443,6 +449,14 @@ def attention_mask(tree: DraftTree, past_len: int, dtype: Any = np.float32) -> n
     """
     if past_len < 0:
         raise BudgetError(f"past_len must be ≥ 0; got {past_len}")
+    try:
+        floating = np.dtype(dtype).kind == "f"
+    except (TypeError, ValueError):
+        floating = False
+    if not floating:
+        raise ArgumentError(
+            f"attention_mask: dtype must be a floating-point dtype (np.float32…); got {dtype!r:.80}"
+        )
     if tree.size * (past_len + tree.size) > MAX_MASK_ELEMENTS:
         raise BudgetError(
             f"a mask of {tree.size} × {past_len + tree.size} elements is more than "

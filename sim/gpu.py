@@ -71,13 +71,14 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import numpy.typing as npt
 
+from bastion.bestfirst import MAX_TREE_SIZE
 from bastion.cost.backends import register_backend
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.kernels import step_factors
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.roofline import DrafterPricer, LinearPricer, RooflineOptions
 from bastion.errors import ConfigError
-from bastion.guard import array, integer, number, public
+from bastion.guard import INT64_LIMIT, array, integer, number, public
 from bastion.sim.measured import MeasuredCosts
 
 __all__ = [
@@ -428,7 +429,7 @@ def _kernel_model_applies(hw: HardwareProfile) -> bool:
     return False
 
 
-@public
+@public(seed=integer(0, INT64_LIMIT - 1), max_tree_size=integer(1, MAX_TREE_SIZE))
 @dataclass
 class SimulatedGPU:
     """Ground-truth pass latencies for one target (and its DFlash drafter) on one device."""

@@ -43,10 +43,18 @@ Row = dict[str, Any]
 
 @public
 def group(rows: Sequence[Row], keys: Sequence[str]) -> dict[tuple[Any, ...], list[Row]]:
-    """Rows by the values of ``keys``, in order of first appearance."""
+    """Rows by the values of ``keys``, in order of first appearance; a row without one of the
+    keys, or with a value that cannot be a key (a list), is a :class:`ConfigError`."""
     out: dict[tuple[Any, ...], list[Row]] = {}
-    for r in rows:
-        out.setdefault(tuple(r[k] for k in keys), []).append(r)
+    for i, r in enumerate(rows):
+        missing = [k for k in keys if k not in r]
+        if missing:
+            raise ConfigError(f"group: row {i} has no column {missing[0]!r}")
+        key = tuple(r[k] for k in keys)
+        try:
+            out.setdefault(key, []).append(r)
+        except TypeError:
+            raise ConfigError(f"group: row {i} holds an unhashable value under {keys!r}") from None
     return out
 
 

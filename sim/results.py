@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bastion.errors import ConfigError
 from bastion.files import write_json_atomic, write_text_atomic
 from bastion.guard import public, writable_file
 from bastion.records import json_safe as _json_safe
@@ -131,7 +132,12 @@ def ordered_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def _cell(value: Any) -> Any:
     if isinstance(value, list | tuple | dict):
-        return json.dumps(value)
+        try:
+            return json.dumps(value)
+        except (TypeError, ValueError) as exc:  # a value JSON cannot hold, a circular list
+            raise ConfigError(
+                f"a CSV cell must hold JSON-able data; got {value!r:.80} ({exc})"
+            ) from None
     if value is None:
         return ""
     return value
@@ -171,7 +177,10 @@ def package_version() -> str:
 @public
 def spec_key(spec: Mapping[str, Any]) -> str:
     """A stable short hash of JSON-able data (its JSON with sorted keys)."""
-    blob = json.dumps(spec, sort_keys=True, default=str).encode()
+    try:
+        blob = json.dumps(spec, sort_keys=True, default=str).encode()
+    except (TypeError, ValueError) as exc:  # keys of mixed types, a circular reference
+        raise ConfigError(f"spec_key: cannot write the spec as JSON ({exc})") from None
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -195,6 +204,7 @@ class RunStore:
         self._written: set[str] = set()
 
     @staticmethod
+    @public(error=ConfigError)
     def key(run: Mapping[str, Any]) -> str:
         key = run.get("key")
         return str(key) if key else spec_key(run)

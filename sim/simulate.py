@@ -36,7 +36,7 @@ from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.cost.profiled import cost_model_from_spec, split_profiled
 from bastion.errors import ConfigError
-from bastion.guard import public
+from bastion.guard import number, public
 from bastion.interfaces import CostModel
 from bastion.learned import LearnedCostModel
 from bastion.policies import make_policy, policy_label, policy_labels
@@ -231,6 +231,7 @@ class PolicyResult:
     cycle_observed_s: float = float("nan")
 
     @classmethod
+    @public(ar_tpot_s=number(positive=True), wall_s=number(lo=0.0))
     def of(
         cls, r: ServingResult, ar_tpot_s: float, wall_s: float, spec: str | None = None
     ) -> PolicyResult:

@@ -7,6 +7,7 @@ namespace and run in order.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -27,3 +28,39 @@ def test_doc_examples_run(blocks: list[str]) -> None:
     namespace: dict[str, object] = {}
     for i, code in enumerate(blocks):
         exec(compile(code, f"<python block {i}>", "exec"), namespace)
+
+
+def _paper_claims():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "make_paper_claims", ROOT / "docs" / "make_paper_claims.py"
+    )
+    assert spec is not None and spec.loader is not None
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    return make, make.DOC.read_text(encoding="utf-8"), json.loads(make.OUT.read_text())
+
+
+def test_the_paper_claims_page_reads_its_data() -> None:
+    """Every number docs/paper-claims.md takes from docs/data/paper-claims.json (means, ranges,
+    ratios of its runs) reads as the JSON gives it (``python docs/make_paper_claims.py
+    --check`` says where it does not)."""
+    make, page, data = _paper_claims()
+    assert len(make.claims(data)) > 40  # the summary's and the notes' numbers, not a few
+    assert make.drift(page, data) == []
+
+
+def test_the_paper_claims_check_sees_a_drift() -> None:
+    """Negative controls: a number of the page changed, or a number of the data, is drift."""
+    make, page, data = _paper_claims()
+    assert "| 5.65× / 5.64× (A100" in page
+    moved = page.replace("| 5.65× / 5.64× (A100", "| 5.65× / 5.63× (A100")
+    assert make.drift(moved, data) == [
+        "'| Fig. 1: average speedup over AR |' should read '5.65× / 5.64×'"
+    ]
+    rerun = json.loads(json.dumps(data))
+    rerun["moe"]["code"]["rows"]["chain"]["tau"] += 0.1  # 7.29 → 7.39
+    assert any("τ 7.39" in problem for problem in make.drift(page, rerun))
+    gone = page.replace("**T_aux.**", "**Host time.**")
+    assert make.drift(gone, data) == ["0 rows or paragraphs hold '**T_aux.**' (need exactly one)"]

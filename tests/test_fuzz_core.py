@@ -12,6 +12,7 @@ from bastion.bestfirst import MAX_TREE_SIZE, best_first_many, buildable_nodes
 from bastion.budget import choose_tree
 from bastion.errors import BastionError, BudgetError
 from bastion.interfaces import CostCurve
+from bastion.joint import choose_joint
 from bastion.policies import make_policy
 from bastion.testing import check_tree, marginals
 from bastion.tree import DraftMarginals, DraftTree, best_first_tree, best_first_trees
@@ -46,9 +47,44 @@ def test_best_first_tree_takes_any_budget(m: DraftMarginals, budget: object) -> 
         assert tree.size <= min(int(budget), int(buildable_nodes(m.probs)))  # type: ignore[call-overload]
 
 
-@given(st.lists(marginals(max_depth=3, max_k=3, min_depth=3, min_k=3), max_size=3), junk)
-def test_best_first_trees_takes_any_budgets(batch: list[DraftMarginals], budgets: object) -> None:
-    only_bastion_errors(lambda: best_first_trees(batch, budgets))  # type: ignore[arg-type]
+@given(
+    st.lists(marginals(max_depth=3, max_k=3, min_depth=3, min_k=3), max_size=3),
+    st.one_of(st.integers(1, 20), junk),
+    st.one_of(st.lists(st.integers(-1, 50), max_size=4), junk),
+)
+def test_best_first_trees_takes_any_budgets(
+    batch: list[DraftMarginals], budgets: object, root_tokens: object
+) -> None:
+    """Any budgets and any root tokens (one per request or not) for a well-formed batch."""
+    trees = only_bastion_errors(lambda: best_first_trees(batch, budgets, root_tokens))  # type: ignore[arg-type]
+    if trees is not None:
+        assert len(trees) == len(batch)  # type: ignore[arg-type]
+
+
+# what a callback may answer: nothing, a number, junk, a curve too short or not a curve at all
+answers = st.one_of(
+    junk,
+    st.builds(lambda n: CostCurve(0.0, 0.0, np.linspace(1.0, 2.0, n), 1.0), st.integers(1, 4)),
+    st.just(DraftMarginals([[1]], [[0.5]])),
+)
+
+
+@given(marginals(max_depth=3, max_k=3), answers, st.sampled_from(["exhaustive", "auto"]))
+def test_choose_tree_takes_a_curve_source_that_answers_anything(
+    m: DraftMarginals, answer: object, mode: str
+) -> None:
+    """A curve source that returns no CostCurve (None, a number, a short curve) is the cost
+    model's error (CostModelError), never an AttributeError from reading it."""
+    only_bastion_errors(lambda: choose_tree(m, lambda n: answer, 16, mode))  # type: ignore[arg-type,return-value]
+
+
+@given(
+    st.lists(marginals(max_depth=3, max_k=3, min_depth=3, min_k=3), min_size=1, max_size=3), answers
+)
+def test_choose_joint_takes_a_curve_that_answers_anything(
+    batch: list[DraftMarginals], answer: object
+) -> None:
+    only_bastion_errors(lambda: choose_joint(batch, lambda grow: answer, 8))  # type: ignore[arg-type,return-value]
 
 
 @given(junk, junk)
@@ -57,6 +93,23 @@ def test_marginals_from_anything(ids: object, probs: object) -> None:
     if m is not None:
         assert isinstance(m, DraftMarginals) and m.token_ids.dtype == np.int64
         assert np.all(m.token_ids >= 0)  # no id wrapped around to a negative one
+
+
+@given(
+    st.one_of(
+        st.integers(1, 4).flatmap(
+            lambda v: st.lists(st.lists(st.floats(0, 1), min_size=v, max_size=v), max_size=3)
+        ),
+        junk,
+    ),
+    st.one_of(st.integers(-1, 5), st.floats(-1, 5), junk),
+)
+def test_marginals_from_distributions_take_any_k(dists: object, k: object) -> None:
+    """Any distributions and any k (a fraction, a float, a string): marginals or a
+    BastionError, never a TypeError from slicing with it."""
+    m = only_bastion_errors(lambda: DraftMarginals.from_distributions(dists, k))  # type: ignore[arg-type]
+    if m is not None:
+        assert isinstance(m, DraftMarginals) and m.k == k
 
 
 @given(junk, junk, junk, junk)

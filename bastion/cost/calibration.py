@@ -45,7 +45,7 @@ from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, verify_pass
 from bastion.errors import ArgumentError, ConfigError
 from bastion.files import read_json_file, write_json_atomic, write_text_atomic
-from bastion.guard import array, each, integer, public
+from bastion.guard import array, each, forwarded, integer, public
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -173,7 +173,12 @@ def fit_linear(
     )
 
 
-@public
+@public(
+    tokens=array(lo=1),
+    contexts=array(lo=0),
+    tile_tokens=integer(lo=0),
+    broadcast=("tokens", "contexts"),
+)
 def raw_branches(
     model: ModelSpec,
     hw: HardwareProfile,
@@ -192,10 +197,11 @@ def raw_branches(
         rc = verify_pass(model, hw, [(s, c)], tiled).compute_s
     else:
         rc = bare.compute_s
+    shape = np.broadcast_shapes(s.shape, c.shape)
     return (
-        np.broadcast_to(rc, s.shape).astype(np.float64),
-        np.broadcast_to(bare.memory_s, s.shape).astype(np.float64),
-        np.broadcast_to(bare.total_s, s.shape).astype(np.float64),
+        np.broadcast_to(rc, shape).astype(np.float64),
+        np.broadcast_to(bare.memory_s, shape).astype(np.float64),
+        np.broadcast_to(bare.total_s, shape).astype(np.float64),
     )
 
 
@@ -283,6 +289,7 @@ class CalibrationRecord:
         }
 
     @classmethod
+    @public(error=ConfigError)
     def from_dict(cls, data: Mapping[str, Any], origin: str = "<record>") -> CalibrationRecord:
         try:
             cal = LinearCalibration(
@@ -309,7 +316,7 @@ class CalibrationRecord:
                 created=str(data.get("created", "")),
                 inputs=str(data.get("inputs", "")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, OverflowError) as exc:
             raise ConfigError(f"{origin}: not a calibration record ({exc!r})") from None
         if cal.compute.alpha <= 0 or cal.memory.alpha <= 0 or record.prep_s < 0:
             raise ConfigError(f"{origin}: calibration scales must be positive, prep_s ≥ 0")
@@ -536,8 +543,11 @@ def calibrate_or_load(
         if found is not None:
             announce_reuse(store.path_for(key))
             return found
-    points = profile_sweep(verify, **(sweep_kwargs or {}))
-    record = calibrate(model, hw, points, backend=backend, dtype=dtype, **calibrate_kwargs)
+    # the caller's keyword arguments are checked as if the caller had passed them itself
+    points = forwarded(profile_sweep)(verify, **(sweep_kwargs or {}))
+    record = forwarded(calibrate)(
+        model, hw, points, backend=backend, dtype=dtype, **calibrate_kwargs
+    )
     write_json_atomic(store.path_for(record.key), record.to_dict())
     return record
 

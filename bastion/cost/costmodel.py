@@ -26,6 +26,7 @@ from typing import Literal, get_args
 import numpy as np
 import numpy.typing as npt
 
+from bastion.bestfirst import MAX_TREE_SIZE
 from bastion.cost.calibration import CalibrationRecord, EmaCorrection, LinearCalibration
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
@@ -39,7 +40,7 @@ from bastion.cost.roofline import (
     verify_pass,
 )
 from bastion.errors import BudgetError, ConfigError, CostModelError
-from bastion.guard import public
+from bastion.guard import array, integer, public
 from bastion.interfaces import CostCurve, StepCost, StepLoad
 
 __all__ = ["CostMode", "RooflineCostModel"]
@@ -52,8 +53,6 @@ _CurveKey = tuple[int, tuple[tuple[int, int], ...]]  # (context bucket, co-batch
 def check_tree_size(value: object, name: str = "tree_size") -> int:
     """``value`` as an int in [1, MAX_TREE_SIZE] (the largest tree the library builds), or a
     :class:`BudgetError` saying so — before anything is allocated for it."""
-    from bastion.bestfirst import MAX_TREE_SIZE
-
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise BudgetError(f"{name} must be an integer in [1, {MAX_TREE_SIZE}]; got {value!r}")
     if not 1 <= int(value) <= MAX_TREE_SIZE:
@@ -142,12 +141,17 @@ class RooflineCostModel:
     # Pieces
     # ---------------------------------------------------------------------------------------
 
+    @public(error=BudgetError, context_len=integer(lo=0))
     def bucket(self, context_len: int) -> int:
         """The context length priced: rounded up to a multiple of ``context_bucket``.
 
         Rounding up keeps the estimate on the safe side and lets one cached curve serve about
         ``context_bucket / τ`` consecutive decode steps.
         """
+        return self._bucket(context_len)
+
+    def _bucket(self, context_len: int) -> int:
+        """:meth:`bucket` for a ``context_len`` from a checked :class:`StepLoad`."""
         if context_len < 0:
             raise BudgetError(f"context_len must be ≥ 0, got {context_len}")
         b = self.context_bucket
@@ -156,13 +160,14 @@ class RooflineCostModel:
     def _requests(
         self, tokens: npt.ArrayLike, load: StepLoad
     ) -> list[tuple[npt.ArrayLike, npt.ArrayLike]]:
-        out: list[tuple[npt.ArrayLike, npt.ArrayLike]] = [(tokens, self.bucket(load.context_len))]
+        out: list[tuple[npt.ArrayLike, npt.ArrayLike]] = [(tokens, self._bucket(load.context_len))]
         for r in load.co_batched:
             if r.tree_size < 1:
                 raise BudgetError(f"a co-batched request needs tree_size ≥ 1, got {r.tree_size}")
-            out.append((r.tree_size, self.bucket(r.context_len)))
+            out.append((r.tree_size, self._bucket(r.context_len)))
         return out
 
+    @public(tree_size=array(lo=1))
     def roofline(self, tree_size: npt.ArrayLike, load: StepLoad) -> RooflineBreakdown:
         """The bare per-operator breakdown of the verification pass (arrays allowed)."""
         return verify_pass(self.model, self.hardware, self._requests(tree_size, load), self.options)
@@ -177,7 +182,7 @@ class RooflineCostModel:
     def _shape(self, tokens: Array, load: StepLoad, masked: bool) -> PassShape:
         """The pass's aggregate shape: this request's ``tokens`` (an array over N) plus the
         co-batched requests, summed in one vectorised pass (same numbers as ``_requests``)."""
-        c = float(self.bucket(load.context_len))
+        c = float(self._bucket(load.context_len))
         s_o = p_o = kv_o = 0.0
         if load.co_batched:
             sizes = np.array([r.tree_size for r in load.co_batched], dtype=np.float64)
@@ -225,12 +230,13 @@ class RooflineCostModel:
     def _uncorrected(self, bare_s: Array, cal_s: Array) -> Array:
         return bare_s if self.mode in ("bare", "ema") else cal_s
 
+    @public
     def draft_s(self, load: StepLoad) -> float:
         """T_draft: the drafter's pass over every request of the batch (0 without a drafter)."""
         if self.drafter is None:
             return 0.0
-        total = self.bucket(load.context_len) + sum(
-            self.bucket(r.context_len) for r in load.co_batched
+        total = self._bucket(load.context_len) + sum(
+            self._bucket(r.context_len) for r in load.co_batched
         )
         return self._drafter_pricer().total_s(1 + len(load.co_batched), total)
 
@@ -241,12 +247,13 @@ class RooflineCostModel:
             self._drafter = DrafterPricer(self.drafter, self.hardware, self.options)
         return self._drafter
 
+    @public
     def draft_breakdown(self, load: StepLoad) -> RooflineBreakdown | None:
         if self.drafter is None:
             return None
         contexts = (
-            self.bucket(load.context_len),
-            *(self.bucket(r.context_len) for r in load.co_batched),
+            self._bucket(load.context_len),
+            *(self._bucket(r.context_len) for r in load.co_batched),
         )
         return drafter_pass(self.drafter, self.hardware, contexts, self.options)
 
@@ -264,6 +271,7 @@ class RooflineCostModel:
 
     _curves: OrderedDict[_CurveKey, _PricedCurve]  # cost_curve's cache, made on first use
 
+    @public(error=BudgetError, own=("max_tree_size",))
     def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
         """Ĉ(N) for N = 1 … ``max_tree_size``, one vectorised roofline evaluation (cached).
 
@@ -275,8 +283,8 @@ class RooflineCostModel:
         max_tree_size = check_tree_size(max_tree_size, "max_tree_size")
         co = load.co_batched
         key: _CurveKey = (
-            self.bucket(load.context_len),
-            tuple((r.tree_size, self.bucket(r.context_len)) for r in co) if co else (),
+            self._bucket(load.context_len),
+            tuple((r.tree_size, self._bucket(r.context_len)) for r in co) if co else (),
         )
         try:
             cache = self._curves
@@ -334,6 +342,7 @@ class RooflineCostModel:
         entry.curves = {}
         entry.stamp = stamp
 
+    @public(error=BudgetError, own=("tree_size",))
     def step_cost(self, tree_size: int, load: StepLoad) -> StepCost:
         """One cycle's predicted cost, with per-operator seconds in ``breakdown``.
 
@@ -360,6 +369,7 @@ class RooflineCostModel:
             draft_s=self.draft_s(load), prep_s=self.prep_s, verify_s=verify, breakdown=breakdown
         )
 
+    @public(error=BudgetError, tree_size=integer(1, MAX_TREE_SIZE))
     def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
         """Fold a measured verification time into γ (modes ``ema`` and ``ema+calib`` only)."""
         if self.mode not in ("ema", "ema+calib"):
@@ -367,6 +377,11 @@ class RooflineCostModel:
         bare_s, cal_s = self._base(np.array([float(tree_size)]), load)
         self.ema.update(verify_s, float(self._uncorrected(bare_s, cal_s)[0]))
 
+    @public(
+        error=BudgetError,
+        context_lens=array(1, lo=0, nonempty=True, whole=True),
+        grow=array(1, lo=0, whole=True),
+    )
     def joint_cost_curve(
         self,
         context_lens: npt.NDArray[np.int64],
@@ -387,6 +402,8 @@ class RooflineCostModel:
         """
         ctx = np.asarray(context_lens)
         g = np.asarray(grow)
+        if g.size == 0:
+            g = g.astype(np.int64)  # no additions (an empty list is float64 to numpy)
         if ctx.ndim != 1 or ctx.size == 0 or ctx.dtype.kind not in "iu" or np.any(ctx < 0):
             raise BudgetError("context_lens must be a non-empty 1-D array of integers ≥ 0")
         n_req = ctx.size

@@ -37,8 +37,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from bastion.errors import ConfigError
-from bastion.guard import array, public
+from bastion.errors import ArgumentError, ConfigError
+from bastion.guard import array, as_float, integer, public
 
 __all__ = ["MaxAffineFit", "Weighting", "fit_max_affine", "loo_errors"]
 
@@ -151,18 +151,25 @@ def fit_max_affine(
     )
 
 
-@public
+@public(n=integer(lo=0), measured=array(positive=True))
 def loo_errors(
     n: int, fit_predict: Callable[[npt.NDArray[np.bool_], int], float], measured: npt.ArrayLike
 ) -> Array:
     """Leave-one-out relative errors |ŷ_i − y_i| / y_i, i = 0 … n − 1.
 
-    ``fit_predict(train_mask, i)`` fits on the points of ``train_mask`` and predicts point i.
+    ``fit_predict(train_mask, i)`` fits on the points of ``train_mask`` and predicts point i (a
+    finite number; anything else is an :class:`ArgumentError`). ``measured`` holds at least n
+    positive values.
     """
     y = np.asarray(measured, dtype=np.float64).ravel()
+    if y.size < n:
+        raise ArgumentError(f"loo_errors: n = {n} needs {n} measured values; got {y.size}")
     out = np.empty(n)
     for i in range(n):
         mask = np.ones(n, dtype=bool)
         mask[i] = False
-        out[i] = abs(fit_predict(mask, i) - y[i]) / y[i]
+        predicted = as_float(
+            fit_predict(mask, i), f"loo_errors: what fit_predict(train_mask, {i}) returned"
+        )
+        out[i] = abs(predicted - y[i]) / y[i]
     return out

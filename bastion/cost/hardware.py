@@ -63,6 +63,7 @@ class HardwareProfile:
     sources: Mapping[str, str] = field(default_factory=dict)  # field -> where the number is from
     path: str | None = None  # file it was read from
 
+    @public(error=ConfigError)
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense peak FLOP/s for ``dtype`` ("bf16", "fp16" or "fp8")."""
         if dtype in ("bf16", "fp16", "bfloat16", "float16"):

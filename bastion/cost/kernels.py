@@ -69,7 +69,7 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.cost.roofline import RooflineOptions, gemm_dims, verify_pass
 from bastion.errors import ConfigError
-from bastion.guard import is_finite, public
+from bastion.guard import array, is_finite, number, public
 
 __all__ = [
     "GEMM_KINDS",
@@ -147,6 +147,7 @@ class KernelParams:
         return {k: float(v) for k, v in asdict(self).items()}
 
     @classmethod
+    @public(error=ConfigError)
     def from_dict(cls, data: Mapping[str, Any], origin: str = "kernel parameters") -> KernelParams:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -160,8 +161,15 @@ class KernelParams:
         return np.array([getattr(self, f.name) for f in fields(self)], dtype=np.float64)
 
     @classmethod
+    @public(error=ConfigError, v=array(1))
     def from_vector(cls, v: npt.ArrayLike) -> KernelParams:
         vals = np.asarray(v, dtype=np.float64).tolist()
+        names = [f.name for f in fields(cls)]
+        if len(vals) != len(names):
+            raise ConfigError(
+                f"KernelParams.from_vector: v must hold {len(names)} numbers "
+                f"({', '.join(names)}); got {len(vals)}"
+            )
         return cls(**{f.name: x for f, x in zip(fields(cls), vals, strict=True)})
 
 
@@ -178,6 +186,7 @@ class KernelDevice:
     peak_per_sm: float  # dense 16-bit tensor FLOP/s of one SM
 
     @classmethod
+    @public(error=ConfigError)
     def of(cls, hw: HardwareProfile, dtype: str = "bf16") -> KernelDevice:
         missing = [k for k in ("sm_clock_hz", "max_threads_per_sm") if getattr(hw, k) is None]
         if missing:
@@ -328,7 +337,7 @@ def operator_kind(name: str) -> str:
     return "roofline"
 
 
-@public
+@public(tokens=array(lo=1), context=number(lo=0.0))
 class KernelPricer:
     """:func:`kernel_pass` with the shapes read once: ``seconds(params)`` for many parameter sets
     (what the cross-GPU fit evaluates thousands of times)."""
@@ -397,7 +406,7 @@ class KernelPricer:
         return row_kernel_time(rows, nbytes, elems, self.device, p, threads)
 
 
-@public
+@public(tokens=array(lo=1), context=number(lo=0.0))
 def kernel_pass(
     model: ModelSpec,
     hw: HardwareProfile,

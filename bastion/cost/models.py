@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import ConfigError, UnknownNameError
-from bastion.guard import public
+from bastion.guard import integer, public
 
 __all__ = ["DrafterSpec", "ModelSpec", "get_model", "known_models"]
 
@@ -146,6 +146,7 @@ class ModelSpec:
         return hashlib.sha256(shape.encode()).hexdigest()[:8]
 
     @classmethod
+    @public(error=ConfigError)
     def from_hf_config(
         cls, path_or_dict: str | os.PathLike[str] | Mapping[str, Any], name: str | None = None
     ) -> ModelSpec:
@@ -236,6 +237,12 @@ class DrafterSpec:
     taps: int = 5  # target layers whose hidden states feed ``fc``
 
     @classmethod
+    @public(
+        error=ConfigError,
+        layers=integer(1, MAX_CONFIG_INT),
+        block_size=integer(2, MAX_CONFIG_INT),
+        taps=integer(1, MAX_CONFIG_INT),
+    )
     def dflash_for(
         cls, target: ModelSpec, layers: int = 5, block_size: int = 16, taps: int | None = None
     ) -> DrafterSpec:
@@ -258,6 +265,7 @@ class DrafterSpec:
         return cls(model=dense, block_size=block_size, taps=layers if taps is None else taps)
 
     @classmethod
+    @public(error=ConfigError)
     def from_hf_config(
         cls, path_or_dict: str | os.PathLike[str] | Mapping[str, Any]
     ) -> DrafterSpec:

@@ -117,7 +117,7 @@ def pass_times(
     return tokens[complete].astype(np.int64), out
 
 
-@public(tokens=array(1, nonempty=True), most=integer(lo=0))
+@public(tokens=array(1, lo=0, nonempty=True, whole=True), most=integer(lo=0))
 def measured_sizes(tokens: npt.NDArray[np.int64], most: int) -> npt.NDArray[np.int64]:
     """Indices of the token counts the learning controller would have timed: the table's
     counts on its token lattice (every 8 tokens up to 256, then coarser), the smallest ``most``

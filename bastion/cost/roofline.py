@@ -32,9 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.cost.hardware import HardwareProfile
-from bastion.cost.models import DrafterSpec, ModelSpec
+from bastion.cost.models import MAX_CONFIG_INT, DrafterSpec, ModelSpec
 from bastion.errors import ConfigError
-from bastion.guard import public
+from bastion.guard import array, each, integer, number, public
 
 __all__ = [
     "DrafterPricer",
@@ -99,6 +99,7 @@ class PassShape:
     mask_elems: Array  # Σ s_i · (c_i + s_i): the additive tree mask read (0 when unmasked)
 
     @classmethod
+    @public(error=ConfigError)
     def of(cls, requests: Iterable[tuple[ArrayLike, ArrayLike]], masked: bool = True) -> PassShape:
         """From ``(s_i, c_i)`` pairs; ``masked=False`` for non-causal passes without a mask."""
         tokens: Array = np.zeros(())
@@ -106,22 +107,33 @@ class PassShape:
         kv: Array = np.zeros(())
         mask: Array = np.zeros(())
         any_request = False
-        for s_raw, c_raw in requests:
-            any_request = True
-            s = np.asarray(s_raw, dtype=np.float64)
-            c = np.asarray(c_raw, dtype=np.float64)
-            if np.any(s < 1) or np.any(c < 0):
-                raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
-            tokens = tokens + s
-            pairs = pairs + s * (c + s)
-            kv = kv + c + s
-            if masked:
-                mask = mask + s * (c + s)
+        try:
+            for s_raw, c_raw in requests:
+                any_request = True
+                s = np.asarray(s_raw, dtype=np.float64)
+                c = np.asarray(c_raw, dtype=np.float64)
+                if not (np.all(np.isfinite(s)) and np.all(np.isfinite(c))):
+                    raise ConfigError("every request's s and c must be finite numbers")
+                if np.any(s < 1) or np.any(c < 0):
+                    raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
+                tokens = tokens + s
+                pairs = pairs + s * (c + s)
+                kv = kv + c + s
+                if masked:
+                    mask = mask + s * (c + s)
+        except (TypeError, ValueError, OverflowError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(
+                f"PassShape.of: requests must be (s, c) pairs of numbers or arrays that "
+                f"broadcast together ({exc})"
+            ) from None
         if not any_request:
             raise ConfigError("a pass needs at least one request")
         return cls(tokens=tokens, attn_pairs=pairs, kv_tokens=kv, mask_elems=mask)
 
     @classmethod
+    @public(error=ConfigError, tokens=array(1, lo=1), contexts=array(1, lo=0))
     def of_batch(cls, tokens: ArrayLike, contexts: ArrayLike, masked: bool = True) -> PassShape:
         """The same aggregates from two equal-length 1-D arrays, summed in one numpy pass.
 
@@ -260,13 +272,20 @@ class RooflineBreakdown:
         ]
 
 
-@public(error=ConfigError)
+@public(
+    error=ConfigError,
+    tokens=array(lo=0),
+    experts=integer(1, MAX_CONFIG_INT),
+    per_token=integer(1, MAX_CONFIG_INT),
+)
 def experts_touched(tokens: ArrayLike, experts: int, per_token: int, form: ExpertTouch) -> Array:
     """Expected distinct experts U(s) that ``tokens`` tokens route to in one layer.
 
     ``saturating`` (the paper's): U = min(E, K·s), which saturates at s = E/K;
     ``uniform``: the expectation under independent uniform top-K routing, E·(1 − (1 − K/E)^s).
     """
+    if per_token > experts:
+        raise ConfigError(f"per_token ({per_token}) must be ≤ experts ({experts})")
     s = np.asarray(tokens, dtype=np.float64)
     if form == "saturating":
         return np.minimum(float(experts), per_token * s)
@@ -632,7 +651,7 @@ def ar_step(
     return verify_pass(model, hw, [(1, context)], options, masked=False)
 
 
-@public
+@public(contexts=each(number(lo=0.0)), new_context_tokens=integer(lo=0))
 def drafter_pass(
     drafter: DrafterSpec,
     hw: HardwareProfile,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bastion.errors import ConfigError
-from bastion.guard import integer, public
+from bastion.guard import integer, public, readable_file
 
 __all__ = [
     "SPECIALS",
@@ -42,8 +42,12 @@ class Corpus:
     heldout: tuple[Path, ...]
 
     @staticmethod
+    @public(error=ConfigError, path=readable_file)
     def read(path: Path) -> str:
-        return path.read_text(encoding="utf-8", errors="replace")
+        try:
+            return path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ConfigError(f"{path} cannot be read: {exc.strerror or exc}") from None
 
     def texts(self, split: str) -> Iterator[str]:
         for path in self.train if split == "train" else self.heldout:

@@ -17,12 +17,12 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from bastion.errors import BastionError, ConfigError
-from bastion.guard import public
+from bastion.guard import each, mapping_with, public
 
 from .ray_connect import check_address, one_line
 from .runs import Row, Run, installed, is_path
@@ -60,11 +60,18 @@ def _stage(runs: Sequence[Run], root: Path) -> tuple[dict[str, str], dict[str, s
     modules: set[str] = set()
     for run in runs:
         spec = run["spec"]
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"a run's spec must be a mapping (a simulate spec); got {spec!r:.80}")
         for key in FILE_KEYS:
             value = spec.get(key)
             if isinstance(value, str) and is_path(value):
                 ship(value)
-        for p in spec["policies"]:
+        policies = spec.get("policies", ())
+        if isinstance(policies, str) or not isinstance(policies, Sequence):
+            raise ConfigError(f"a run's policies must be a list of specs; got {policies!r:.80}")
+        for p in policies:
+            if not isinstance(p, str):
+                continue  # not a file or a module to ship: the worker's spec check names it
             path, sep, _ = p.partition(".py:")
             if sep:
                 ship(path + ".py")
@@ -93,7 +100,7 @@ def _stage(runs: Sequence[Run], root: Path) -> tuple[dict[str, str], dict[str, s
     return remap, env
 
 
-@public
+@public(todo=each(mapping_with("spec")))
 def run_ray(
     todo: Sequence[Run],
     finished: Callable[[Run, tuple[list[Row], list[Row]]], None],

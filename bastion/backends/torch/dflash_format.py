@@ -100,6 +100,7 @@ class DFlashConfig:
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
+    @public(error=ConfigError)
     def from_dict(cls, d: dict[str, Any], origin: str = "DFlash config") -> DFlashConfig:
         """Validate a DFlash ``config.json`` field by field; a :class:`ConfigError` names
         ``origin`` (the file) and the field that is missing or wrong."""

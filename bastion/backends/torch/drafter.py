@@ -33,7 +33,7 @@ from torch.nn import functional as F
 
 from bastion.batch import BatchMarginals, StepRequests
 from bastion.errors import BudgetError, ConfigError
-from bastion.guard import public
+from bastion.guard import INT64_LIMIT, has, integer, public
 from bastion.interfaces import DraftContext
 from bastion.tree import DraftMarginals
 
@@ -326,6 +326,7 @@ class DFlashDrafter:
     # ---------------------------------------------------------------- construction
 
     @classmethod
+    @public(error=ConfigError, own=("top_k",), target=has("config", "parameters"))
     def from_pretrained(
         cls, path: str | os.PathLike[str], target: Any, *, top_k: int = 16
     ) -> DFlashDrafter:
@@ -342,6 +343,13 @@ class DFlashDrafter:
         return cls(model, target, top_k=top_k)
 
     @classmethod
+    @public(
+        error=ConfigError,
+        target=has("config", "parameters"),
+        num_layers=integer(1, 1 << 16),
+        top_k=integer(lo=1),
+        seed=integer(0, INT64_LIMIT - 1),
+    )
     def random_init(
         cls,
         target: Any,

@@ -32,9 +32,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from bastion.bestfirst import MAX_TREE_SIZE
 from bastion.cost.costmodel import check_tree_size
-from bastion.errors import BudgetError, ConfigError
-from bastion.guard import has, public
+from bastion.errors import ArgumentError, BudgetError, ConfigError
+from bastion.guard import as_float, each, has, integer, is_finite, number, public
 from bastion.interfaces import CostCurve, CostModel, StepCost, StepLoad
 
 from .clock import Clock, device_clock
@@ -117,11 +118,13 @@ class AffineCostModel:
     def _others(load: StepLoad) -> int:
         return sum(int(r.tree_size) for r in load.co_batched)
 
+    @public(error=BudgetError, own=("tree_size",))
     def step_cost(self, tree_size: int, load: StepLoad) -> StepCost:
         tree_size = check_tree_size(tree_size, "tree_size")
         tokens = tree_size + self._others(load)
         return StepCost(self.draft_s, self.prep_s, self.verify_a_s + self.verify_b_s * tokens)
 
+    @public(error=BudgetError, own=("max_tree_size",))
     def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
         max_tree_size = check_tree_size(max_tree_size, "max_tree_size")
         n = np.arange(1, max_tree_size + 1, dtype=np.float64) + self._others(load)
@@ -137,20 +140,39 @@ class AffineCostModel:
         verify = self.verify_a_s + self.verify_b_s * tokens
         return CostCurve(self.draft_s, self.prep_s, verify, float(verify[0]))
 
+    @public(error=BudgetError, tree_size=integer(1, MAX_TREE_SIZE))
     def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
         return None
 
 
-@public
+@public(
+    context_len=integer(lo=0),
+    sizes=each(integer(1, MAX_TREE_SIZE)),
+    draft_s=number(lo=0.0),
+)
 def fit_affine_cost_model(
     timer: Callable[[int, int], float],
     context_len: int,
     sizes: Sequence[int] = (1, 16, 64),
     draft_s: float = 0.0,
 ) -> AffineCostModel:
-    """Least-squares fit of ``a + b·s`` to ``timer(s, context_len)`` over ``sizes``."""
+    """Least-squares fit of ``a + b·s`` to ``timer(s, context_len)`` over ``sizes`` (at least
+    two different ones); ``timer`` returns seconds, a finite number > 0."""
+    if len(set(sizes)) < 2:
+        raise ArgumentError(
+            f"fit_affine_cost_model: sizes must hold two different sizes at least; got {sizes!r}"
+        )
     s = np.asarray(sizes, dtype=np.float64)
-    t = np.array([timer(int(x), context_len) for x in sizes])
+    t = np.array(
+        [
+            as_float(
+                timer(int(x), context_len),
+                f"fit_affine_cost_model: what timer({int(x)}, {context_len}) returned",
+                positive=True,
+            )
+            for x in sizes
+        ]
+    )
     b, a = np.polyfit(s, t, 1)
     b = max(float(b), 1e-9)
     a = max(float(a), 1e-9)
@@ -177,7 +199,7 @@ class DraftTiming:
 
     def __post_init__(self) -> None:
         coef = (self.d0_s, self.d_batch_s, self.d_context_s)
-        if not all(np.isfinite(c) and c >= 0 for c in coef) or sum(coef) <= 0:
+        if not all(is_finite(c) and c >= 0 for c in coef) or sum(coef) <= 0:
             raise ConfigError(f"draft timing coefficients must be finite and ≥ 0; got {coef}")
 
     def seconds(self, batch_size: int, total_context: float) -> float:
@@ -193,6 +215,7 @@ class DraftTiming:
         }
 
     @classmethod
+    @public(error=ConfigError)
     def from_dict(cls, data: dict[str, Any], origin: str = "<record>") -> DraftTiming:
         try:
             return cls(
@@ -213,11 +236,18 @@ def fit_draft_timing(points: Sequence[tuple[int, int, float]]) -> DraftTiming:
 
     if len(points) < 3:
         raise ConfigError(f"fitting the drafter's time needs ≥ 3 points; got {len(points)}")
+    for i, (b, c, _) in enumerate(points):
+        if b < 1 or c < 0:
+            raise ConfigError(f"point {i} needs a batch B ≥ 1 and a context ΣC ≥ 0; got {b}, {c}")
     x = np.array([[1.0, b, c] for b, c, _ in points])
     y = np.array([t for _, _, t in points])
     if not np.all(np.isfinite(y)) or np.any(y <= 0):
         raise ConfigError("measured drafter times must be positive and finite")
-    coef, _ = nnls(x / y[:, None], np.ones_like(y))  # relative error: small passes count too
+    with np.errstate(over="ignore"):
+        weighted = x / y[:, None]  # relative error: small passes count too
+    if not np.all(np.isfinite(weighted)):
+        raise ConfigError("measured drafter times are too small to weigh (a time below 1e-300 s)")
+    coef, _ = nnls(weighted, np.ones_like(y))
     err = float(np.sqrt(np.mean((x @ coef - y) ** 2)))
     d0, db, dc = (float(c) for c in coef)
     return DraftTiming(d0, db, dc, tuple(points), err)
@@ -288,15 +318,18 @@ class DraftTimedCostModel:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r}, {self.timing!r})"
 
+    @public(error=BudgetError, tree_size=integer(1, MAX_TREE_SIZE))
     def step_cost(self, tree_size: int, load: StepLoad) -> StepCost:
         c = self.inner.step_cost(tree_size, load)
         return StepCost(self.timing.seconds(*_draft_load(load)), c.prep_s, c.verify_s, c.breakdown)
 
+    @public(error=BudgetError, max_tree_size=integer(1, MAX_TREE_SIZE))
     def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
         c = self.inner.cost_curve(max_tree_size, load)
         draft = self.timing.seconds(*_draft_load(load))
         return CostCurve(draft, c.prep_s, c.verify_s, c.ar_step_s)
 
+    @public(error=BudgetError, tree_size=integer(1, MAX_TREE_SIZE))
     def observe(self, tree_size: int, load: StepLoad, verify_s: float) -> None:
         self.inner.observe(tree_size, load, verify_s)
 

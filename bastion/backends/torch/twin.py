@@ -208,11 +208,7 @@ def _usable(policies: Sequence[str], beliefs: dict[str, Any]) -> list[str]:
     ]
 
 
-@public(
-    batch_sizes=integer(1, 1 << 12),
-    repeats=integer(1, 100),
-    max_new_tokens=integer(2, 1 << 16),
-)
+@public(repeats=integer(1, 100), max_new_tokens=integer(2, 1 << 16))
 def measure_truth(
     target: Any,
     drafter_dir: Path,
@@ -228,6 +224,10 @@ def measure_truth(
     """Time this machine's costs on calibration prompts and fit them (no predicted runs):
     ``policies`` decode ``calibration_ids`` in lockstep at each batch size, then a prefill sweep.
     ``beliefs``: the cost model of each cost-model policy (those without one are left out)."""
+    if not batch_sizes or not all(
+        isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 1 << 12 for b in batch_sizes
+    ):
+        raise BudgetError(f"batch sizes must be whole numbers in [1, 4096]; got {batch_sizes!r}")
     start = time.perf_counter()
     clock = device_clock(next(target.parameters()).device)
     beliefs = beliefs or {}
@@ -354,8 +354,10 @@ def run_twin(
 
     if not policies or policies[0] != "ar":
         raise BudgetError("the twin's policies must start with 'ar' (the speedups' baseline)")
-    if not batch_sizes or min(batch_sizes) < 1:
-        raise BudgetError(f"batch sizes must be ≥ 1; got {list(batch_sizes)}")
+    if not batch_sizes or not all(
+        isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 1 << 12 for b in batch_sizes
+    ):
+        raise BudgetError(f"batch sizes must be whole numbers in [1, 4096]; got {batch_sizes!r}")
     if hardware is None:
         raise ConfigError("run_twin needs the device's hardware profile (hardware=)")
     beliefs = beliefs or {}

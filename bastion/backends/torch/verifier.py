@@ -51,7 +51,7 @@ from torch.nn import functional as F
 from bastion.acceptance import WalkResult, greedy_walk, walk
 from bastion.batch import BatchVerifyResult, StepRequests, TreeBatch
 from bastion.errors import BackendError, BudgetError, ConfigError
-from bastion.guard import has, public
+from bastion.guard import each, has, integer, public
 from bastion.interfaces import VerifyResult
 from bastion.tree import DraftTree, ancestor_matrix
 
@@ -61,6 +61,16 @@ from .sampling import SamplingParams, sample_token
 __all__ = ["TargetFeedback", "TorchVerifier", "VerifyTiming", "check_croppable"]
 
 log = logging.getLogger(__name__)
+
+
+def _tapped_layers(value: object) -> str | None:
+    """a non-empty list of [batch, tokens, hidden] tensors"""
+    ok = (
+        isinstance(value, list | tuple)
+        and len(value) > 0
+        and all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in value)
+    )
+    return None if ok else _tapped_layers.__doc__
 
 
 class TargetFeedback:
@@ -87,6 +97,13 @@ class TargetFeedback:
         self.start = int(start)
 
     @classmethod
+    @public(
+        error=BackendError,
+        layers=_tapped_layers,
+        rows=each(integer(lo=0)),
+        batch_row=integer(lo=0),
+        start=integer(lo=0),
+    )
     def tapped(
         cls, layers: list[torch.Tensor], rows: list[int], batch_row: int, start: int
     ) -> TargetFeedback:

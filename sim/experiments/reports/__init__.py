@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from bastion.errors import UnknownNameError
 from bastion.guard import public
 from bastion.sim.reporting import Row, mean_over_seeds, seed_count
 
@@ -55,6 +56,8 @@ POOLS_SEEDS = frozenset({"generic", "controller-regret"})
 @public
 def summary(name: str, rows: list[Row], out: Path) -> str:
     """The report ``name``'s text for an experiment's rows (see the module docstring on seeds)."""
+    if name not in REPORTS:
+        raise UnknownNameError(f"unknown report {name!r}; known: {', '.join(sorted(REPORTS))}")
     if name in POOLS_SEEDS or seed_count(rows) <= 1:
         return REPORTS[name](rows, out)
     text = REPORTS[name](mean_over_seeds(rows), out)
