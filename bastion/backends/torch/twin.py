@@ -62,7 +62,7 @@ TWIN_POLICIES: tuple[str, ...] = ("ar", "chain", "fixed:16", "fixed:32", "fixed:
 TWIN_POLICIES += ("bastion:paper", "bastion")
 # what the truth is timed with: every step kind, tree sizes 2 … 128, both controllers
 CALIBRATION_POLICIES: tuple[str, ...] = ("ar", "chain", "fixed:2", "fixed:4", "fixed:8")
-CALIBRATION_POLICIES += ("fixed:16", "fixed:32", "fixed:64", "fixed:128", "beam:2x8")
+CALIBRATION_POLICIES += ("fixed:16", "fixed:32", "fixed:64", "fixed:128", "beam:2x8", "beam:8x8")
 CALIBRATION_POLICIES += ("bastion:paper", "bastion")
 CALIBRATION_TOKENS = 32  # new tokens per calibration prompt
 PREFILL_LENGTHS = (16, 32, 64, 96, 128, 192, 256)  # prompt lengths of the prefill sweep
