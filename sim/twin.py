@@ -23,6 +23,7 @@ What this module does not do: run models (the torch side does) or fit truths
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +55,10 @@ __all__ = [
     "with_speedups",
 ]
 
+# two identical AR contenders in lockstep read this far apart by the median TPOT over requests
+# (95th percentile, benchmarks/bench_lockstep_noise.py, docs/benchmarks.md): policies closer
+# than this in the real run are not ranked against each other
+RANK_BAND = 0.039
 WHOLE_PROMPT = 1 << 30  # prefill chunk: every prompt prefilled in one piece, as the real loop
 
 # the fields compared, with how each is shown: (field, label, scale, format)
@@ -308,10 +313,27 @@ def format_comparison(entries: Sequence[Mapping[str, Any]], against: str = "real
     return "\n".join(lines)
 
 
+def _ranking(entries: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Pairs of policies (same batch size) ranked by TPOT: how many the real run separates by
+    more than :data:`RANK_BAND`, and how many of those the other source ranks the other way."""
+    ranked = flipped = 0
+    for a, b in itertools.combinations(entries, 2):
+        if a["batch_size"] != b["batch_size"]:
+            continue
+        ra, rb = a["tpot_p50_s_real"], b["tpot_p50_s_real"]
+        if abs(ra / rb - 1.0) < RANK_BAND:
+            continue
+        ranked += 1
+        flipped += (ra < rb) != (a["tpot_p50_s"] < b["tpot_p50_s"])
+    return {"ranked_pairs": float(ranked), "ranking_flips": float(flipped)}
+
+
 @public
 def summary(entries: Sequence[Mapping[str, Any]], source: str = "sim") -> dict[str, float]:
     """The twin's headline numbers for one source: worst and mean |error| of the speedup over
-    AR (policies other than AR) and of the median TPOT, and the worst decision-mix gap."""
+    AR (policies other than AR) and of the median TPOT, the worst decision-mix gap, and the
+    pairs of policies the real run ranks apart (by more than :data:`RANK_BAND`) and how many of
+    them the source ranks the other way."""
     _check_entries(entries, "real")
     mine = [e for e in entries if e["source"] == source]
     speed = [abs(e["speedup_error"]) for e in mine if e["policy"] != "ar"]
@@ -319,6 +341,7 @@ def summary(entries: Sequence[Mapping[str, Any]], source: str = "sim") -> dict[s
     mix = [abs(e[f"share_{k}_error"]) for e in mine for k in ("ar", "chain", "tree")]
     nan = math.nan
     return {
+        **_ranking(mine),
         "speedup_error_max": max(speed, default=nan),
         "speedup_error_mean": statistics.fmean(speed) if speed else nan,
         "tpot_error_max": max(tpot, default=nan),

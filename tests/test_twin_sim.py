@@ -194,3 +194,21 @@ def test_prompts_are_prefilled_alone_one_after_another_as_the_real_loop_does(
     assert ttft[0] == pytest.approx(p[0])
     assert ttft[1] == pytest.approx(p[0] + p[1])  # the second waits for the first's prefill
     assert run.prefill_s == pytest.approx(sum(p))
+
+
+def test_rankings_count_only_pairs_the_real_run_separates() -> None:
+    from bastion.sim.twin import RANK_BAND, _ranking
+
+    def entry(policy: str, real: float, sim: float) -> dict[str, object]:
+        return {"policy": policy, "batch_size": 1, "tpot_p50_s_real": real, "tpot_p50_s": sim}
+
+    apart = 1.0 + 2 * RANK_BAND
+    close = 1.0 + RANK_BAND / 2
+    # a pair the real run separates, ranked the other way by the simulator: a flip
+    assert _ranking([entry("a", 1.0, 1.0), entry("b", apart, 0.9)]) == {
+        "ranked_pairs": 1.0,
+        "ranking_flips": 1.0,
+    }
+    # … the same order: no flip; a pair within the noise band: not ranked at all
+    assert _ranking([entry("a", 1.0, 1.0), entry("b", apart, 1.2)])["ranking_flips"] == 0.0
+    assert _ranking([entry("a", 1.0, 1.0), entry("b", close, 0.9)])["ranked_pairs"] == 0.0

@@ -109,6 +109,10 @@ def run_twin_cmd(args: argparse.Namespace) -> int:
     calibration = _prompts(
         args.calibration_prompts, CALIBRATION_PROMPTS_FILE, "calibration prompts"
     )
+    from bastion.backends.torch.twin import CALIBRATION_PROMPTS
+
+    # the shipped file: its first few (each decoded as long as a predicted prompt); yours: all
+    limit = len(calibration) if args.calibration_prompts else CALIBRATION_PROMPTS
     overlap = set(texts) & set(calibration)
     if overlap and truth is None:
         raise ConfigError(
@@ -123,7 +127,7 @@ def run_twin_cmd(args: argparse.Namespace) -> int:
         target,
         drafter_dir,
         [list(tokenizer(t)["input_ids"]) for t in texts],
-        [list(tokenizer(t)["input_ids"]) for t in calibration],
+        [list(tokenizer(t)["input_ids"]) for t in calibration[:limit]],
         policies=policies,
         batch_sizes=sizes,
         max_new_tokens=args.max_new_tokens,
@@ -182,7 +186,8 @@ def _print(result: Any, table: str, n: int, args: argparse.Namespace) -> None:
             f"{source}: speedup over AR off by {s['speedup_error_mean'] * 100:.1f} % on average, "
             f"{s['speedup_error_max'] * 100:.1f} % at worst; TPOT off by "
             f"{s['tpot_error_mean'] * 100:.1f} % on average, {s['tpot_error_max'] * 100:.1f} % at "
-            f"worst; decision mix within {s['mix_gap_max'] * 100:.0f} points"
+            f"worst; decision mix within {s['mix_gap_max'] * 100:.0f} points; ranking: "
+            f"{int(s['ranking_flips'])} of {int(s['ranked_pairs'])} pairs flipped"
         )
     exact = [e for e in result.entries if e["source"] == "sim" and e["policy"] != "ar"]
     fixed = [e for e in exact if not e["policy"].startswith("bastion")]
@@ -259,6 +264,10 @@ def run_truth_measure(args: argparse.Namespace) -> int:
     from bastion.demo import CALIBRATION_PROMPTS_FILE
 
     texts = _prompts(args.prompts, CALIBRATION_PROMPTS_FILE, "--prompts")
+    if not args.prompts:
+        from bastion.backends.torch.twin import CALIBRATION_PROMPTS
+
+        texts = texts[:CALIBRATION_PROMPTS]
     say = _say(args.progress if args.progress is not None else sys.stderr.isatty())
     target, tokenizer, drafter_dir, _ = _load(args)
     beliefs = _beliefs(target, drafter_dir, CALIBRATION_POLICIES, say)

@@ -64,7 +64,10 @@ TWIN_POLICIES += ("bastion:paper", "bastion")
 CALIBRATION_POLICIES: tuple[str, ...] = ("ar", "chain", "fixed:2", "fixed:4", "fixed:8")
 CALIBRATION_POLICIES += ("fixed:16", "fixed:32", "fixed:64", "fixed:128", "beam:2x8", "beam:8x8")
 CALIBRATION_POLICIES += ("bastion:paper", "bastion")
-CALIBRATION_TOKENS = 32  # new tokens per calibration prompt
+# new tokens per calibration prompt (measure_truth; the twin times the machine over the
+# predicted runs' own length, so that its contexts span theirs), and how many prompts
+CALIBRATION_TOKENS = 96
+CALIBRATION_PROMPTS = 4
 PREFILL_LENGTHS = (16, 32, 64, 96, 128, 192, 256)  # prompt lengths of the prefill sweep
 
 
@@ -336,7 +339,7 @@ def run_twin(
     unmeasured: dict[str, GroundTruth] | None = None,
     n_max: int = 1024,
     calibration_policies: Sequence[str] = CALIBRATION_POLICIES,
-    calibration_tokens: int = CALIBRATION_TOKENS,
+    calibration_tokens: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> TwinResult:
     """Decode for real, time the machine (unless ``truth`` is given), replay in the simulator.
@@ -345,8 +348,10 @@ def run_twin(
     learning controller's is copied per run). ``hardware``: the device's profile for the
     simulator's roofline parts (the measured truth does not use them) and for ``unmeasured``,
     the truths predicted without measuring (name → truth), each replayed like the measured one.
-    ``calibration_policies`` decode ``calibration_ids`` (``calibration_tokens`` new tokens each)
-    to time the machine; the cost-model policies among them need a belief.
+    ``calibration_policies`` decode ``calibration_ids`` to time the machine, each for
+    ``calibration_tokens`` new tokens (default: ``max_new_tokens``, so that the calibration's
+    contexts span the predicted runs' — a context term fitted on a narrower range extrapolates
+    badly); the cost-model policies among them need a belief.
     """
     from bastion.cost.models import DrafterSpec
 
@@ -368,6 +373,12 @@ def run_twin(
     real: dict[int, list[BatchGenerationReport]] = {}
     timing: list[BatchGenerationReport] = []
     eval_work = len(prompt_ids) * max_new_tokens
+    if calibration_tokens is None:
+        calibration_tokens = max_new_tokens
+    if isinstance(calibration_tokens, bool) or not isinstance(calibration_tokens, int):
+        raise BudgetError(f"calibration_tokens must be a whole number; got {calibration_tokens!r}")
+    if not 2 <= calibration_tokens <= 1 << 16:
+        raise BudgetError(f"calibration_tokens must be in [2, 65536]; got {calibration_tokens}")
     cal_work = len(calibration_ids) * calibration_tokens
     for b in batch_sizes:
         sessions, clocks = _sessions(
