@@ -95,6 +95,7 @@ class StepSample:
     forward_s: float = 0.0
     accept_s: float = 0.0
     commit_s: float = 0.0
+    run: int = 0  # which timed run of its session the step belongs to (0: the first)
 
     def __post_init__(self) -> None:
         for name, value, accepted in (
@@ -118,6 +119,8 @@ class StepSample:
         object.__setattr__(self, "contexts", contexts)
         for name in ("draft_s", "build_s", "verify_s", "other_s", *STAGES):
             object.__setattr__(self, name, _seconds(getattr(self, name), f"step sample {name}"))
+        if isinstance(self.run, bool) or not isinstance(self.run, int) or self.run < 0:
+            raise ConfigError(f"step sample run must be a whole number ≥ 0; got {self.run!r:.40}")
         staged = sum(getattr(self, name) for name in STAGES)
         if staged > 0 and abs(staged - self.verify_s) > 1e-6 + 1e-3 * self.verify_s:
             raise ConfigError(
@@ -157,6 +160,7 @@ class StepSample:
             "other_s": self.other_s,
             "builder": self.builder,
             **{name: getattr(self, name) for name in STAGES},
+            "run": self.run,
         }
 
     @classmethod
@@ -165,10 +169,10 @@ class StepSample:
             raise ConfigError(f"a step sample must be an object; got {data!r:.80}")
         keys = {"kind", "preparation", "control", "sizes", "contexts"}
         keys |= {"draft_s", "build_s", "verify_s", "other_s"}
-        if not keys <= set(data) <= keys | {"builder", *STAGES}:
+        if not keys <= set(data) <= keys | {"builder", "run", *STAGES}:
             raise ConfigError(
                 f"a step sample needs the keys {sorted(keys)} (and optionally 'builder', "
-                f"{', '.join(STAGES)})"
+                f"'run', {', '.join(STAGES)})"
             )
         return cls(**data)
 

@@ -44,6 +44,7 @@ What this module does not do: measure (the real backend does), or decide anythin
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -509,6 +510,51 @@ class MeasuredCosts:
         for n, c in zip(tokens, contexts, strict=True):
             total += self.prefill(c + n) - (self.prefill(c) if c > 0 else 0.0)
         return total
+
+    def step_s(self, sample: StepSample) -> float:
+        """What this truth says ``sample``'s whole step costs (draft, host, loop, verify)."""
+        kind, sizes, ctx = sample.kind, sample.sizes, sample.contexts
+        draft = (
+            0.0
+            if kind == "ar"
+            else self.draft_s("topk" if sample.preparation == "topk" else "argmax", ctx)
+        )
+        build, loop = self.host_s(kind, sample.control, sizes, sample.builder)
+        return draft + build + loop + self.verify_s(kind, sizes, ctx)
+
+    def scaled(self, factor: float) -> MeasuredCosts:
+        """This truth on a machine ``factor`` times as slow: every term × ``factor``."""
+        if isinstance(factor, bool) or not (_finite(factor) and float(factor) > 0):
+            raise ConfigError(f"a speed factor must be a finite number > 0; got {factor!r:.40}")
+        f = float(factor)
+
+        def curve(c: Curve) -> Curve:
+            return Curve(c.knots, tuple(v * f for v in c.values))
+
+        def host(t: HostTerm) -> HostTerm:
+            return HostTerm(t.step_s * f, t.request_s * f, t.node_s * f, t.samples)
+
+        return dataclasses.replace(
+            self,
+            verify={
+                k: VerifyTerm(
+                    curve(t.pass_s), t.row_s * f, t.attention_s * f, t.cache_s * f, t.samples
+                )
+                for k, t in self.verify.items()
+            },
+            draft={
+                k: DraftTerm(curve(t.pass_s), t.context_s * f, t.samples)
+                for k, t in self.draft.items()
+            },
+            host={k: host(t) for k, t in self.host.items()},
+            loop={k: host(t) for k, t in self.loop.items()},
+            prefill=PrefillTerm(
+                self.prefill.pass_s * f,
+                self.prefill.token_s * f,
+                self.prefill.token2_s * f,
+                self.prefill.samples,
+            ),
+        )
 
     # -- files ---------------------------------------------------------------------------
 

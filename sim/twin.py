@@ -195,6 +195,7 @@ def replay(
     n_max: int = 1024,
     seed: int = 0,
     repeats: int = 1,
+    speeds: Sequence[float] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[TwinRow]:
     """Serve the traced requests with every policy on the simulated GPU; one row each.
@@ -205,7 +206,13 @@ def replay(
     copied per run). Every request arrives at time 0; at most ``batch_size`` are served at once,
     in order, each prompt prefilled whole. ``repeats`` runs of them (each its own noise seed),
     pooled as the real report pools its timed runs; a learning controller keeps its learner
-    from one run to the next, as it does for real."""
+    from one run to the next, as it does for real. ``speeds`` (a measured truth only): run r
+    on a machine ``speeds[r]`` times as slow (the real machine's speed during its run r)."""
+    if speeds is not None:
+        if truth.measured is None:
+            raise ConfigError("speeds need a measured truth (they scale its terms)")
+        if len(speeds) != repeats:
+            raise ConfigError(f"{len(speeds)} speeds for {repeats} runs; give one per run")
     if not traces:
         raise ConfigError("twin replay needs at least one trace (one per request)")
     if not all(isinstance(t, Trace) for t in traces):
@@ -224,7 +231,13 @@ def replay(
             belief = copy()  # a learner of its own, from the same start-up table
         runs = []
         for r in range(repeats):
-            gpu = SimulatedGPU(hardware, model, drafter, truth, seed=seed + r, max_tree_size=n_max)
+            run_truth = truth
+            if speeds is not None and truth.measured is not None:
+                scaled = truth.measured.scaled(speeds[r])
+                run_truth = dataclasses.replace(truth, measured=scaled)
+            gpu = SimulatedGPU(
+                hardware, model, drafter, run_truth, seed=seed + r, max_tree_size=n_max
+            )
             served = serve(
                 policy,
                 gpu,

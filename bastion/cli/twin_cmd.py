@@ -189,6 +189,13 @@ def _print(result: Any, table: str, n: int, args: argparse.Namespace) -> None:
             f"worst; decision mix within {s['mix_gap_max'] * 100:.0f} points; ranking: "
             f"{int(s['ranking_flips'])} of {int(s['ranked_pairs'])} pairs flipped"
         )
+    if result.speeds:
+        speeds = "; ".join(
+            f"B = {b}: " + ", ".join(f"{x:.3f}" for x in v) for b, v in result.speeds.items()
+        )
+        print(
+            f"the machine's speed in each run (its time ÷ the truth's, calibration steps): {speeds}"
+        )
     exact = [e for e in result.entries if e["source"] == "sim" and e["policy"] != "ar"]
     fixed = [e for e in exact if not e["policy"].startswith("bastion")]
     same = sum(e["committed_exact"] for e in fixed)

@@ -500,10 +500,12 @@ def _decoding(
     max_new_tokens: int,
     eos: frozenset[int],
     clock: Clock,
+    run: int = 0,
 ) -> Generator[bool, None, _Run]:
     """Decode every prompt, at most ``batch_size`` at a time, one ``engine.step`` per step;
     yields after every step (the caller may run others' steps in between: :mod:`.lockstep`;
-    :func:`_finish` runs it through) and returns the run."""
+    :func:`_finish` runs it through) and returns the run (``run``: its index among the timed
+    runs, recorded in its step samples)."""
     for part in (verifier, drafter):
         release_all = getattr(part, "release_all", None)
         if release_all is not None:
@@ -625,6 +627,7 @@ def _decoding(
                 max(clock() - begin - step.draft_s - step.build_s - step.verify_s, 0.0),
                 builder if step.kind == "tree" else "",
                 *split,
+                run,
             )
         )
         yield False  # a step done (not the start of timing: see _session)
@@ -842,7 +845,7 @@ def _session(
         part = recorder if (recorder is not None and r == 0) else used
         engine = SpecEngine(part, pol, verifier, cost_model, clock)
         decoding = _decoding(
-            engine, verifier, used, prompts, batch_size, max_new_tokens, eos, clock
+            engine, verifier, used, prompts, batch_size, max_new_tokens, eos, clock, r
         )
         runs.append((yield from decoding))  # yields False after every step
         if on_run is not None:

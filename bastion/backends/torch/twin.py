@@ -86,6 +86,9 @@ class TwinResult:
     traces: list[Trace] = field(default_factory=list)  # what was replayed (dense)
     # every predicted run's steps, by (policy, batch size): what the real columns summarise
     real_samples: dict[tuple[str, int], list[StepSample]] = field(default_factory=dict)
+    # the machine's speed in each timed run (batch size → one factor per run), from the
+    # calibration steps taken during it; the replay of run r runs at its factor
+    speeds: dict[int, list[float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,6 +98,7 @@ class TwinResult:
             "identical": self.identical,
             "seconds": self.seconds,
             "truth": self.truth.name,
+            "speeds": {str(b): v for b, v in self.speeds.items()},
             "stall_share": (
                 self.truth.measured.meta.get("stall_share") if self.truth.measured else None
             ),
@@ -193,6 +197,31 @@ def _fit(
         "seconds": round(seconds, 1),
     }
     return fit_measured(steps, prefills, meta)
+
+
+def _speeds(
+    costs: MeasuredCosts, timing_at: dict[int, list[BatchGenerationReport]], repeats: int
+) -> dict[int, list[float]]:
+    """The machine's speed in each timed run, from the calibration steps taken during it: per
+    batch size and run, the median of their measured time over what ``costs`` says, relative to
+    the median over all of them (1: the truth's own average machine; 1.1: 10 % slower). The
+    calibration sessions progress in proportion to the predicted runs (lockstep weights), so
+    their run r is timed while the predicted runs' run r is."""
+    ratios: dict[tuple[int, int], list[float]] = {}
+    for b, reports in timing_at.items():
+        for report in reports:
+            for s in report.samples:
+                predicted = costs.step_s(s)
+                if predicted > 0:
+                    ratios.setdefault((b, s.run), []).append(s.cycle_s / predicted)
+    every = [x for v in ratios.values() for x in v]
+    if not every:
+        return {}
+    mid = float(np.median(every))
+    return {
+        b: [float(np.median(ratios.get((b, r), [mid]))) / mid for r in range(repeats)]
+        for b in timing_at
+    }
 
 
 def measured_truth(costs: MeasuredCosts, name: str = "measured") -> GroundTruth:
@@ -372,6 +401,7 @@ def run_twin(
     measuring = truth is None
     real: dict[int, list[BatchGenerationReport]] = {}
     timing: list[BatchGenerationReport] = []
+    timing_at: dict[int, list[BatchGenerationReport]] = {}
     eval_work = len(prompt_ids) * max_new_tokens
     if calibration_tokens is None:
         calibration_tokens = max_new_tokens
@@ -419,18 +449,21 @@ def run_twin(
             )
         reports = lockstep(sessions, clocks, weights)
         real[b] = reports[: len(policies)]
-        timing += reports[len(policies) :]
+        timing_at[b] = reports[len(policies) :]
+        timing += timing_at[b]
     seconds["real_s"] = time.perf_counter() - start
     if measuring:
         t0 = time.perf_counter()
         prefills = _prefill_sweep(target, calibration_ids[0], repeats + 1)
         device = str(next(target.parameters()).device)
         truth = measured_truth(_fit(timing, prefills, seconds["real_s"], device))
+        assert truth.measured is not None
+        speeds = _speeds(truth.measured, timing_at, repeats)
         samples = [s for r in timing for s in r.samples]
         prefills = prefills + [p for r in timing for p in r.prefills]
         seconds["truth_s"] = time.perf_counter() - t0
     else:
-        samples, prefills = [], []
+        samples, prefills, speeds = [], [], {}
     # what ran: AR's outputs (every policy's, if lossless), with the drafter's marginals
     first = real[batch_sizes[0]][0]
     outputs = [r.output_ids for r in first.records]
@@ -464,6 +497,7 @@ def run_twin(
                 source=source,
                 n_max=n_max,
                 repeats=repeats,
+                speeds=speeds.get(b) if source == "sim" else None,
                 progress=progress,
             )
     seconds["sim_s"] = time.perf_counter() - t0
@@ -485,6 +519,7 @@ def run_twin(
             for b, reports in real.items()
             for p, r in zip(policies, reports, strict=True)
         },
+        speeds,
     )
 
 
