@@ -524,7 +524,11 @@ class MeasuredCosts:
 
     def scaled(self, factor: float) -> MeasuredCosts:
         """This truth on a machine ``factor`` times as slow: every term × ``factor``."""
-        if isinstance(factor, bool) or not (_finite(factor) and float(factor) > 0):
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, int | float)
+            or not (_finite(factor) and float(factor) > 0)
+        ):
             raise ConfigError(f"a speed factor must be a finite number > 0; got {factor!r:.40}")
         f = float(factor)
 

@@ -297,3 +297,23 @@ def test_the_verifiers_stages_get_terms_of_their_own() -> None:
     assert set(fit_measured(steps, prefills).verify) == {"ar", "chain", "tree"}
     with pytest.raises(ConfigError, match="add up"):
         dataclasses.replace(steps[0], mask_s=1.0, forward_s=1.0)
+
+
+def test_a_scaled_truth_is_the_same_machine_slower(fitted: MeasuredCosts) -> None:
+    slow = fitted.scaled(1.25)
+    for kind, n in [("ar", 1), ("chain", 16), ("tree", 40)]:
+        assert slow.verify_s(kind, [n] * 3, [90, 120, 150]) == pytest.approx(
+            1.25 * fitted.verify_s(kind, [n] * 3, [90, 120, 150])
+        )
+    assert slow.draft_s("topk", [100, 140]) == pytest.approx(
+        1.25 * fitted.draft_s("topk", [100, 140])
+    )
+    assert sum(slow.host_s("tree", "decide", [9])) == pytest.approx(
+        1.25 * sum(fitted.host_s("tree", "decide", [9]))
+    )
+    assert slow.prefill_s([64], [0]) == pytest.approx(1.25 * fitted.prefill_s([64], [0]))
+    sample = make_samples()[0][-1]
+    assert slow.step_s(sample) == pytest.approx(1.25 * fitted.step_s(sample))
+    for bad in (0.0, -1.0, math.inf, True, "2"):
+        with pytest.raises(ConfigError, match="speed factor"):
+            fitted.scaled(bad)  # type: ignore[arg-type]

@@ -212,3 +212,23 @@ def test_rankings_count_only_pairs_the_real_run_separates() -> None:
     # … the same order: no flip; a pair within the noise band: not ranked at all
     assert _ranking([entry("a", 1.0, 1.0), entry("b", apart, 1.2)])["ranking_flips"] == 0.0
     assert _ranking([entry("a", 1.0, 1.0), entry("b", close, 0.9)])["ranked_pairs"] == 0.0
+
+
+def test_each_replayed_run_runs_at_its_measured_speed(setting: dict[str, object]) -> None:
+    m = setting["measured"]
+    assert isinstance(m, MeasuredCosts)
+    truth = GroundTruth(name="m", noise=0.0, measured=m)
+    kw = dict(
+        batch_size=1,
+        hardware=setting["hardware"],
+        model=setting["model"],
+        drafter=setting["drafter"],
+        truth=truth,
+        repeats=2,
+    )
+    even = replay(setting["traces"], ("fixed:8",), speeds=[1.0, 1.0], **kw)[0]  # type: ignore[arg-type]
+    slow = replay(setting["traces"], ("fixed:8",), speeds=[1.0, 1.5], **kw)[0]  # type: ignore[arg-type]
+    assert slow.request_tpots[0] == pytest.approx(even.request_tpots[0])
+    assert np.array(slow.request_tpots[1]) == pytest.approx(1.5 * np.array(even.request_tpots[1]))
+    with pytest.raises(ConfigError, match="one per run"):
+        replay(setting["traces"], ("fixed:8",), speeds=[1.0], **kw)  # type: ignore[arg-type]

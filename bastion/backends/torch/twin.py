@@ -203,23 +203,24 @@ def _speeds(
     costs: MeasuredCosts, timing_at: dict[int, list[BatchGenerationReport]], repeats: int
 ) -> dict[int, list[float]]:
     """The machine's speed in each timed run, from the calibration steps taken during it: per
-    batch size and run, the median of their measured time over what ``costs`` says, relative to
-    the median over all of them (1: the truth's own average machine; 1.1: 10 % slower). The
-    calibration sessions progress in proportion to the predicted runs (lockstep weights), so
-    their run r is timed while the predicted runs' run r is."""
-    ratios: dict[tuple[int, int], list[float]] = {}
+    batch size and run, their measured time over what ``costs`` says of them, stalls included
+    (1: the truth's machine; 1.1: 10 % slower, or stalled for 10 % more). The truth is fitted
+    without the stalls; a busy spell of the machine slows every policy's steps of that run, the
+    predicted ones too, so the replay of that run pays for it as well. The calibration sessions
+    progress in proportion to the predicted runs (lockstep weights), so their run r is timed
+    while the predicted runs' run r is."""
+    sums: dict[tuple[int, int], list[float]] = {}
     for b, reports in timing_at.items():
         for report in reports:
             for s in report.samples:
-                predicted = costs.step_s(s)
-                if predicted > 0:
-                    ratios.setdefault((b, s.run), []).append(s.cycle_s / predicted)
-    every = [x for v in ratios.values() for x in v]
-    if not every:
-        return {}
-    mid = float(np.median(every))
+                total = sums.setdefault((b, s.run), [0.0, 0.0])
+                total[0] += s.cycle_s
+                total[1] += costs.step_s(s)
     return {
-        b: [float(np.median(ratios.get((b, r), [mid]))) / mid for r in range(repeats)]
+        b: [
+            sums[(b, r)][0] / sums[(b, r)][1] if sums.get((b, r), [0, 0])[1] > 0 else 1.0
+            for r in range(repeats)
+        ]
         for b in timing_at
     }
 
