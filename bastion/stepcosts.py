@@ -96,6 +96,7 @@ class StepSample:
     accept_s: float = 0.0
     commit_s: float = 0.0
     run: int = 0  # which timed run of its session the step belongs to (0: the first)
+    at: float = 0.0  # when it began, on the machine's monotonic clock (s; 0: not recorded)
 
     def __post_init__(self) -> None:
         for name, value, accepted in (
@@ -121,6 +122,7 @@ class StepSample:
             object.__setattr__(self, name, _seconds(getattr(self, name), f"step sample {name}"))
         if isinstance(self.run, bool) or not isinstance(self.run, int) or self.run < 0:
             raise ConfigError(f"step sample run must be a whole number ≥ 0; got {self.run!r:.40}")
+        object.__setattr__(self, "at", _seconds(self.at, "step sample at"))
         staged = sum(getattr(self, name) for name in STAGES)
         if staged > 0 and abs(staged - self.verify_s) > 1e-6 + 1e-3 * self.verify_s:
             raise ConfigError(
@@ -161,6 +163,7 @@ class StepSample:
             "builder": self.builder,
             **{name: getattr(self, name) for name in STAGES},
             "run": self.run,
+            "at": self.at,
         }
 
     @classmethod
@@ -169,10 +172,10 @@ class StepSample:
             raise ConfigError(f"a step sample must be an object; got {data!r:.80}")
         keys = {"kind", "preparation", "control", "sizes", "contexts"}
         keys |= {"draft_s", "build_s", "verify_s", "other_s"}
-        if not keys <= set(data) <= keys | {"builder", "run", *STAGES}:
+        if not keys <= set(data) <= keys | {"builder", "run", "at", *STAGES}:
             raise ConfigError(
                 f"a step sample needs the keys {sorted(keys)} (and optionally 'builder', "
-                f"'run', {', '.join(STAGES)})"
+                f"'run', 'at', {', '.join(STAGES)})"
             )
         return cls(**data)
 

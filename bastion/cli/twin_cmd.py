@@ -322,7 +322,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--policy", action="append", default=[], help="default: every built-in")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per policy (lockstep)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per policy (lockstep)")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs per policy")
     p.add_argument("--truth", metavar="FILE", help="a truth instead of timing this machine")
     p.add_argument("--json", action="store_true", help="one record per policy, batch and source")

@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import statistics
+import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -554,6 +555,7 @@ def _decoding(
         if not active:
             continue
         begin = clock()
+        at = time.perf_counter()  # the machine's time (the turn clock counts only its turns)
         requests = StepRequests.of(
             [live.index for live in active],
             [len(live.committed) - 1 for live in active],
@@ -628,6 +630,7 @@ def _decoding(
                 builder if step.kind == "tree" else "",
                 *split,
                 run,
+                at,
             )
         )
         yield False  # a step done (not the start of timing: see _session)

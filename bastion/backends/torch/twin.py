@@ -200,22 +200,32 @@ def _fit(
 
 
 def _speeds(
-    costs: MeasuredCosts, timing_at: dict[int, list[BatchGenerationReport]], repeats: int
+    costs: MeasuredCosts,
+    timing_at: dict[int, list[BatchGenerationReport]],
+    real: dict[int, list[BatchGenerationReport]],
+    repeats: int,
 ) -> dict[int, list[float]]:
     """The machine's speed in each timed run, from the calibration steps taken during it: per
     batch size and run, their measured time over what ``costs`` says of them, stalls included
     (1: the truth's machine; 1.1: 10 % slower, or stalled for 10 % more). The truth is fitted
     without the stalls; a busy spell of the machine slows every policy's steps of that run, the
-    predicted ones too, so the replay of that run pays for it as well. The calibration sessions
-    progress in proportion to the predicted runs (lockstep weights), so their run r is timed
-    while the predicted runs' run r is."""
+    predicted ones too, so the replay of that run pays for it as well. Run r is the span of
+    the machine's time from the first step of any predicted session's run r to the last (each
+    step records when it began); the calibration steps taken in it are its measure."""
     sums: dict[tuple[int, int], list[float]] = {}
     for b, reports in timing_at.items():
+        spans = []
+        for r in range(repeats):
+            times = [s.at for rep in real[b] for s in rep.samples if s.run == r]
+            spans.append((min(times), max(times)) if times else (math.inf, -math.inf))
         for report in reports:
             for s in report.samples:
-                total = sums.setdefault((b, s.run), [0.0, 0.0])
-                total[0] += s.cycle_s
-                total[1] += costs.step_s(s)
+                for r, (lo, hi) in enumerate(spans):
+                    if lo <= s.at <= hi:
+                        total = sums.setdefault((b, r), [0.0, 0.0])
+                        total[0] += s.cycle_s
+                        total[1] += costs.step_s(s)
+                        break
     return {
         b: [
             sums[(b, r)][0] / sums[(b, r)][1] if sums.get((b, r), [0, 0])[1] > 0 else 1.0
@@ -361,7 +371,7 @@ def run_twin(
     policies: Sequence[str] = TWIN_POLICIES,
     batch_sizes: Sequence[int] = (1, 4),
     max_new_tokens: int = 96,
-    repeats: int = 3,
+    repeats: int = 5,
     warmup: int = 1,
     truth: GroundTruth | None = None,
     beliefs: dict[str, Any] | None = None,
@@ -459,7 +469,7 @@ def run_twin(
         device = str(next(target.parameters()).device)
         truth = measured_truth(_fit(timing, prefills, seconds["real_s"], device))
         assert truth.measured is not None
-        speeds = _speeds(truth.measured, timing_at, repeats)
+        speeds = _speeds(truth.measured, timing_at, real, repeats)
         samples = [s for r in timing for s in r.samples]
         prefills = prefills + [p for r in timing for p in r.prefills]
         seconds["truth_s"] = time.perf_counter() - t0
