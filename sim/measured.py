@@ -295,11 +295,6 @@ class VerifyTerm:
             + self.cache_s * r * c
         )
 
-    @staticmethod
-    def features(rows: Array, sizes: Array, contexts: Array) -> Array:
-        r, n, c = rows, sizes, contexts
-        return np.stack([r - 1.0, r * n * (c + n), r * c], axis=1)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "knots": list(self.pass_s.knots),
@@ -613,6 +608,12 @@ def measured_from_dict(data: object, origin: str = "<dict>") -> MeasuredCosts:
 # -- fitting ---------------------------------------------------------------------------------
 
 
+def _verify_features(rows: Array, sizes: Array, contexts: Array) -> Array:
+    """The columns of a verify term beside its curve: R − 1, R·N·(L + N), R·L."""
+    r, n, c = rows, sizes, contexts
+    return np.stack([r - 1.0, r * n * (c + n), r * c], axis=1)
+
+
 def _fit_verify(
     samples: Sequence[StepSample], kind: str, part: str = "verify_s"
 ) -> tuple[VerifyTerm, float, float]:
@@ -622,7 +623,7 @@ def _fit_verify(
     y = np.array([max(getattr(s, part), 1e-9) for s in samples], dtype=np.float64)
     tokens = rows * sizes
     knots = _knots(tokens)
-    extra = VerifyTerm.features(rows, sizes, contexts)
+    extra = _verify_features(rows, sizes, contexts)
     if kind == "ar":
         extra = extra[:, 1:]  # h(R) carries the rows
     coef, sigma, stalls = _nnls(np.hstack([_hats(tokens, knots), extra]), y)
