@@ -240,6 +240,13 @@ def measured_truth(costs: MeasuredCosts, name: str = "measured") -> GroundTruth:
     return GroundTruth(name=name, noise=costs.noise, measured=costs)
 
 
+def _check_batch_sizes(batch_sizes: Sequence[int]) -> None:
+    if not batch_sizes or not all(
+        isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 1 << 12 for b in batch_sizes
+    ):
+        raise BudgetError(f"batch sizes must be whole numbers in [1, 4096]; got {batch_sizes!r}")
+
+
 def _usable(policies: Sequence[str], beliefs: dict[str, Any]) -> list[str]:
     """The calibration policies that can run: a cost-model policy only with its belief."""
     from bastion.policies import make_policy
@@ -267,10 +274,7 @@ def measure_truth(
     """Time this machine's costs on calibration prompts and fit them (no predicted runs):
     ``policies`` decode ``calibration_ids`` in lockstep at each batch size, then a prefill sweep.
     ``beliefs``: the cost model of each cost-model policy (those without one are left out)."""
-    if not batch_sizes or not all(
-        isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 1 << 12 for b in batch_sizes
-    ):
-        raise BudgetError(f"batch sizes must be whole numbers in [1, 4096]; got {batch_sizes!r}")
+    _check_batch_sizes(batch_sizes)
     start = time.perf_counter()
     clock = device_clock(next(target.parameters()).device)
     beliefs = beliefs or {}
@@ -399,10 +403,7 @@ def run_twin(
 
     if not policies or policies[0] != "ar":
         raise BudgetError("the twin's policies must start with 'ar' (the speedups' baseline)")
-    if not batch_sizes or not all(
-        isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= 1 << 12 for b in batch_sizes
-    ):
-        raise BudgetError(f"batch sizes must be whole numbers in [1, 4096]; got {batch_sizes!r}")
+    _check_batch_sizes(batch_sizes)
     if hardware is None:
         raise ConfigError("run_twin needs the device's hardware profile (hardware=)")
     beliefs = beliefs or {}
