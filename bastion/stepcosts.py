@@ -19,10 +19,10 @@ A :class:`StepSample` keeps them with what determines them: the step's kind (``"
 ``"chain"``, ``"tree"``), what its drafter output needed (``"none"``, ``"argmax"``, ``"topk"``),
 whether a controller decided it (``"static"``, ``"decide"``, ``"repeat"``: a step that repeated
 the learning controller's last decision), and every request's tree size and context. A
-:class:`PrefillSample` is one prompt's prefill. :mod:`bastion.sim.measured` fits a truth from
-them.
+:class:`PrefillSample` is one prompt's prefill. :mod:`bastion.sim.measured_fit` fits a truth
+(:mod:`bastion.sim.measured`) from them.
 
-What this module does not do: time anything (the runner does) or fit (:mod:`bastion.sim.measured`).
+What this module does not do: time anything (the runner does) or fit (:mod:`bastion.sim.measured_fit`).
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ from bastion.sim.gpu import GroundTruth, SimulatedGPU
 from bastion.sim.measured import (
     Curve,
     MeasuredCosts,
-    fit_measured,
     measured_from_dict,
     measured_truth_toml,
 )
+from bastion.sim.measured_fit import fit_measured
 from bastion.sim.truth import truth_from_dict
 from bastion.stepcosts import PrefillSample, StepSample
 

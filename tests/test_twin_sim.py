@@ -55,7 +55,7 @@ def synthetic_trace(seed: int, prompt_len: int, out_len: int, hit: float) -> Tra
 
 @pytest.fixture(scope="module")
 def setting() -> dict[str, object]:
-    from bastion.sim.measured import fit_measured
+    from bastion.sim.measured_fit import fit_measured
 
     model = get_model("qwen3-8b")
     measured = fit_measured(*make_samples())

@@ -209,7 +209,7 @@ def _print(result: Any, table: str, n: int, args: argparse.Namespace) -> None:
 
 def _busy(measured: Any) -> None:
     """Say when the machine stalled for a noticeable share of the timing (another process)."""
-    from bastion.sim.measured import BUSY_STALL_SHARE
+    from bastion.sim.measured_fit import BUSY_STALL_SHARE
 
     share = float(measured.meta.get("stall_share", 0.0)) if measured is not None else 0.0
     if share > BUSY_STALL_SHARE:
@@ -253,7 +253,7 @@ def _truth_toml(measured: Any) -> str:
         "measured",
         "this machine, timed by bastion (measured truth: every cost fitted from real steps)",
         {
-            "measured": "fitted by bastion.sim.measured.fit_measured from real steps of the "
+            "measured": "fitted by bastion.sim.measured_fit.fit_measured from real steps of the "
             "calibration policies on calibration prompts disjoint from the predicted ones"
         },
     )

@@ -7,7 +7,7 @@ predicted ones) take their steps between the predicted runs' steps, weighted so 
 over the whole session (the machine's speed drifts by tens of percent over minutes; a truth timed
 before the runs would be timed on another machine). Every calibration step's stages
 (:class:`bastion.stepcosts.StepSample`) and every prefill are fitted into a measured truth
-(:func:`bastion.sim.measured.fit_measured`); the predicted runs' own times are never used for
+(:func:`bastion.sim.measured_fit.fit_measured`); the predicted runs' own times are never used for
 it. Then the simulator replays exactly the requests that ran (:func:`bastion.sim.twin.replay`):
 the same prompts and output lengths, batch sizes and order, at T = 0 the target's recorded tokens
 and the drafter's recorded marginals at every position (dense traces), and the same belief for
@@ -39,7 +39,8 @@ import numpy as np
 from bastion.errors import BudgetError, ConfigError
 from bastion.guard import integer, public
 from bastion.sim.gpu import GroundTruth
-from bastion.sim.measured import MeasuredCosts, fit_measured
+from bastion.sim.measured import MeasuredCosts
+from bastion.sim.measured_fit import fit_measured
 from bastion.sim.twin import TwinRow, compare, replay, summary, with_speedups
 from bastion.stepcosts import PrefillSample, StepSample
 from bastion.trace import Trace
@@ -317,9 +318,9 @@ def _dense_traces(
 
 def bulk_mean(values: Sequence[float]) -> float:
     """The mean of ``values`` without the stalls — those above the median by more than
-    :data:`bastion.sim.measured.STALL_SIGMAS` robust standard deviations of their logs — the
+    :data:`bastion.sim.measured_fit.STALL_SIGMAS` robust standard deviations of their logs — the
     statistic the measured truth fits (what a step costs when the machine does not stall)."""
-    from bastion.sim.measured import STALL_SIGMAS
+    from bastion.sim.measured_fit import STALL_SIGMAS
 
     v = np.asarray(values, dtype=np.float64)
     if not v.size:
