@@ -22,7 +22,8 @@ the learning controller's last decision), and every request's tree size and cont
 :class:`PrefillSample` is one prompt's prefill. :mod:`bastion.sim.measured_fit` fits a truth
 (:mod:`bastion.sim.measured`) from them.
 
-What this module does not do: time anything (the runner does) or fit (:mod:`bastion.sim.measured_fit`).
+What this module does not do: time anything (the runner does) or fit
+(:mod:`bastion.sim.measured_fit`).
 """
 
 from __future__ import annotations

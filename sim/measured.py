@@ -38,8 +38,8 @@ decode pass plus each chunk prefilled alone (a chunk of n tokens over c cached o
 prefill(c + n) − prefill(c)), which is what the real backend does: it prefills each prompt on
 its own before the step.
 
-What this module does not do: measure (the real backend does), fit (:mod:`bastion.sim.measured_fit`) or
-decide anything.
+What this module does not do: measure (the real backend does), fit
+(:mod:`bastion.sim.measured_fit`) or decide anything.
 """
 
 from __future__ import annotations
