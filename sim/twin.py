@@ -377,7 +377,9 @@ def plot_twin(rows: Sequence[TwinRow], path: Any, against: str = "real") -> None
     from bastion.files import save_figure_atomic
 
     sizes = sorted({r.batch_size for r in rows})
-    sources = [against, *sorted({r.source for r in rows} - {against})]
+    others = {r.source for r in rows} - {against}
+    # the measured truth's replay beside the real run, then the predictions without measuring
+    sources = [against, *sorted(others, key=lambda s: (s != "sim", s))]
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.5 * len(sizes), 4.2), squeeze=False)
     for ax, b in zip(axes[0], sizes, strict=True):
         policies = [r.policy for r in rows if r.source == against and r.batch_size == b]
