@@ -518,6 +518,8 @@ class SimulatedGPU:
         # seconds of the last step_s that a real engine's clock does not show its cost model
         # (a measured truth's decode-loop time after the pass); 0 under a roofline truth
         self.unobserved_s = 0.0
+        # a measured truth: its terms are mean times, so its noise has mean 1 (E e^{σz} = e^{σ²/2})
+        self._unbias = math.exp(-0.5 * t.noise**2)
 
     # -- truth without noise ------------------------------------------------------------------
 
@@ -1101,12 +1103,18 @@ class SimulatedGPU:
         prefill_contexts: npt.ArrayLike,
     ) -> float:
         """The measured verifier's call, plus each prefill chunk prefilled alone."""
-        assert self._measured is not None
-        chunks = _chunks(prefill_tokens, prefill_contexts)
         sizes = _ints(tree_sizes, "tree sizes")
+        ctx = _ints(contexts, "contexts", sizes) if sizes else []
+        return self._measured_verify(kind, sizes, ctx, _chunks(prefill_tokens, prefill_contexts))
+
+    def _measured_verify(
+        self, kind: str, sizes: list[int], contexts: list[int], chunks: _Chunks
+    ) -> float:
+        """:meth:`_measured_pass` on checked sizes, contexts and chunks."""
+        assert self._measured is not None
         seconds = self._measured.prefill_s(*chunks) if chunks[0] else 0.0
         if sizes:
-            seconds += self._measured.verify_s(kind, sizes, _ints(contexts, "contexts", sizes))
+            seconds += self._measured.verify_s(kind, sizes, contexts)
         elif not chunks[0]:
             raise ConfigError("a pass needs at least one request")
         return seconds
@@ -1130,17 +1138,14 @@ class SimulatedGPU:
         ctx = _ints(contexts, "contexts", sizes)
         if kind not in ("ar", "chain", "tree"):
             raise ConfigError(f"unknown step kind {kind!r}; accepted: ar, chain, tree")
-        # the measured terms are mean times: the noise is scaled to mean 1 (E exp(σz) = e^{σ²/2})
-        unbias = math.exp(-0.5 * self.truth.noise**2)
+        unbias = self._unbias
         draft = 0.0
         if kind != "ar":
             draft = self._noisy(m.draft_s("topk" if topk else "argmax", ctx)) * unbias
         build, loop = m.host_s(kind, _control(controller), sizes, builder)
         host = self._noisy(build + loop) * unbias
-        verify = (
-            self._noisy(self._measured_pass(kind, sizes, ctx, prefill_tokens, prefill_contexts))
-            * unbias
-        )
+        chunks = _chunks(prefill_tokens, prefill_contexts)
+        verify = self._noisy(self._measured_verify(kind, sizes, ctx, chunks)) * unbias
         self.unobserved_s = host * loop / (build + loop) if build + loop > 0 else 0.0
         return draft, host, verify
 

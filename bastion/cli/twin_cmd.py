@@ -24,6 +24,7 @@ from bastion.cli import _checks as checks
 from bastion.cli.demo_cmd import _batch_sizes, _need_torch, _say
 from bastion.errors import BudgetError, ConfigError
 from bastion.paths import check_output_dir
+from bastion.records import json_safe
 
 
 def _prompts(path: str | None, default: Path, what: str) -> list[str]:
@@ -143,7 +144,7 @@ def run_twin_cmd(args: argparse.Namespace) -> int:
     if args.out:
         _write_out(Path(args.out), result, table)
     if args.json:
-        print(json.dumps(_json_safe(result.to_json()), indent=2))
+        print(json.dumps(json_safe(result.to_json()), indent=2))
     else:
         _print(result, table, len(texts), args)
     return 0 if result.identical else 1
@@ -166,12 +167,6 @@ def _unmeasured(target: Any, device: str) -> dict[str, Any]:
         tile_tokens=0 if cpu else GroundTruth.tile_tokens,
     )
     return {"roofline": bare, DEFAULT_TRUTH: get_truth(DEFAULT_TRUTH)}
-
-
-def _json_safe(data: Any) -> Any:
-    from bastion.records import json_safe
-
-    return json_safe(data)
 
 
 def _print(result: Any, table: str, n: int, args: argparse.Namespace) -> None:
@@ -227,7 +222,7 @@ def _write_out(out: Path, result: Any, table: str) -> None:
     from bastion.trace import write_trace
 
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "twin.json", _json_safe(result.to_json()))
+    write_json_atomic(out / "twin.json", json_safe(result.to_json()))
     write_text_atomic(out / "comparison.txt", table + "\n")
     if result.truth.measured is not None:
         write_text_atomic(out / "truth.toml", _truth_toml(result.truth.measured))

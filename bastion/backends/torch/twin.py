@@ -183,14 +183,17 @@ def _prefill_sweep(target: Any, ids: Sequence[int], repeats: int) -> list[Prefil
     return out
 
 
-def _fit(
-    reports: Sequence[BatchGenerationReport],
-    prefills: list[PrefillSample],
-    seconds: float,
-    device: str,
-) -> MeasuredCosts:
+def _gathered(
+    reports: Sequence[BatchGenerationReport], sweep: list[PrefillSample]
+) -> tuple[list[StepSample], list[PrefillSample]]:
+    """The calibration sessions' steps, and the prefill sweep's prefills with theirs."""
     steps = [s for r in reports for s in r.samples]
-    prefills = prefills + [p for r in reports for p in r.prefills]
+    return steps, sweep + [p for r in reports for p in r.prefills]
+
+
+def _fit(
+    steps: list[StepSample], prefills: list[PrefillSample], seconds: float, device: str
+) -> MeasuredCosts:
     meta = {
         "origin": f"bastion twin / truth measure, {platform.machine()} {device}, "
         f"{time.strftime('%Y-%m-%d')}",
@@ -297,9 +300,9 @@ def measure_truth(
             clock=clock,
         )
         reports += lockstep(sessions, clocks)
-    prefills = _prefill_sweep(target, calibration_ids[0], repeats + 1)
+    steps, prefills = _gathered(reports, _prefill_sweep(target, calibration_ids[0], repeats + 1))
     device = str(next(target.parameters()).device)
-    return _fit(reports, prefills, time.perf_counter() - start, device)
+    return _fit(steps, prefills, time.perf_counter() - start, device)
 
 
 def _dense_traces(
@@ -413,8 +416,7 @@ def run_twin(
     clock = device_clock(next(target.parameters()).device)
     measuring = truth is None
     real: dict[int, list[BatchGenerationReport]] = {}
-    timing: list[BatchGenerationReport] = []
-    timing_at: dict[int, list[BatchGenerationReport]] = {}
+    timing_at: dict[int, list[BatchGenerationReport]] = {}  # the calibration sessions
     eval_work = len(prompt_ids) * max_new_tokens
     if calibration_tokens is None:
         calibration_tokens = max_new_tokens
@@ -463,17 +465,16 @@ def run_twin(
         reports = lockstep(sessions, clocks, weights)
         real[b] = reports[: len(policies)]
         timing_at[b] = reports[len(policies) :]
-        timing += timing_at[b]
     seconds["real_s"] = time.perf_counter() - start
     if measuring:
         t0 = time.perf_counter()
-        prefills = _prefill_sweep(target, calibration_ids[0], repeats + 1)
+        sweep = _prefill_sweep(target, calibration_ids[0], repeats + 1)
+        timing = [r for reports in timing_at.values() for r in reports]
+        samples, prefills = _gathered(timing, sweep)
         device = str(next(target.parameters()).device)
-        truth = measured_truth(_fit(timing, prefills, seconds["real_s"], device))
+        truth = measured_truth(_fit(samples, prefills, seconds["real_s"], device))
         assert truth.measured is not None
         speeds = _speeds(truth.measured, timing_at, real, repeats)
-        samples = [s for r in timing for s in r.samples]
-        prefills = prefills + [p for r in timing for p in r.prefills]
         seconds["truth_s"] = time.perf_counter() - t0
     else:
         samples, prefills, speeds = [], [], {}
@@ -534,8 +535,3 @@ def run_twin(
         },
         speeds,
     )
-
-
-def nan_safe(x: float) -> float | None:
-    """JSON has no NaN: None instead."""
-    return None if isinstance(x, float) and math.isnan(x) else x
