@@ -1,19 +1,22 @@
-"""Regenerate the numbers of docs/demo.md: `python docs/make_demo_report.py [--repeats 9]`.
+"""Regenerate the numbers of docs/demo.md:
+`python docs/make_demo_report.py [--pair base|small] [--batch-size 1,2,4,8] [--repeats 10]`.
 
-Runs the demo at batch 1 (one warm-up run, then ``--repeats`` timed runs per policy, every
-policy's runs in lockstep with the others') with dense traces recorded in the first, then
-replays every recorded policy's traces in the simulator with every other policy, and prints:
-per-policy τ / mean N / median TPOT over the requests of every run / the runs' mean TPOTs /
-speedup, every run's median TPOT per policy with the learning controller's ratio to the fastest
-other policy (overall with a 90 % bootstrap interval over the runs), the calibration RMSE, and
-for each (recorded, replayed) pair the mean τ of the real run vs the replay and the share of
-steps whose committed length differs (floating-point near-ties between the dense recording's
-pass shapes and the real run's).
+Runs the demo with the chosen shipped pair at each batch size (one warm-up run, then
+``--repeats`` timed runs per policy, every policy's runs in lockstep with the others') with
+dense traces recorded at the first, then replays every recorded policy's traces in the simulator
+with every other policy, and prints: the target's measured pass time by tokens (its cost curve
+on this machine); per batch size and policy τ / mean N / median TPOT over the requests of every
+run / the runs' mean TPOTs / speedup over AR; every run's median TPOT per policy at the first
+batch size with the learning controller's ratio to the fastest other policy (overall with a 90 %
+bootstrap interval over the runs), the calibration RMSE, and for each (recorded, replayed) pair
+the mean τ of the real run vs the replay and the share of steps whose committed length differs
+(floating-point near-ties between the dense recording's pass shapes and the real run's).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from math import nan
@@ -23,7 +26,7 @@ import numpy as np
 
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, ModelSpec
-from bastion.demo import TARGET_DIR
+from bastion.demo import DEFAULT_PAIR, PAIRS, get_pair
 from bastion.demo.run import PolicyRow, load_prompts, run_demo
 from bastion.policies import make_policy
 from bastion.sim.gpu import SimulatedGPU
@@ -81,12 +84,49 @@ def _print_runs(rows: list[PolicyRow], tpots: dict[str, list[tuple[float, ...]]]
     )
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SystemExit(f"--batch-size takes integers, e.g. 1,2,4,8; got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"--batch-size takes integers ≥ 1, e.g. 1,2,4,8; got {text!r}")
+    return sizes
+
+
+def cost_curve(target_dir: Path, tokens: tuple[int, ...], context: int, rounds: int) -> None:
+    """The target's verification pass time by tokens over ``context`` cached tokens: the median
+    of ``rounds`` rounds, each timing every size once (interleaved, so drift reaches all)."""
+    from bastion.backends.torch import load_target
+    from bastion.backends.torch.timing import verify_timer
+
+    timer = verify_timer(load_target(target_dir, "cpu"), repeats=1)
+    times: dict[int, list[float]] = {s: [] for s in tokens}
+    for _ in range(rounds):
+        for s in tokens:
+            times[s].append(timer(s, context))
+    base = float(np.median(times[tokens[0]]))
+    print(f"\n| tokens per pass | pass ms (median of {rounds}) | × one token |")
+    print("|---:|---:|---:|")
+    for s in tokens:
+        med = float(np.median(times[s]))
+        print(f"| {s} | {med * 1e3:.2f} | {med / base:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--pair", choices=tuple(PAIRS), default=DEFAULT_PAIR)
     parser.add_argument("--num-prompts", "--prompts", dest="prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--batch-size", default="1,2,4,8", help="e.g. 1,2,4,8")
+    parser.add_argument("--no-curve", action="store_true", help="skip the pass-time curve")
     args = parser.parse_args()
+    sizes = _sizes(args.batch_size)
+    pair = get_pair(args.pair)
+    print(f"pair: {pair.name}")
+    if not args.no_curve:
+        cost_curve(pair.target, (1, 2, 4, 8, 16, 32, 64, 128), 256, 15)
     with tempfile.TemporaryDirectory() as tmp:
         traces = Path(tmp)
         result = run_demo(
@@ -94,26 +134,34 @@ def main() -> None:
             args.max_new_tokens,
             POLICIES,
             record_dir=traces,
+            target_dir=pair.target,
+            drafter_dir=pair.drafter,
+            batch_sizes=sizes,
             repeats=args.repeats,
             progress=lambda message: print(message, file=sys.stderr, flush=True),
         )
-        print(f"identical outputs: {result.identical}; calibration: {result.calibration}\n")
+        print(f"\nidentical outputs: {result.identical}; calibration: {result.calibration}\n")
         print(
-            "| policy | τ | mean N | median TPOT ms | run means ms (min–max) | speedup vs AR "
+            "| B | policy | τ | mean N | median TPOT ms | run means ms (min–max) | speedup vs AR "
             "| Ĉ ms | cycle ms |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in result.rows:
             print(
-                f"| {r.policy} | {r.tau:.2f} | {r.mean_tree_size:.1f} | "
+                f"| {r.batch_size} | {r.policy} | {r.tau:.2f} | {r.mean_tree_size:.1f} | "
                 f"{r.tpot_p50_s * 1e3:.2f} | {r.tpot_s * 1e3:.2f} "
                 f"({r.tpot_min_s * 1e3:.2f}–{r.tpot_max_s * 1e3:.2f}) | "
                 f"{r.speedup:.2f}× | {r.cycle_predicted_s * 1e3:.2f} | "
                 f"{r.cycle_observed_s * 1e3:.2f} |"
             )
-        _print_runs(result.rows, result.request_tpots[1])
-        spec = ModelSpec.from_hf_config(TARGET_DIR / "config.json", name="demo")
-        gpu = SimulatedGPU(get_profile("h100-sxm"), spec, DrafterSpec.dflash_for(spec, layers=2))
+        for b in sizes:
+            print(f"\nbatch {b}:", end="")
+            _print_runs([r for r in result.rows if r.batch_size == b], result.request_tpots[b])
+        spec = ModelSpec.from_hf_config(pair.target / "config.json", name="demo")
+        layers = int(json.loads((pair.drafter / "config.json").read_text())["num_hidden_layers"])
+        gpu = SimulatedGPU(
+            get_profile("h100-sxm"), spec, DrafterSpec.dflash_for(spec, layers=layers)
+        )
         print("\n| recorded | replayed | real τ | replay τ | steps differing |")
         print("|---|---|---:|---:|---:|")
         for recorded in ("chain", "fixed:32"):

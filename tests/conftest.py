@@ -1,7 +1,9 @@
-"""Shared pytest setup: Hypothesis profiles.
+"""Shared pytest setup: Hypothesis profiles and slow tests.
 
 ``ci`` (chosen when the environment variable CI is set, as on the CI runner) runs at least 200
 examples per property; ``dev`` runs 50 for a quick local loop. ``HYPOTHESIS_PROFILE`` overrides.
+Tests marked ``slow`` run when CI is set or when ``-m`` selects them (``pytest -m slow``); a
+local run without either skips them, saying so.
 """
 
 import os
@@ -16,6 +18,15 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("CI") or config.getoption("markexpr"):
+        return
+    skip = pytest.mark.skip(reason="slow: runs under CI=true or with pytest -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

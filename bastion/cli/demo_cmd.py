@@ -87,8 +87,14 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
         raise BudgetError(f"--num-prompts must be ≤ {len(shipped)} (the shipped held-out prompts)")
     prompts = shipped[: args.prompts]
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
+    from bastion.demo import get_pair
+
+    pair = get_pair(args.pair)
+    pair.require_installed()
     result = run_demo(
         prompts,
+        target_dir=pair.target,
+        drafter_dir=pair.drafter,
         max_new_tokens=args.max_new_tokens,
         policies=policies,
         calibrate=not args.no_calibration,
@@ -102,6 +108,7 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2))
         return 0 if result.identical else 1
     print(
+        f"the {pair.name} pair; "
         f"{len(prompts)} held-out prompts × {args.max_new_tokens} new tokens, T = 0, CPU; "
         f"{args.repeats} timed run(s) after {args.warmup} warm-up run(s), the policies in "
         "lockstep; TPOT: the median over every run's requests, and the runs' mean TPOTs"
@@ -135,24 +142,30 @@ def run_train(args: argparse.Namespace) -> int:
     checks.int_in("--steps", args.steps, 1, MAX_STEPS)
     checks.seed(args.seed)
     _need_torch()
-    from bastion.demo import DRAFTER_DIR, TARGET_DIR
-    from bastion.demo.train import DrafterTraining, TargetTraining, train_drafter, train_target
+    from bastion.demo import get_pair
+    from bastion.demo.train import (
+        DRAFTER_PRESETS,
+        TARGET_PRESETS,
+        train_drafter,
+        train_target,
+    )
 
-    out = Path(args.out) if args.out else (TARGET_DIR if args.what == "target" else DRAFTER_DIR)
+    pair = get_pair(args.pair)
+    out = Path(args.out) if args.out else (pair.target if args.what == "target" else pair.drafter)
     check_output_dir(out, "--out")  # before training, not after it
     if out.exists() and any(out.iterdir()) and not args.force:
         raise ConfigError(f"{out} is not empty; pass --force to overwrite or --out DIR")
     # the model is written to a sibling directory and renamed into place: a kill during
     # training or saving leaves the old model (or nothing), never a half-written one
     if args.what == "target":
-        cfg = TargetTraining(seed=args.seed)
+        cfg = replace(TARGET_PRESETS[args.pair], seed=args.seed)
         cfg = replace(cfg, steps=args.steps) if args.steps is not None else cfg
         report = train_target(out, cfg, progress=args.progress)
     else:
-        target = Path(args.target) if args.target else TARGET_DIR
+        target = Path(args.target) if args.target else pair.target
         if not (target / "config.json").is_file():
             raise ConfigError(f"--target {target} lacks config.json (a trained demo target)")
-        dcfg = DrafterTraining(seed=args.seed)
+        dcfg = replace(DRAFTER_PRESETS[args.pair], seed=args.seed)
         dcfg = replace(dcfg, steps=args.steps) if args.steps is not None else dcfg
         report = train_drafter(target, out, dcfg, progress=args.progress)
     print(json.dumps(report, indent=2))
@@ -173,6 +186,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=int,
         default=4,
         help="how many held-out prompts to decode",
+    )
+    p.add_argument(
+        "--pair",
+        choices=("small", "base"),
+        default="base",
+        help="the shipped pair: base (a target beyond the CPU's cache; default) or small",
     )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument(
@@ -204,7 +223,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t.add_argument("what", choices=("target", "drafter"))
     t.add_argument("--out", help="output directory (default: the package's demo models)")
     t.add_argument("--target", help="with drafter: the target directory (default: shipped)")
-    t.add_argument("--steps", type=int, help="optimizer steps (default: 3000)")
+    t.add_argument(
+        "--pair",
+        choices=("small", "base"),
+        default="small",
+        help="which shipped pair's recipe to train (default: small)",
+    )
+    t.add_argument("--steps", type=int, help="optimizer steps (default: the pair's recipe)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     t.add_argument(

@@ -59,10 +59,11 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Path, Any]:
     from bastion.backends.torch import load_target
     from bastion.backends.torch.calibrate import device_profile
     from bastion.cost.calibration import CalibrationCache
-    from bastion.demo import DRAFTER_DIR, TARGET_DIR
+    from bastion.demo import get_pair
 
-    target_dir = Path(args.target) if args.target else TARGET_DIR
-    drafter_dir = Path(args.drafter) if args.drafter else DRAFTER_DIR
+    pair = get_pair(args.pair)
+    target_dir = Path(args.target) if args.target else pair.target
+    drafter_dir = Path(args.drafter) if args.drafter else pair.drafter
     for d, flag in ((target_dir, "--target"), (drafter_dir, "--drafter")):
         if not (d / "config.json").is_file():
             raise ConfigError(f"{flag} {d}: no config.json (a model directory)")
@@ -293,8 +294,17 @@ def run_truth_measure(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", metavar="DIR", help="target model directory (default: demo's)")
-    p.add_argument("--drafter", metavar="DIR", help="DFlash drafter directory (default: demo's)")
+    p.add_argument(
+        "--pair",
+        choices=("small", "base"),
+        default="small",
+        help="the shipped pair whose models are used where --target/--drafter are not given "
+        "(default: small)",
+    )
+    p.add_argument("--target", metavar="DIR", help="target model directory (default: the pair's)")
+    p.add_argument(
+        "--drafter", metavar="DIR", help="DFlash drafter directory (default: the pair's)"
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--gpu", metavar="NAME", help="the GPU's hardware profile (with --device cuda)")
     p.add_argument(

@@ -39,7 +39,7 @@ import torch
 
 from bastion.batch import BatchMarginals, StepRequests
 from bastion.engine import SpecEngine, StepRecord
-from bastion.errors import BackendError, BudgetError, CheckpointError
+from bastion.errors import BackendError, BudgetError, CheckpointError, ConfigError
 from bastion.guard import has, public
 from bastion.interfaces import (
     BatchDrafter,
@@ -816,12 +816,16 @@ def _session(
     sampling = sampling or SamplingParams()
     device = next(target.parameters()).device
     clock = clock or device_clock(device)
+    taps = () if is_ar or not isinstance(drafter, DFlashDrafter) else drafter.cfg.target_layer_ids
     if verifier is None:
-        taps = (
-            () if is_ar or not isinstance(drafter, DFlashDrafter) else drafter.cfg.target_layer_ids
-        )
         gen = torch.Generator(device=device).manual_seed(seed)
         verifier = TorchVerifier(target, tap_layer_ids=taps, sampling=sampling, generator=gen)
+    elif taps and tuple(verifier.tap_layer_ids) != tuple(taps):
+        raise ConfigError(
+            f"the verifier taps target layers {tuple(verifier.tap_layer_ids)}; the DFlash "
+            f"drafter reads {tuple(taps)}: pass TorchVerifier(..., tap_layer_ids="
+            "drafter.cfg.target_layer_ids)"
+        )
     eos = _eos_set(target, eos_token_id)
     used: Drafter | BatchDrafter = _NoDrafter() if is_ar or drafter is None else drafter
     cost_model = resolve_cost_model(
