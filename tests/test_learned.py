@@ -376,7 +376,7 @@ def test_prime_prices_the_batch_1_anchors_early_and_changes_nothing() -> None:
     context are the same with or without it, and the anchors exist before the decode."""
     primed, lazy = LearnedCostModel(ContextPrior()), LearnedCostModel(ContextPrior())
     primed.prime(4096)
-    assert len(primed._anchors) == 4096 // 512 + 2 and not lazy._anchors
+    assert len(primed.priced._anchors) == 4096 // 512 + 2 and not lazy.priced._anchors
     for context in (0, 700, 3000, 9000):
         a, b = primed.candidate_cycles(1024, context), lazy.candidate_cycles(1024, context)
         assert np.array_equal(a[2], b[2]) and a[3] == b[3]
@@ -400,8 +400,8 @@ def test_the_learned_model_prices_its_batched_prior_without_the_growth_proof() -
     assert np.array_equal(full.verify_s, bare.verify_s) and full.ar_step_s == bare.ar_step_s
     assert full.growth_s > 0.0 and bare.growth_s == 0.0
     learner = LearnedCostModel(prior)
-    assert learner._prior_joint(ctx, grow).growth_s == 0.0
-    assert np.array_equal(learner._prior_joint(ctx, grow).verify_s, full.verify_s)
+    assert learner.priced.joint(ctx, grow).growth_s == 0.0
+    assert np.array_equal(learner.priced.joint(ctx, grow).verify_s, full.verify_s)
 
     class Plain:  # a joint cost model without the keyword
         def joint_cost_curve(self, context_lens, grow):  # type: ignore[no-untyped-def]
@@ -410,7 +410,7 @@ def test_the_learned_model_prices_its_batched_prior_without_the_growth_proof() -
         def __getattr__(self, name):  # type: ignore[no-untyped-def]
             return getattr(prior, name)
 
-    assert LearnedCostModel(Plain())._prior_joint(ctx, grow) is full  # type: ignore[arg-type]
+    assert LearnedCostModel(Plain()).priced.joint(ctx, grow) is full  # type: ignore[arg-type]
 
 
 def test_the_memoised_ar_prior_is_the_prior_priced_afresh() -> None:

@@ -149,7 +149,7 @@ class _ContextPrior:
 def test_interpolated_batch1_prior_stays_close_to_the_prior(context: int) -> None:
     prior = _ContextPrior()
     learner = LearnedCostModel(prior)  # type: ignore[arg-type]
-    cycle, ar = learner._single(context, 300)
+    cycle, ar = learner.priced.single(context, 300)
     mid = context // 128 * 128 + 64
     cc = prior.cost_curve(300, StepLoad(mid))
     exact = cc.draft_s + cc.prep_s + cc.verify_s

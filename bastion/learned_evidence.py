@@ -1,0 +1,289 @@
+"""What the learning controller learns from each step, and what that says about its next one.
+
+:class:`StepEvidence` is the part of :class:`bastion.learned.LearnedCostModel` the engine feeds
+(:meth:`StepEvidence.observe_step`): every step's measured cycle goes into the
+:class:`bastion.cycles.CycleTable` (as its ratio to the prior), a tree step's accepted paths
+into the acceptance and size calibrations of :mod:`bastion.observed` and into the chain's shadow
+(what the chain would have committed), and every drafted step's realised speedup over AR into
+the evidence for or against speculation. From these the controller learns whether the next step
+drafts or runs AR (:meth:`StepEvidence.wants_draft`), whether it explores a larger tree
+(:meth:`StepEvidence.explore_now`) and whether the last decision still stands
+(:meth:`StepEvidence.repeat_decision`).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.batch import TreeBatch
+from bastion.cycles import CycleKind, batch_bucket, small_median
+from bastion.learned_curves import DecisionCurves, even_top
+from bastion.observed import AcceptanceCalibration, chain_shadow, learn_step, shadow_of
+
+__all__: list[str] = []  # a part of bastion.learned's LearnedCostModel, public there
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+# while speculation's evidence is within this factor of AR's, a drafting stretch measures AR
+# again now and then (the AR cycle a drafted step is paired with is otherwise as old as the
+# stretch)
+RECHECK_WITHIN = 1.25
+AR_RECENT = 3  # a drafted step is paired with the median of this many last AR cycles
+
+
+class StepEvidence(DecisionCurves):
+    """What each step teaches (a part of ``LearnedCostModel``, over its decision curves).
+
+    :meth:`_start_evidence` sets up what nothing has been observed yet looks like; the
+    parameters ``probe_every``, ``margin``, ``evidence`` and ``explore_every`` are
+    :class:`bastion.learned.LearnedCostModel`'s (checked there).
+    """
+
+    acceptance: AcceptanceCalibration
+
+    def _start_evidence(
+        self, probe_every: int, margin: float, evidence: int, explore_every: int
+    ) -> None:
+        """Nothing observed yet."""
+        self.probe_every, self.margin, self.evidence = probe_every, margin, evidence
+        self._realised: list[float] = []  # the last ``evidence`` drafted steps' speedups
+        # per batch bucket: the measured/prior ratios of the last AR_RECENT AR steps
+        self._ar_recent: dict[int, list[float]] = {}
+        self._since_ar = 0  # drafted steps since the last AR step
+        self._recheck_interval = probe_every  # … after which a thin margin measures AR again
+        self._recheck_left = 0  # AR steps the current re-measurement still takes
+        self.speedup = math.inf  # mean realised speedup of recent drafted steps over AR (∞: too
+        # few of them yet); AR stands while its upper bound (+ one standard error) is ≤ 1 +
+        # margin (the bound is the mean itself while the mean is above that)
+        self.speedup_upper = math.inf
+        self._since_draft = 0
+        self._chain = [0.0, 0.0, 0.0]  # the chain's Σ realised τ, Σ Â, steps (forgotten)
+        self._probe_interval = probe_every
+        self.always_draft = False  # e.g. while recording traces: never skip the drafter
+        self._drafted = 0
+        self.explore_every = explore_every
+        self._decision: tuple[str, int, int, float] | None = None  # kind, B, total, cycle
+        self._reused = 0  # steps that repeated it since
+        self._interval = 1  # steps it stands for (see decided)
+        # the top-1 calibrated marginals of the last step's trees (the chain's shadow)
+        self.last_top1: FloatArray | None = None
+        # … and the chain's Â less its root cut at every depth ([B, depth], see shadow_of)
+        self.last_chain: FloatArray | None = None
+
+    def chain_ratio(self) -> float:
+        """Realised/predicted τ of the chain so far — its own steps and its shadow on every
+        tree step (:func:`bastion.observed.chain_shadow`) — with ``prior_weight`` pseudo-steps
+        of ratio 1, as the size calibration."""
+        real, pred, steps = self._chain
+        prior = self.sizes.prior_weight * (pred / steps if steps else 0.0)
+        return (real + prior) / (pred + prior) if pred + prior > 0 else 1.0
+
+    def _observe_chain(self, realised: float, predicted: float) -> None:
+        """One step's (or one shadow's) realised and predicted chain τ, forgotten as the size
+        calibration forgets."""
+        d = self.sizes.decay
+        self._chain[0] = d * self._chain[0] + realised
+        self._chain[1] = d * self._chain[1] + predicted
+        self._chain[2] = d * self._chain[2] + 1.0
+
+    def explore_now(self) -> bool:
+        """Whether this drafted step should verify a larger tree than the best one: every
+        ``explore_every``-th drafted step from the first on (deterministic, so the same run
+        repeats)."""
+        self._drafted += 1  # the first drafted step explores too: it teaches the most then
+        return self.explore_every > 0 and self._drafted % self.explore_every == 1
+
+    def repeat_decision(self, batch_size: int) -> tuple[str, int, float] | None:
+        """The last full decision's (kind, total nodes, predicted cycle) while it may stand for
+        this step (see :meth:`decided`), else None: decide afresh. A batch size of another
+        bucket (:func:`batch_bucket`) or an AR step between also ends it; within the bucket a
+        tree total is scaled with the batch size (a request that left or joined)."""
+        last = self._decision
+        if (
+            last is None
+            or batch_bucket(last[1]) != batch_bucket(batch_size)
+            or self._reused + 1 >= self._interval
+        ):
+            return None
+        self._reused += 1
+        if last[1] == batch_size:
+            return last[0], last[2], last[3]
+        # a request left or joined: the same decision per request (a tree total scaled)
+        return last[0], max(batch_size, round(last[2] * batch_size / last[1])), last[3]
+
+    def last_decision_kind(self) -> str | None:
+        """The kind of the last full decision ("tree" or "chain"), None after an AR step."""
+        return None if self._decision is None else self._decision[0]
+
+    def decided(self, kind: str, batch_size: int, total: int, cycle_s: float, every: int) -> None:
+        """Record a full decision. Deciding is the controller's dear part and the best kind and
+        total move slowly, so a decision that agrees with the previous one (same kind and batch
+        bucket, nodes per request within ±25 %) doubles the number of steps it stands for, up
+        to ``every``; one that differs stands for one step (the next step decides again)."""
+        last = self._decision
+        same = (
+            last is not None
+            and last[0] == kind
+            and batch_bucket(last[1]) == batch_bucket(batch_size)
+            and 0.8 * last[2] / last[1] <= total / batch_size <= 1.25 * last[2] / last[1]
+        )
+        self._interval = min(2 * self._interval, every) if same else 1
+        self._decision = (kind, batch_size, total, cycle_s)
+        self._reused = 0
+
+    def wants_draft(self, batch_size: int) -> bool:
+        """Whether the next step should draft: yes unless AR stands (:attr:`speedup_upper` ≤
+        1 + margin; untried speculation does not), but for an AR step every
+        ``probe_every``-th step since the last AR step while speculation's margin is within
+        :data:`RECHECK_WITHIN` (the interval doubling after each, up to 64 × ``probe_every``,
+        until speculation stands anew); while AR stands, every ``probe_every``-th step, the
+        interval doubling after each probe that confirms it (up to 64 × ``probe_every``) and
+        halving after each that finds speculation faster (down to ``probe_every``)."""
+        if self.always_draft:
+            return True
+        threshold = 1.0 + self.margin
+        if self.speedup_upper > threshold:
+            if self._recheck_left:  # measuring AR again
+                self._recheck_left -= 1
+                return False
+            if self._since_ar + 1 < self._recheck_interval or self.speedup == math.inf:
+                return True
+            # the AR cycle this stretch's steps are paired with is as old as the stretch: if
+            # the margin is thin, or would be at the table's AR cycle (the last AR steps may
+            # have been a slow spell), measure it again
+            # (no AR step since the stretch began: the ratio its steps were paired with)
+            paired = self._recent_ar_ratio(batch_size)
+            level = 1.0
+            if paired is not None:  # paired with the last AR steps, not the table
+                level = min(1.0, float(self.table.ratios("ar", batch_size)[0]) / paired)
+            if self.speedup * level > RECHECK_WITHIN * threshold:
+                return True
+            self._recheck_interval = min(2 * self._recheck_interval, 64 * self.probe_every)
+            self._recheck_left = AR_RECENT // 2  # this step and as many more
+            return False
+        return self._since_draft + 1 >= self._probe_interval
+
+    def _recent_ar_ratio(self, b: int) -> float | None:
+        """The median measured/prior ratio of the last AR steps of ``b``'s batch bucket, or None
+        before any."""
+        recent = self._ar_recent.get(batch_bucket(b))
+        return small_median(recent) if recent else None
+
+    def _ar_paired(self, contexts: IntArray, b: int) -> float:
+        """The AR cycle a drafted step of ``b`` requests is paired with: the prior's AR cycle at
+        its contexts × the median ratio of the last AR steps of its batch bucket (the learned
+        AR cycle before any)."""
+        ratio = self._recent_ar_ratio(b)
+        if ratio is None:
+            return self.mode_cycle("ar", contexts, 0)
+        return self.priced.ar(np.asarray(contexts, dtype=np.int64)) * ratio
+
+    def observe_cycle(
+        self, kind: CycleKind, contexts: IntArray, sizes: IntArray, cycle_s: float
+    ) -> float:
+        """Fold one measured cycle into the table; returns the ratio it recorded."""
+        total = int(np.add.reduce(np.asarray(sizes, dtype=np.int64)))
+        return self._observe_total(kind, np.asarray(contexts, dtype=np.int64), total, cycle_s)
+
+    def _observe_total(self, kind: CycleKind, ctx: IntArray, total: int, cycle_s: float) -> float:
+        """:meth:`observe_cycle` of a step with ``total`` tree nodes (roots included)."""
+        b = ctx.shape[0]
+        if kind == "ar":
+            prior = self.priced.ar(ctx)
+        elif b == 1:
+            prior = float(self.priced.single_both(int(ctx[0]), total)[total - 1])
+        else:  # the even-spread prior the joint decision prices with
+            prior = float(self.priced.even(ctx, even_top(b, total))[total - b])
+        ratio = cycle_s / prior if prior > 0 else math.nan
+        self.table.observe(kind, b, total, ratio)
+        return ratio
+
+    def observe_step(
+        self,
+        kind: CycleKind,
+        contexts: IntArray,
+        trees: TreeBatch,
+        committed: IntArray,
+        accepted_nodes: IntArray,
+        cycle_s: float,
+        preparation: str = "topk",
+    ) -> None:
+        """The engine's hook: one step's kind, trees, committed lengths, accepted paths (node
+        indices within each tree, root excluded, request after request), measured cycle and
+        preparation ("topk", "argmax" or "none"). A chain chosen by a decision step (top-K
+        preparation and the decision's host time) does not price the chain: choosing the chain
+        means the standing chain's cycle (argmax preparation, no decision), which that step's
+        cycle would overstate; its acceptance still counts."""
+        if not (math.isfinite(cycle_s) and cycle_s > 0):
+            return
+        if kind == "ar":  # the hot path while AR stands: a root per request, nothing drafted
+            ctx = np.asarray(contexts, dtype=np.int64)
+            ratio = self._observe_total("ar", ctx, ctx.shape[0], cycle_s)
+            if ratio > 0:  # NaN (a degenerate prior) is not
+                recent = self._ar_recent.setdefault(batch_bucket(ctx.shape[0]), [])
+                recent.append(ratio)
+                if len(recent) > AR_RECENT:
+                    del recent[0]
+            self._since_draft += 1
+            self._since_ar = 0
+            self._decision = None  # the next drafted step decides afresh
+            return
+        offsets = trees.offsets
+        b = offsets.shape[0] - 1
+        if kind != "chain" or preparation == "argmax":
+            ctx = np.asarray(contexts, dtype=np.int64)
+            self._observe_total(kind, ctx, int(offsets[-1]), cycle_s)
+        self._since_draft = 0
+        self._since_ar += 1
+        if kind == "tree":
+            learned = learn_step(self.acceptance, self.sizes, trees, accepted_nodes, committed)
+            if learned is None:
+                self.acceptance.observe(trees, accepted_nodes, committed)
+                self.sizes.observe(trees, accepted_nodes, committed)
+            top1, self.last_top1 = self.last_top1, None
+            chain, self.last_chain = self.last_chain, None
+            if top1 is not None and top1.shape[0] == b and top1.shape[1] > 0:
+                # what the chain would have committed (it is rarely run once trees win)
+                if learned is not None and chain is not None:
+                    self._observe_chain(*shadow_of(*learned, chain))
+                else:
+                    self._observe_chain(*chain_shadow(trees, accepted_nodes, committed, top1))
+        elif kind == "chain":  # what the chain's Â realised, as the size calibration does
+            if learn_step(self.acceptance, None, trees, accepted_nodes, committed) is None:
+                self.acceptance.observe(trees, accepted_nodes, committed)
+            self._observe_chain(float(np.add.reduce(committed)), float(trees.scores.sum()))
+        realised = float(np.add.reduce(committed)) * self._ar_paired(contexts, b) / (b * cycle_s)
+        threshold = 1.0 + self.margin
+        probing = self.speedup_upper <= threshold
+        recent = self._realised
+        recent.append(realised)
+        if len(recent) > self.evidence:
+            del recent[0]
+        n = len(recent)
+        # one unlucky step must not switch decoding off: AR needs evidence/2 steps of it, and
+        # their mean one standard error below 1 (a step's realised speedup is skewed and
+        # noisy: most commit little, a few a lot)
+        if 2 * n < self.evidence:
+            self.speedup = self.speedup_upper = math.inf
+        else:
+            total = sum(recent)
+            self.speedup = self.speedup_upper = mean = total / n
+            if mean <= threshold:  # (above it, so is the bound: the spread is not needed)
+                sq = sum(map(operator.mul, recent, recent))
+                self.speedup_upper += math.sqrt(max(0.0, sq - total * mean) / max(n - 1, 1) / n)
+        if self.speedup_upper > threshold:
+            if probing:  # speculation stands anew: its AR cycle is measured again soon
+                self._recheck_interval = self.probe_every
+            self._probe_interval = self.probe_every
+            return
+        if probing:  # AR still stands: look again less often, or sooner when this probe
+            # found speculation faster (the machine may have changed: its evidence is then
+            # refreshed a probe at a time, every probe_every steps, not ever more rarely)
+            if realised > threshold:
+                self._probe_interval = max(self._probe_interval // 2, self.probe_every)
+            else:
+                self._probe_interval = min(2 * self._probe_interval, 64 * self.probe_every)
