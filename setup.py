@@ -30,7 +30,15 @@ setup(
     ext_modules=[
         Extension(
             "bastion._bestfirst",
-            sources=["bastion/_bestfirst.c"],
+            sources=[
+                "bastion/_bestfirst.c",  # the module and its method table
+                "bastion/_bestfirst_tree.c",
+                "bastion/_bestfirst_size.c",
+                "bastion/_bestfirst_forest.c",
+                "bastion/_bestfirst_joint.c",
+                "bastion/_bestfirst_learn.c",
+            ],
+            depends=["bastion/_bestfirst.h"],
             extra_compile_args=["-O2"],
             optional=True,
         )

@@ -1,0 +1,92 @@
+/*
+ * Private declarations shared by the C sources of the compiled kernel bastion._bestfirst.
+ *
+ * Not an API: the types and helpers one source uses from another (the helpers prefixed bf_ and
+ * hidden from the shared object's exported symbols, which stay PyInit__bestfirst alone) and the
+ * Python-level functions the method table in _bestfirst.c names. Every source includes this
+ * header first, so every one is compiled with contraction into fused multiply-adds switched off
+ * (its floating-point operations are numpy's, in the same order: see _bestfirst.c).
+ */
+#ifndef BASTION_BESTFIRST_H
+#define BASTION_BESTFIRST_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+/* build()'s heap entry (see _bestfirst_tree.c): key (-score, depth, parent position, rank) */
+typedef struct {
+    double score;
+    int32_t depth;
+    int32_t parent;
+    int32_t rank;
+} entry;
+
+#if defined(__GNUC__) || defined(__clang__)
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#else
+#define LIKELY(x) (x)
+#endif
+
+/* forest()'s heap entry (see _bestfirst_forest.c): key (-score, request, depth, parent
+   position, rank); joint() allocates the heap forest_grow() fills. */
+typedef struct {
+    double score;
+    double parent_score;
+    int32_t request;
+    int32_t depth;
+    int32_t parent;
+    int32_t rank;
+} fentry;
+
+#if defined(__GNUC__) || defined(__clang__)
+#define BF_PRIVATE __attribute__((visibility("hidden")))
+#else
+#define BF_PRIVATE
+#endif
+
+/* _bestfirst_tree.c: one request's best-first tree and the buffer-size checks */
+BF_PRIVATE void bf_grow_one(const double *p, Py_ssize_t depth, Py_ssize_t k, Py_ssize_t budget,
+                            entry *heap, Py_ssize_t *hn_io, Py_ssize_t *n_io, int64_t *parents,
+                            int64_t *depths, int64_t *ranks, double *scores);
+BF_PRIVATE Py_ssize_t bf_build_one(const double *p, Py_ssize_t depth, Py_ssize_t k,
+                                  Py_ssize_t budget, entry *heap, int64_t *parents,
+                                  int64_t *depths, int64_t *ranks, double *scores);
+BF_PRIVATE int bf_holds_exactly(Py_ssize_t len, Py_ssize_t elem, Py_ssize_t a, Py_ssize_t b,
+                                Py_ssize_t c);
+BF_PRIVATE int bf_holds_at_least(Py_ssize_t len, Py_ssize_t elem, Py_ssize_t n);
+
+/* _bestfirst_forest.c: the merged growth of B trees and their scatter into per-request trees */
+BF_PRIVATE Py_ssize_t bf_forest_grow(const double *p, Py_ssize_t b, Py_ssize_t depth,
+                                    Py_ssize_t k, const int64_t *cap, Py_ssize_t total,
+                                    fentry *heap, int64_t *count, int64_t *g_req,
+                                    int64_t *g_pos, int64_t *g_par, int64_t *g_dep,
+                                    int64_t *g_rnk, double *g_sco, int *more);
+BF_PRIVATE void bf_forest_scatter(Py_ssize_t b, Py_ssize_t m, const int64_t *keep,
+                                  const int64_t *g_req, const int64_t *g_pos,
+                                  const int64_t *g_par, const int64_t *g_dep,
+                                  const int64_t *g_rnk, const double *g_sco, const int64_t *ids,
+                                  Py_ssize_t depth, Py_ssize_t k, int64_t *off, int64_t *par,
+                                  int64_t *dep, int64_t *rnk, double *sco, int64_t *tok);
+
+/* the functions of the module (its method table is in _bestfirst.c) */
+BF_PRIVATE PyObject *bf_build(PyObject *self, PyObject *args);     /* _bestfirst_tree.c */
+BF_PRIVATE PyObject *bf_chunk(PyObject *self, PyObject *args);     /* _bestfirst_size.c */
+BF_PRIVATE PyObject *bf_choose(PyObject *self, PyObject *args);    /* _bestfirst_size.c */
+BF_PRIVATE PyObject *bf_forest(PyObject *self, PyObject *args);    /* _bestfirst_forest.c */
+BF_PRIVATE PyObject *bf_joint(PyObject *self, PyObject *args);     /* _bestfirst_joint.c */
+BF_PRIVATE PyObject *bf_accept(PyObject *self, PyObject *args);    /* _bestfirst_learn.c */
+BF_PRIVATE PyObject *bf_learn(PyObject *self, PyObject *args);     /* _bestfirst_learn.c */
+BF_PRIVATE PyObject *bf_calibrate(PyObject *self, PyObject *args); /* _bestfirst_learn.c */
+BF_PRIVATE extern const char bf_chunk_doc[];
+BF_PRIVATE extern const char bf_choose_doc[];
+
+#endif /* BASTION_BESTFIRST_H */

@@ -1,0 +1,253 @@
+/*
+ * The learning controller's joint budget in one call: joint(), on forest()'s merged chain.
+ *
+ * joint(probs, token_ids, depth, k, n_max, total, most, mass, cells, best_above, ar)
+ *     -> (status, chosen, more, exhausted, parents, depths, ranks, scores, tokens, offsets,
+ *         a_hat, c_hat, s_hat)
+ *
+ * bastion.joint.choose_joint_batch in mode "auto" (the bounded argmax) on the learning
+ * controller's stepped decision curve (bastion.learned.LearnedCostModel.joint_decision_curve),
+ * in one call: the chain is forest()'s merged order, regrown while the bound needs more, its
+ * cost for j added nodes best_above[cells[j]].
+ * probs, token_ids: B * depth * k; mass: B lattice masses (bastion.joint._lattice_mass), or
+ * empty: computed here, its sums sequential (the bound's slack of 1e-9 covers the order);
+ * cells: the lattice cell of every total B … B + len(cells) - 1; best_above: per cell;
+ * total: the first round's added nodes; most: B * (n_max - 1).
+ * status 0: done; -1: a priced cost is not finite and > 0 (the caller prices it again to
+ * raise); -2: the chain outgrew the priced totals (the caller runs the Python loop). The trees
+ * (roots' token -1) are each request's best-first prefix of the chosen allocation; a_hat,
+ * c_hat, s_hat: the last round's chain. Sums are sequential where numpy's are pairwise (the
+ * per-request built mass of the stop bound only, which carries a 1e-12 slack).
+ */
+#include "_bestfirst.h"
+
+PyObject *bf_joint(PyObject *self, PyObject *args) {
+    Py_buffer probs, ids, massb, cellsb, aboveb;
+    Py_ssize_t depth, k, n_max, total, most;
+    double ar;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*nnnnny*y*y*d", &probs, &ids, &depth, &k, &n_max, &total,
+                          &most, &massb, &cellsb, &aboveb, &ar))
+        return NULL;
+    Py_ssize_t b = depth > 0 && k > 0 ? probs.len / (Py_ssize_t)sizeof(double) / depth / k : 0;
+    Py_ssize_t ntot = cellsb.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t ncell = aboveb.len / (Py_ssize_t)sizeof(double);
+    const int64_t *cells = (const int64_t *)cellsb.buf;
+    fentry *heap = NULL;
+    int64_t *count = NULL, *g_req = NULL, *g_pos = NULL, *g_par = NULL, *g_dep = NULL,
+            *g_rnk = NULL, *cap = NULL, *alloc = NULL;
+    double *g_sco = NULL, *a_hat = NULL, *c_hat = NULL, *s_hat = NULL, *built = NULL;
+    double *own_mass = NULL;
+    if (depth < 1 || k < 1 || b < 1 || n_max < 1 || total < 0 || most < 0 || depth > INT32_MAX ||
+        k > INT32_MAX || b > INT32_MAX ||
+        !bf_holds_exactly(probs.len, sizeof(double), b, depth, k) ||
+        !bf_holds_exactly(ids.len, sizeof(int64_t), b, depth, k) || ntot < 1 || ncell < 1 ||
+        most > b * (n_max - 1) ||
+        (massb.len != 0 && massb.len != b * (Py_ssize_t)sizeof(double))) {
+        PyErr_SetString(PyExc_ValueError, "joint: inconsistent sizes");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < ntot; j++) {
+        if (cells[j] < 0 || cells[j] >= ncell) {
+            PyErr_SetString(PyExc_ValueError, "joint: a cell index is out of range");
+            goto done;
+        }
+    }
+    if (total > most) total = most;
+    {
+        const double *p = (const double *)probs.buf, *mass = (const double *)massb.buf;
+        if (massb.len == 0) { /* bastion.joint._lattice_mass, its sums sequential */
+            own_mass = malloc((size_t)b * sizeof(double));
+            if (!own_mass) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (Py_ssize_t r = 0; r < b; r++) {
+                double row = 1.0, sum = 0.0;
+                for (Py_ssize_t d = 0; d < depth; d++) {
+                    double level = 0.0;
+                    for (Py_ssize_t j = 0; j < k; j++) level += p[(r * depth + d) * k + j];
+                    row *= level;
+                    sum += row;
+                }
+                own_mass[r] = (1.0 + sum) * (1.0 + 1e-9);
+            }
+            mass = own_mass;
+        }
+        const double *above = (const double *)aboveb.buf;
+        const int64_t *tid = (const int64_t *)ids.buf;
+        /* the per-node arrays grow with the rounds (most can be 30 000 nodes where a round
+         * grows a few hundred: allocating for it cost more than the round) */
+        size_t cap_nodes = 0;
+        count = calloc((size_t)b, sizeof(int64_t));
+        cap = malloc((size_t)b * sizeof(int64_t));
+        alloc = calloc((size_t)b, sizeof(int64_t));
+        built = malloc((size_t)b * sizeof(double));
+        if (!count || !cap || !alloc || !built) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t r = 0; r < b; r++) cap[r] = n_max;
+        int status = 0, more = 0;
+        Py_ssize_t m = 0, chosen = 0;
+        for (;;) {
+            if (total > ntot - 1) { /* beyond the priced totals: the Python loop prices more */
+                status = -2;
+                break;
+            }
+            if ((size_t)total + 1 > cap_nodes) {
+                cap_nodes = (size_t)total + 1;
+#define GROW(ptr, n)                                          \
+    do {                                                      \
+        void *grown_ = realloc((ptr), (n) * sizeof(*(ptr)));  \
+        if (!grown_) {                                        \
+            PyErr_NoMemory();                                 \
+            goto done;                                        \
+        }                                                     \
+        (ptr) = grown_;                                       \
+    } while (0)
+                GROW(heap, (size_t)b + cap_nodes); /* forest_grow's heap: B + total + 1 */
+                GROW(g_req, cap_nodes);
+                GROW(g_pos, cap_nodes);
+                GROW(g_par, cap_nodes);
+                GROW(g_dep, cap_nodes);
+                GROW(g_rnk, cap_nodes);
+                GROW(g_sco, cap_nodes);
+                GROW(a_hat, cap_nodes);
+                GROW(c_hat, cap_nodes);
+                GROW(s_hat, cap_nodes);
+#undef GROW
+            }
+            m = bf_forest_grow(p, b, depth, k, cap, total, heap, count, g_req, g_pos, g_par, g_dep,
+                               g_rnk, g_sco, &more);
+            int bad = !(isfinite(ar) && ar > 0.0);
+            for (Py_ssize_t j = 0; j <= m; j++) {
+                c_hat[j] = above[cells[j]];
+                if (!(isfinite(c_hat[j]) && c_hat[j] > 0.0)) bad = 1;
+            }
+            if (bad) {
+                status = -1;
+                break;
+            }
+            a_hat[0] = (double)b;
+            for (Py_ssize_t j = 0; j < m; j++) a_hat[j + 1] = a_hat[j] + g_sco[j];
+            chosen = 0;
+            for (Py_ssize_t j = 0; j <= m; j++) {
+                s_hat[j] = a_hat[j] * ar / c_hat[j];
+                if (s_hat[j] > s_hat[chosen]) chosen = j;
+            }
+            if (!more) break;
+            Py_ssize_t growth = 2;
+            int monotone = m > 0;
+            for (Py_ssize_t j = 1; j <= m && monotone; j++) monotone = c_hat[j] >= c_hat[j - 1];
+            if (monotone) {
+                for (Py_ssize_t r = 0; r < b; r++) built[r] = 1.0;
+                for (Py_ssize_t j = 0; j < m; j++) built[g_req[j]] += g_sco[j];
+                double rho = g_sco[m - 1], unseen = 0.0;
+                for (Py_ssize_t r = 0; r < b; r++) {
+                    double left = mass[r] - built[r];
+                    double u = (double)(n_max - count[r]) * rho;
+                    left = left > 0.0 ? left : 0.0;
+                    unseen += u < left ? u : left;
+                }
+                double a_far = (a_hat[m] + unseen) * (1.0 + 1e-12);
+                double c_needed = a_far * ar / s_hat[chosen];
+                if (c_needed <= c_hat[m]) break;
+                /* bastion.joint._floor_bound on the decision curve, its own floor: what any
+                 * longer chain prices at each total ahead */
+                {
+                    double rate = rho * (1.0 + 1e-12), ahead = 0.0;
+                    double a_end = a_hat[m], c_end = c_hat[m];
+                    Py_ssize_t last = ntot - 1, high = last < most ? last : most;
+                    int nan_seen = 0;
+                    for (Py_ssize_t j = last; j > m; j--) {
+                        double f = above[cells[j]];
+                        if (isnan(f)) nan_seen = 1;
+                        double den = c_end > f ? c_end : f;
+                        if (j <= high) {
+                            double a_up = a_end + (double)(j - m) * rate;
+                            if (a_up > a_far) a_up = a_far;
+                            double r = a_up / den;
+                            if (r > ahead) ahead = r;
+                        }
+                        if (j == last && most > last) {
+                            double r = a_far / den;
+                            if (r > ahead) ahead = r;
+                        }
+                    }
+                    if (!nan_seen && ahead * ar <= s_hat[chosen]) break;
+                }
+                /* bastion.joint._growth (the curve's growth_s is 0: no second bound) */
+                Py_ssize_t v = m;
+                if (v >= 2) {
+                    double slope = (c_hat[m] - c_hat[v / 2]) / (double)(v - v / 2);
+                    if (slope <= 0.0) {
+                        growth = 8;
+                    } else {
+                        double target = (double)v + (c_needed - c_hat[m]) / slope;
+                        double g = ceil(target / (double)v);
+                        growth = (Py_ssize_t)(g > 8.0 ? 8.0 : (g < 2.0 ? 2.0 : g));
+                    }
+                }
+            }
+            Py_ssize_t next = growth * total > total + b ? growth * total : total + b;
+            total = next < most ? next : most;
+        }
+        if (status != 0) {
+            result = Py_BuildValue("(innnOOOOOOOOO)", status, (Py_ssize_t)0, (Py_ssize_t)0,
+                                   (Py_ssize_t)0, Py_None, Py_None, Py_None, Py_None, Py_None,
+                                   Py_None, Py_None, Py_None, Py_None);
+            goto done;
+        }
+        int exhausted = !more;
+        for (Py_ssize_t r = 0; r < b; r++) {
+            alloc[r] = 1;
+            if (count[r] >= n_max) exhausted = 0;
+        }
+        for (Py_ssize_t j = 0; j < chosen; j++) alloc[g_req[j]]++;
+        Py_ssize_t n = b + chosen, i8 = sizeof(int64_t), f8 = sizeof(double);
+        PyObject *o[6] = {PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, n * f8),
+                          PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, (b + 1) * i8)};
+        if (!o[0] || !o[1] || !o[2] || !o[3] || !o[4] || !o[5]) {
+            for (int i = 0; i < 6; i++) Py_XDECREF(o[i]);
+            goto done;
+        }
+        int64_t *par = (int64_t *)PyBytes_AS_STRING(o[0]), *dep = (int64_t *)PyBytes_AS_STRING(o[1]);
+        int64_t *rnk = (int64_t *)PyBytes_AS_STRING(o[2]), *tok = (int64_t *)PyBytes_AS_STRING(o[4]);
+        double *sco = (double *)PyBytes_AS_STRING(o[3]);
+        int64_t *off = (int64_t *)PyBytes_AS_STRING(o[5]);
+        /* each request's first alloc - 1 added nodes */
+        bf_forest_scatter(b, m, alloc, g_req, g_pos, g_par, g_dep, g_rnk, g_sco, tid, depth, k, off,
+                          par, dep, rnk, sco, tok);
+        result = Py_BuildValue("(innnNNNNNNy#y#y#)", 0, chosen, (Py_ssize_t)more,
+                               (Py_ssize_t)exhausted, o[0], o[1], o[2], o[3], o[4], o[5],
+                               (char *)a_hat, (m + 1) * f8, (char *)c_hat, (m + 1) * f8,
+                               (char *)s_hat, (m + 1) * f8);
+    }
+done:
+    free(own_mass);
+    free(heap);
+    free(count);
+    free(cap);
+    free(alloc);
+    free(built);
+    free(g_req);
+    free(g_pos);
+    free(g_par);
+    free(g_dep);
+    free(g_rnk);
+    free(g_sco);
+    free(a_hat);
+    free(c_hat);
+    free(s_hat);
+    PyBuffer_Release(&probs);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&massb);
+    PyBuffer_Release(&cellsb);
+    PyBuffer_Release(&aboveb);
+    return result;
+}

@@ -1,0 +1,445 @@
+/*
+ * The verified step's kernels: the acceptance walk accept(), the calibrations' update
+ * learn() and the calibrated marginals calibrate() (see the comment above each).
+ */
+#include "_bestfirst.h"
+
+/* accept(parents, tokens, depths, offsets, target, width)
+ *     -> (counts, on_path, committed, nodes)
+ *   One batch of trees (concatenated, parents local to each tree, parents before children)
+ *   walked against the target's tokens: target[i * width + d - 1] is request i's token at
+ *   depth d, and target[i * width + min(c, width - 1)] the token after c accepted ones (the
+ *   bonus). A node is on its request's accepted path iff it matches and its parent is on it
+ *   (the root always is). counts: accepted draft tokens per request (int64 [B]); on_path: one
+ *   byte per node (roots 0); committed: each request's accepted tokens then its bonus token,
+ *   request by request (int64); nodes: the accepted nodes' indices within their trees. */
+PyObject *bf_accept(PyObject *self, PyObject *args) {
+    Py_buffer par, tok, dep, off, tgt;
+    Py_ssize_t width;
+    PyObject *result = NULL, *o_cnt = NULL, *o_on = NULL, *o_com = NULL, *o_nod = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*n", &par, &tok, &dep, &off, &tgt, &width)) return NULL;
+    Py_ssize_t n = par.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t b = off.len / (Py_ssize_t)sizeof(int64_t) - 1;
+    const int64_t *parents = (const int64_t *)par.buf, *tokens = (const int64_t *)tok.buf;
+    const int64_t *depths = (const int64_t *)dep.buf, *offsets = (const int64_t *)off.buf;
+    const int64_t *target = (const int64_t *)tgt.buf;
+    if (b < 1 || width < 1 || tok.len != par.len || dep.len != par.len ||
+        b > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(int64_t) / width ||
+        tgt.len != b * width * (Py_ssize_t)sizeof(int64_t) || offsets[0] != 0 ||
+        offsets[b] != n) {
+        PyErr_SetString(PyExc_ValueError, "accept: inconsistent sizes");
+        goto done;
+    }
+    o_cnt = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
+    o_on = PyBytes_FromStringAndSize(NULL, n);
+    if (!o_cnt || !o_on) goto done;
+    Py_ssize_t accepted = 0;
+    {
+        int64_t *counts = (int64_t *)PyBytes_AS_STRING(o_cnt);
+        char *on = PyBytes_AS_STRING(o_on);
+        for (Py_ssize_t i = 0; i < b; i++) {
+            Py_ssize_t a = offsets[i], e = offsets[i + 1];
+            int64_t c = 0;
+            if (a >= e || e > n || a < 0) {
+                PyErr_SetString(PyExc_ValueError, "accept: offsets must increase");
+                goto done;
+            }
+            on[a] = 1; /* the root, while walking; cleared below */
+            for (Py_ssize_t j = a + 1; j < e; j++) {
+                int64_t pj = parents[j], d = depths[j];
+                int ok = pj >= 0 && pj < j - a && d >= 1 && d <= width && on[a + pj] &&
+                         tokens[j] == target[i * width + d - 1];
+                on[j] = (char)ok;
+                c += ok;
+            }
+            on[a] = 0;
+            counts[i] = c;
+            accepted += c;
+        }
+        o_com = PyBytes_FromStringAndSize(NULL, (accepted + b) * (Py_ssize_t)sizeof(int64_t));
+        o_nod = PyBytes_FromStringAndSize(NULL, accepted * (Py_ssize_t)sizeof(int64_t));
+        if (!o_com || !o_nod) goto done;
+        int64_t *committed = (int64_t *)PyBytes_AS_STRING(o_com);
+        int64_t *nodes = (int64_t *)PyBytes_AS_STRING(o_nod);
+        Py_ssize_t t = 0, v = 0;
+        for (Py_ssize_t i = 0; i < b; i++) {
+            Py_ssize_t a = offsets[i], e = offsets[i + 1];
+            for (Py_ssize_t j = a + 1; j < e; j++) {
+                if (on[j]) {
+                    committed[t++] = tokens[j];
+                    nodes[v++] = j - a;
+                }
+            }
+            int64_t c = counts[i] < width - 1 ? counts[i] : width - 1;
+            committed[t++] = target[i * width + c];
+        }
+    }
+    result = Py_BuildValue("(OOOO)", o_cnt, o_on, o_com, o_nod);
+done:
+    Py_XDECREF(o_cnt);
+    Py_XDECREF(o_on);
+    Py_XDECREF(o_com);
+    Py_XDECREF(o_nod);
+    PyBuffer_Release(&par);
+    PyBuffer_Release(&tok);
+    PyBuffer_Release(&dep);
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&tgt);
+    return result;
+}
+
+/* learn(offsets, parents, depths, ranks, scores, accepted, counts, order, raw, k,
+ *       pred, real, ranks_tracked, a_decay, da, dt, weight, s_decay, lattice) -> (run, deepest)
+ *   One verified tree step of B requests folded into the learning controller's two
+ *   calibrations, in place (bastion.observed: AcceptanceCalibration.observe and
+ *   SizeCalibration.observe — the same operations in the same order, so the results are
+ *   bit-identical). The trees are concatenated (offsets, parents local to each tree); accepted
+ *   holds each request's accepted nodes (indices within its tree), counts[i] of them for
+ *   request i.
+ *   - acceptance: every node whose parent is on its request's accepted path (the root is) was
+ *     exposed; pred/real (float64, tracked depths x ranks_tracked) are multiplied by a_decay
+ *     and the exposed candidates' raw probabilities / hits added per (depth - 1, min(raw rank,
+ *     ranks_tracked - 1)) cell, in node order; raw is the drafter's [B, D, k] rows, order
+ *     ([B, D, k] int64, or empty: identity) maps a calibrated rank to its raw rank; depths
+ *     beyond the tracked ones are skipped.
+ *   - sizes: the batch's merged order of its non-root nodes (rho descending, then request,
+ *     then the tree's own order; at B = 1 the tree's order) ranks them 1 … N - B; da/dt/weight
+ *     (float64, one bucket's row over the lattice) are multiplied by s_decay, then for every
+ *     lattice point M with B <= M <= N the increments of Â (B + the first M - B merged gains
+ *     summed in order) and of the realised τ (B + accepted nodes ranked <= M - B) since the
+ *     previous lattice point are added (the first against B), and weight by 1. */
+typedef struct {
+    double score;
+    Py_ssize_t request, within, node;
+} merged;
+
+static int merged_before(const void *pa, const void *pb) {
+    const merged *a = (const merged *)pa, *b = (const merged *)pb;
+    if (a->score != b->score) return a->score > b->score ? -1 : 1;
+    if (a->request != b->request) return a->request < b->request ? -1 : 1;
+    return (a->within > b->within) - (a->within < b->within);
+}
+
+PyObject *bf_learn(PyObject *self, PyObject *args) {
+    Py_buffer off, par, dep, rnk, sco, acc, cnt, ord, raw, prd, rea, da, dt, wt, lat;
+    Py_ssize_t k, ranks_tr;
+    double a_decay, s_decay;
+    PyObject *result = NULL;
+    char *on = NULL, *on_rank = NULL;
+    double *tmp = NULL, *gains = NULL;
+    Py_ssize_t *rank = NULL, *path = NULL;
+    merged *items = NULL;
+    PyObject *o_run = NULL, *o_deep = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*nw*w*ndw*w*w*dy*", &off, &par, &dep, &rnk,
+                          &sco, &acc, &cnt, &ord, &raw, &k, &prd, &rea, &ranks_tr, &a_decay, &da,
+                          &dt, &wt, &s_decay, &lat))
+        return NULL;
+    Py_ssize_t b = off.len / (Py_ssize_t)sizeof(int64_t) - 1;
+    Py_ssize_t n = par.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t na = acc.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t rows = k > 0 ? raw.len / (Py_ssize_t)sizeof(double) / k : 0; /* B x drafted depth */
+    Py_ssize_t draw = b > 0 ? rows / b : 0;
+    Py_ssize_t cells = prd.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t nl = lat.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t *offsets = (const int64_t *)off.buf, *parents = (const int64_t *)par.buf;
+    const int64_t *depths = (const int64_t *)dep.buf, *ranks = (const int64_t *)rnk.buf;
+    const int64_t *accepted = (const int64_t *)acc.buf, *counts = (const int64_t *)cnt.buf;
+    const int64_t *order = ord.len ? (const int64_t *)ord.buf : NULL;
+    const int64_t *lattice = (const int64_t *)lat.buf;
+    const double *scores = (const double *)sco.buf, *probs = (const double *)raw.buf;
+    double *pred = (double *)prd.buf, *real = (double *)rea.buf;
+    double *sda = (double *)da.buf, *sdt = (double *)dt.buf, *swt = (double *)wt.buf;
+    if (b < 1 || n < b || k < 1 || ranks_tr < 1 || dep.len != par.len || rnk.len != par.len ||
+        sco.len != n * (Py_ssize_t)sizeof(double) || cnt.len != b * (Py_ssize_t)sizeof(int64_t) ||
+        rows % b != 0 || raw.len != rows * k * (Py_ssize_t)sizeof(double) ||
+        (ord.len && ord.len != rows * k * (Py_ssize_t)sizeof(int64_t)) || rea.len != prd.len ||
+        cells % ranks_tr != 0 || da.len != nl * (Py_ssize_t)sizeof(double) ||
+        dt.len != da.len || wt.len != da.len || offsets[0] != 0 || offsets[b] != n) {
+        PyErr_SetString(PyExc_ValueError, "learn: inconsistent sizes");
+        goto done;
+    }
+    on = (char *)calloc((size_t)n, 1);
+    tmp = (double *)calloc((size_t)(2 * cells + 1), sizeof(double));
+    gains = (double *)malloc((size_t)(n + 1) * sizeof(double));
+    rank = (Py_ssize_t *)malloc((size_t)n * sizeof(Py_ssize_t));
+    path = (Py_ssize_t *)malloc((size_t)(na + 1) * sizeof(Py_ssize_t));
+    if (!on || !tmp || !gains || !rank || !path) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    {
+        Py_ssize_t t = 0;
+        for (Py_ssize_t i = 0; i < b; i++) {
+            Py_ssize_t a = offsets[i], e = offsets[i + 1];
+            if (a >= e || e > n || counts[i] < 0 || t + counts[i] > na) {
+                PyErr_SetString(PyExc_ValueError, "learn: offsets or counts out of range");
+                goto done;
+            }
+            on[a] = 1;
+            for (int64_t c = 0; c < counts[i]; c++, t++) {
+                if (accepted[t] < 1 || accepted[t] >= e - a) {
+                    PyErr_SetString(PyExc_ValueError, "learn: accepted node out of range");
+                    goto done;
+                }
+                on[a + accepted[t]] = 1;
+            }
+        }
+        if (t != na) {
+            PyErr_SetString(PyExc_ValueError, "learn: counts do not add up to the accepted nodes");
+            goto done;
+        }
+    }
+    /* acceptance: Σ p and Σ hit per cell over the exposed nodes, in node order (bincount) */
+    Py_ssize_t tracked = cells / ranks_tr;
+    for (Py_ssize_t i = 0; i < b; i++) {
+        Py_ssize_t a = offsets[i], e = offsets[i + 1];
+        for (Py_ssize_t j = a + 1; j < e; j++) {
+            int64_t pj = parents[j], d = depths[j] - 1, r = ranks[j];
+            if (pj < 0 || pj >= j - a || d < 0 || d >= draw || r < 0 || r >= k) {
+                PyErr_SetString(PyExc_ValueError, "learn: not a tree of these marginals");
+                goto done;
+            }
+            if (!on[a + pj]) continue;
+            Py_ssize_t row = (i * draw + d) * k;
+            if (order) r = order[row + r];
+            double p = probs[row + r];
+            if (d >= tracked) continue;
+            Py_ssize_t c = (Py_ssize_t)d * ranks_tr + (r < ranks_tr - 1 ? r : ranks_tr - 1);
+            tmp[c] += p;
+            tmp[cells + c] += on[j] ? 1.0 : 0.0;
+        }
+    }
+    for (Py_ssize_t c = 0; c < cells; c++) {
+        pred[c] *= a_decay;
+        real[c] *= a_decay;
+    }
+    for (Py_ssize_t c = 0; c < cells; c++) {
+        pred[c] += tmp[c];
+        real[c] += tmp[cells + c];
+    }
+    /* the chain's shadow: each request's leading rank-0 run and its tree's depth */
+    o_run = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
+    o_deep = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
+    if (!o_run || !o_deep) goto done;
+    {
+        int64_t *run = (int64_t *)PyBytes_AS_STRING(o_run);
+        int64_t *deep = (int64_t *)PyBytes_AS_STRING(o_deep);
+        Py_ssize_t t = 0;
+        for (Py_ssize_t i = 0; i < b; i++) {
+            Py_ssize_t a = offsets[i];
+            int64_t lead = 0, most = 0;
+            int open = 1;
+            for (int64_t c = 0; c < counts[i]; c++, t++) {
+                open = open && ranks[a + accepted[t]] == 0;
+                lead += open;
+            }
+            for (Py_ssize_t j = a; j < offsets[i + 1]; j++)
+                if (depths[j] > most) most = depths[j];
+            run[i] = lead;
+            deep[i] = most;
+        }
+    }
+    if (nl == 0) goto shadow;
+    /* sizes: the merged order's gains and each accepted node's rank in it */
+    Py_ssize_t m_all = n - b;
+    if (b == 1) {
+        for (Py_ssize_t j = 1; j < n; j++) {
+            gains[j - 1] = scores[j];
+            rank[j] = j;
+        }
+    } else {
+        items = (merged *)malloc((size_t)(m_all + 1) * sizeof(merged));
+        if (!items) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        int ordered = 1; /* each tree's non-root scores non-increasing (best-first order) */
+        for (Py_ssize_t i = 0; i < b && ordered; i++)
+            for (Py_ssize_t j = offsets[i] + 2; j < offsets[i + 1]; j++)
+                if (!(scores[j] <= scores[j - 1])) ordered = 0;
+        if (ordered) { /* then merging the B runs gives the sort's order, in O(N log B) */
+            merged *heads = (merged *)malloc((size_t)b * sizeof(merged));
+            if (!heads) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            Py_ssize_t h = 0;
+            for (Py_ssize_t i = 0; i < b; i++) {
+                if (offsets[i] + 1 >= offsets[i + 1]) continue;
+                merged e = {scores[offsets[i] + 1], i, 1, offsets[i] + 1};
+                Py_ssize_t at = h++; /* sift up */
+                while (at > 0 && merged_before(&e, &heads[(at - 1) / 2]) < 0) {
+                    heads[at] = heads[(at - 1) / 2];
+                    at = (at - 1) / 2;
+                }
+                heads[at] = e;
+            }
+            for (Py_ssize_t t = 0; t < m_all; t++) {
+                merged top = heads[0];
+                items[t] = top;
+                merged e;
+                if (top.node + 1 < offsets[top.request + 1]) {
+                    e = (merged){scores[top.node + 1], top.request, top.within + 1, top.node + 1};
+                } else {
+                    e = heads[--h];
+                }
+                Py_ssize_t at = 0; /* sift down */
+                for (;;) {
+                    Py_ssize_t c = 2 * at + 1;
+                    if (c >= h) break;
+                    if (c + 1 < h && merged_before(&heads[c + 1], &heads[c]) < 0) c++;
+                    if (merged_before(&heads[c], &e) >= 0) break;
+                    heads[at] = heads[c];
+                    at = c;
+                }
+                if (h > 0) heads[at] = e;
+            }
+            free(heads);
+        } else {
+            Py_ssize_t t = 0;
+            for (Py_ssize_t i = 0; i < b; i++)
+                for (Py_ssize_t j = offsets[i] + 1; j < offsets[i + 1]; j++)
+                    items[t++] = (merged){scores[j], i, j - offsets[i], j};
+            qsort(items, (size_t)m_all, sizeof(merged), merged_before);
+        }
+        for (Py_ssize_t t2 = 0; t2 < m_all; t2++) {
+            gains[t2] = items[t2].score;
+            rank[items[t2].node] = t2 + 1;
+        }
+    }
+    Py_ssize_t np_ = 0;
+    for (Py_ssize_t i = 0; i < b; i++)
+        for (Py_ssize_t j = offsets[i] + 1; j < offsets[i + 1]; j++)
+            if (on[j]) path[np_++] = rank[j];
+    for (Py_ssize_t c = 0; c < nl; c++) {
+        sda[c] *= s_decay;
+        sdt[c] *= s_decay;
+        swt[c] *= s_decay;
+    }
+    {
+        double sum = 0.0, prev_a = (double)b, prev_t = (double)b;
+        Py_ssize_t summed = 0, ranked = 0, hits = 0;
+        /* accepted nodes per merged rank 1 … N - B (each rank holds one node) */
+        on_rank = (char *)calloc((size_t)(m_all + 1), 1);
+        if (!on_rank) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t q = 0; q < np_; q++) on_rank[path[q]] = 1;
+        for (Py_ssize_t c = 0; c < nl && lattice[c] <= n; c++) {
+            if (lattice[c] < b) continue;
+            Py_ssize_t m = (Py_ssize_t)lattice[c] - b;
+            while (summed < m) sum += gains[summed++];
+            double at = (double)b + sum;
+            while (ranked < m) hits += on_rank[++ranked];
+            double tau = (double)(b + hits);
+            sda[c] += at - prev_a;
+            sdt[c] += tau - prev_t;
+            swt[c] += 1.0;
+            prev_a = at;
+            prev_t = tau;
+        }
+    }
+shadow:
+    result = PyTuple_Pack(2, o_run, o_deep);
+done:
+    Py_XDECREF(o_run);
+    Py_XDECREF(o_deep);
+    free(on);
+    free(on_rank);
+    free(tmp);
+    free(gains);
+    free(rank);
+    free(path);
+    free(items);
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&par);
+    PyBuffer_Release(&dep);
+    PyBuffer_Release(&rnk);
+    PyBuffer_Release(&sco);
+    PyBuffer_Release(&acc);
+    PyBuffer_Release(&cnt);
+    PyBuffer_Release(&ord);
+    PyBuffer_Release(&raw);
+    PyBuffer_Release(&prd);
+    PyBuffer_Release(&rea);
+    PyBuffer_Release(&da);
+    PyBuffer_Release(&dt);
+    PyBuffer_Release(&wt);
+    PyBuffer_Release(&lat);
+    return result;
+}
+
+/* calibrate(probs, ids, g, rows, k) -> (q, ids_sorted, order) or (q, None, None)
+ *   The learning controller's calibrated marginals (bastion.observed.AcceptanceCalibration):
+ *   q = min(p * g, 1) for every candidate of every row (rows = B * D request-major rows of k,
+ *   g one [D, k] factor matrix shared by the requests), each row then sorted descending with
+ *   ties in their original order (numpy's stable argsort of -q). When every row is still
+ *   sorted, only q comes back (the order is the identity and the ids are unchanged). */
+PyObject *bf_calibrate(PyObject *self, PyObject *args) {
+    Py_buffer pb, ib, gb;
+    Py_ssize_t rows, k;
+    PyObject *result = NULL, *o_q = NULL, *o_ids = NULL, *o_ord = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*nn", &pb, &ib, &gb, &rows, &k)) return NULL;
+    Py_ssize_t cells = pb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t gcells = gb.len / (Py_ssize_t)sizeof(double);
+    if (rows < 1 || k < 1 || rows > PY_SSIZE_T_MAX / k || cells != rows * k ||
+        ib.len != cells * (Py_ssize_t)sizeof(int64_t) || gcells < k || gcells % k != 0 ||
+        rows % (gcells / k) != 0) {
+        PyErr_SetString(PyExc_ValueError, "calibrate: inconsistent sizes");
+        goto done;
+    }
+    {
+        const double *p = (const double *)pb.buf, *g = (const double *)gb.buf;
+        const int64_t *ids = (const int64_t *)ib.buf;
+        Py_ssize_t grows = gcells / k; /* the factor matrix repeats every D rows */
+        o_q = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(double));
+        if (!o_q) goto done;
+        double *q = (double *)PyBytes_AS_STRING(o_q);
+        int sorted = 1;
+        for (Py_ssize_t r = 0, gr = 0; r < rows; r++) { /* no division in the inner loop */
+            const double *pr = p + r * k, *g_row = g + gr * k;
+            double *qr = q + r * k;
+            for (Py_ssize_t j = 0; j < k; j++) {
+                double v = pr[j] * g_row[j];
+                qr[j] = v < 1.0 ? v : 1.0;
+                if (j && qr[j - 1] < qr[j]) sorted = 0;
+            }
+            if (++gr == grows) gr = 0;
+        }
+        if (sorted) {
+            result = Py_BuildValue("(OOO)", o_q, Py_None, Py_None);
+            goto done;
+        }
+        o_ids = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(int64_t));
+        o_ord = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(int64_t));
+        if (!o_ids || !o_ord) goto done;
+        int64_t *out_ids = (int64_t *)PyBytes_AS_STRING(o_ids);
+        int64_t *order = (int64_t *)PyBytes_AS_STRING(o_ord);
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            double *qr = q + r * k;
+            int64_t *o = order + r * k;
+            for (Py_ssize_t j = 0; j < k; j++) { /* insertion sort: stable, descending */
+                double v = qr[j];
+                Py_ssize_t i = j;
+                while (i > 0 && qr[i - 1] < v) {
+                    qr[i] = qr[i - 1];
+                    o[i] = o[i - 1];
+                    i--;
+                }
+                qr[i] = v;
+                o[i] = j;
+            }
+            for (Py_ssize_t j = 0; j < k; j++) out_ids[r * k + j] = ids[r * k + o[j]];
+        }
+        result = Py_BuildValue("(OOO)", o_q, o_ids, o_ord);
+    }
+done:
+    Py_XDECREF(o_q);
+    Py_XDECREF(o_ids);
+    Py_XDECREF(o_ord);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&ib);
+    PyBuffer_Release(&gb);
+    return result;
+}
