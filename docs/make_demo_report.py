@@ -39,6 +39,7 @@ POLICIES = (
     "fixed:16",
     "fixed:32",
     "fixed:64",
+    "fixed:128",
     "beam:4x15",
     "bastion:paper",
     "bastion",
