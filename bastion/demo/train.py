@@ -335,7 +335,8 @@ def train_target(
         "config": asdict(cfg),
     }
     with atomic_directory(out, replace=True) as tmp:  # a kill leaves the old model or the new
-        model.to(_DTYPES[cfg.save_dtype]).save_pretrained(tmp)
+        model.to(_DTYPES[cfg.save_dtype])  # type: ignore[arg-type]  # the stubs miss dtype
+        model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "training.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -456,9 +457,10 @@ def tapped_features(target: Any, x: torch.Tensor, taps: Sequence[int], precision
 
 def _block_loss(
     target: Any, drafter: Any, cfg: DrafterTraining, mask_id: int, low: int
-) -> Callable[[torch.Tensor, np.random.Generator], tuple[torch.Tensor, torch.Tensor]]:
-    """loss(x, rng) → (weighted block cross-entropy, top-1 hits [blocks, b − 1]) for blocks
-    anchored at random positions ≥ ``low``."""
+) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """loss(x, rng, features=None) → (weighted block cross-entropy, top-1 hits [blocks, b − 1])
+    for blocks anchored at random positions ≥ ``low``; ``features``: the target's tapped
+    features of ``x`` when already computed."""
     b = cfg.block_size
     weights = torch.tensor([cfg.decay**k for k in range(b - 1)])
     weights = weights / weights.sum()
