@@ -1,6 +1,6 @@
 """What a real decode step spent, stage by stage: the samples a measured truth is fitted from.
 
-The real backend's decode loop (:mod:`bastion.backends.torch.runner`) times every batched step in
+The real backend's decode loop (:mod:`bastion.backends.torch.decode`) times every batched step in
 four parts and every prefill whole:
 
 - ``draft_s``: the engine's plan and the drafter's batched pass (0 for a step that drafts

@@ -359,7 +359,7 @@ def test_the_cycle_report_prices_each_step_as_the_step_it_was() -> None:
     """The report's predicted cycle: a drafted step is priced with its draft pass, a step that
     drafted nothing (a learning controller's AR step) without it, and a step whose controller
     predicted its own cycle counts that prediction."""
-    from bastion.backends.torch.runner import _cycle_report
+    from bastion.backends.torch.reports import _cycle_report
     from bastion.interfaces import StepCost
 
     class Priced:

@@ -8,7 +8,10 @@
 - :mod:`.clock`         the device-synchronised wall clock
 - :mod:`.timing`        the timing hooks (timers of real passes), the real-run cost models
 - :mod:`.calibrate`     calibration records of the target (roofline) and the drafter (T_draft)
-- :mod:`.runner`        loading models; continuous batching over :meth:`SpecEngine.step`
+- :mod:`.prepare`       loading the target; a session's set-up: checks, verifier, cost model
+- :mod:`.decode`        the decode loop: continuous batching over :meth:`SpecEngine.step`
+- :mod:`.reports`       the reports of a run and the traces recorded from it
+- :mod:`.runner`        ``generate_batch`` and ``generate``: set-up, warm-ups, timed runs, report
 - :mod:`.hf`            ``speculative_generate``: a drop-in for ``model.generate``
 
 Importing this package imports torch and transformers. What it does not do: hybrid/recurrent
@@ -19,13 +22,9 @@ from __future__ import annotations
 
 from bastion.backends.torch.drafter import DFlashDrafter
 from bastion.backends.torch.hf import SpeculativeGenerateOutput, speculative_generate
-from bastion.backends.torch.runner import (
-    BatchGenerationReport,
-    GenerationReport,
-    generate,
-    generate_batch,
-    load_target,
-)
+from bastion.backends.torch.prepare import load_target
+from bastion.backends.torch.reports import BatchGenerationReport, GenerationReport
+from bastion.backends.torch.runner import generate, generate_batch
 from bastion.backends.torch.sampling import SamplingParams
 from bastion.backends.torch.verifier import TargetFeedback, TorchVerifier
 

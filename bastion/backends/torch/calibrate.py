@@ -10,9 +10,9 @@ The roofline record prices the target only. ``calibrate_drafter`` times the draf
 pass (``drafter_timer``) over a grid of batch sizes × contexts and fits
 T_draft(B, ΣC) = d0 + d_B·B + d_C·ΣC (:class:`~.timing.DraftTiming`), cached beside the
 roofline records under (backend, device name, target, drafter shape, dtype);
-``drafter_timing`` returns the cached fit or measures one (a few passes, then cached). The
-runner wraps the cost model with it (:func:`~.timing.with_draft_timing`), so Ĉ(N) includes the
-drafter's measured pass.
+``drafter_timing`` returns the cached fit or measures one (a few passes, then cached). A
+session's set-up (:mod:`.prepare`) wraps the cost model with it
+(:func:`~.timing.with_draft_timing`), so Ĉ(N) includes the drafter's measured pass.
 
 The device profile: ``--gpu NAME`` for a GPU (one of ``bastion hw list``); on a CPU, a profile
 measured once by ``bastion hw probe`` (quick) and kept beside the calibration records.

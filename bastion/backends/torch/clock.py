@@ -3,7 +3,7 @@
 ``device_clock(device)`` returns a clock that waits for the device's queued work before reading
 ``time.perf_counter`` (a no-op on CPU), so stage times measure work, not kernel launches.
 
-What this module does not do: time anything itself (the verifier, the runner and
+What this module does not do: time anything itself (the verifier, the decode loop and
 :mod:`.timing` do).
 """
 

@@ -35,7 +35,8 @@ from bastion.errors import BudgetError
 from bastion.guard import public
 from bastion.interfaces import BatchDrafter, CostModel, Drafter, TreePolicy
 
-from .runner import BatchGenerationReport, GenerationReport, generate_batch
+from .reports import BatchGenerationReport, GenerationReport
+from .runner import generate_batch
 from .sampling import SamplingParams
 
 __all__ = ["SpeculativeGenerateOutput", "speculative_generate"]

@@ -30,7 +30,8 @@ from bastion.errors import ArgumentError, BudgetError
 from bastion.guard import has, integer, public
 from bastion.interfaces import BatchDrafter, CostModel, Drafter, TreePolicy
 
-from .runner import BatchGenerationReport, _session
+from .reports import BatchGenerationReport
+from .runner import _session
 from .sampling import SamplingParams
 from .timing import Clock, device_clock
 

@@ -8,7 +8,7 @@ output position, batched (``DFlashDraftModel.block_hidden``), each seeing only t
 before it — what incremental decoding would have seen, up to floating-point differences between
 pass shapes (which can flip near-tied top-K entries; the replay test measures how often).
 
-What this module does not do: decode (see :mod:`.runner`).
+What this module does not do: decode (see :mod:`.decode`).
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ from bastion.stepcosts import PrefillSample, StepSample
 from bastion.trace import Trace
 
 from .lockstep import TurnClock, lockstep
-from .runner import BatchGenerationReport, _session
+from .reports import BatchGenerationReport
+from .runner import _session
 from .timing import device_clock
 
 __all__ = [

@@ -207,6 +207,57 @@ def _pad_seq(t: torch.Tensor, length: int) -> torch.Tensor:
     return F.pad(t, (0, 0, 0, extra)) if extra > 0 else t
 
 
+def _tree_mask(
+    tree: DraftTree, past: int, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The additive mask [1, 1, N, past + N] and position ids [1, N] of one tree."""
+    n = tree.size
+    anc = torch.from_numpy(ancestor_matrix(tree)).to(device)
+    mask = torch.zeros(1, 1, n, past + n, dtype=dtype, device=device)
+    mask[0, 0, :, past:].masked_fill_(~anc, torch.finfo(dtype).min)
+    positions = torch.from_numpy(past + tree.depths).to(device)[None]
+    return mask, positions
+
+
+def _batch_mask(
+    pasts: Sequence[int],
+    rows: Sequence[int],
+    trees: Sequence[DraftTree],
+    length: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token ids, the additive mask and position ids of a step (:meth:`TorchVerifier.batch_mask`)
+    over a cache of ``length`` columns whose row r holds ``pasts[r]`` tokens."""
+    n_rows = len(pasts)
+    n = max(t.size for t in trees)
+    past = np.array(pasts, dtype=np.int64)
+    sizes = np.zeros(n_rows, dtype=np.int64)
+    tokens = np.zeros((n_rows, n), dtype=np.int64)
+    positions = np.repeat(past[:, None], n, axis=1)
+    tree_vis = np.zeros((n_rows, n, n), dtype=bool)
+    tree_vis[:, np.arange(n), np.arange(n)] = True  # padding queries see themselves
+    for r, tree in zip(rows, trees, strict=True):
+        k = tree.size
+        sizes[r] = k
+        tokens[r, :k] = tree.tokens
+        positions[r, :k] += tree.depths
+        tree_vis[r, :k, :k] = ancestor_matrix(tree)
+    past_t = torch.from_numpy(past).to(device)
+    sizes_t = torch.from_numpy(sizes).to(device)
+    prefix = (torch.arange(length, device=device)[None, None, :] < past_t[:, None, None]) & (
+        torch.arange(n, device=device)[None, :, None] < sizes_t[:, None, None]
+    )
+    visible = torch.cat((prefix, torch.from_numpy(tree_vis).to(device)), dim=-1)
+    mask = torch.zeros(n_rows, 1, n, length + n, dtype=dtype, device=device)
+    mask.masked_fill_(~visible[:, None], torch.finfo(dtype).min)
+    return (
+        torch.from_numpy(tokens).to(device),
+        mask,
+        torch.from_numpy(positions).to(device),
+    )
+
+
 # A transformers PreTrainedModel: its config attributes are dynamic, so it is typed as Any.
 HFModel = Any
 
@@ -244,12 +295,12 @@ class TorchVerifier:
         self.sampling = sampling or SamplingParams()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self._cache_kw = _cache_kwarg(model)
         if generator is None:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(0)
         self.generator = generator
         self.clock: Clock = clock or device_clock(self.device)
-        self._cache_kw = _cache_kwarg(model)
         self._requests: dict[int, _Request] = {}
         self._rows: list[int] = []  # request id of each row of the batched cache
         self._cache: Any = None  # the batched DynamicCache (None while no request is resident)
@@ -380,12 +431,7 @@ class TorchVerifier:
 
     def tree_mask(self, tree: DraftTree, past: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The additive mask [1, 1, N, past + N] and position ids [1, N] of one tree."""
-        n = tree.size
-        anc = torch.from_numpy(ancestor_matrix(tree)).to(self.device)
-        mask = torch.zeros(1, 1, n, past + n, dtype=self.dtype, device=self.device)
-        mask[0, 0, :, past:].masked_fill_(~anc, torch.finfo(self.dtype).min)
-        positions = torch.from_numpy(past + tree.depths).to(self.device)[None]
-        return mask, positions
+        return _tree_mask(tree, past, self.device, self.dtype)
 
     def batch_mask(
         self, rows: Sequence[int], trees: Sequence[DraftTree]
@@ -393,34 +439,8 @@ class TorchVerifier:
         """Token ids [R, N_max], the additive mask [R, 1, N_max, L + N_max] and position ids
         [R, N_max] of a step whose j-th tree belongs to cache row ``rows[j]`` (see the module
         docstring). Rows without a tree get one padding query that sees only itself."""
-        n_rows, length = len(self._rows), self.cache_length()
-        n = max(t.size for t in trees)
-        past = np.array([self._requests[rid].past for rid in self._rows], dtype=np.int64)
-        sizes = np.zeros(n_rows, dtype=np.int64)
-        tokens = np.zeros((n_rows, n), dtype=np.int64)
-        positions = np.repeat(past[:, None], n, axis=1)
-        tree_vis = np.zeros((n_rows, n, n), dtype=bool)
-        tree_vis[:, np.arange(n), np.arange(n)] = True  # padding queries see themselves
-        for r, tree in zip(rows, trees, strict=True):
-            k = tree.size
-            sizes[r] = k
-            tokens[r, :k] = tree.tokens
-            positions[r, :k] += tree.depths
-            tree_vis[r, :k, :k] = ancestor_matrix(tree)
-        dev = self.device
-        past_t = torch.from_numpy(past).to(dev)
-        sizes_t = torch.from_numpy(sizes).to(dev)
-        prefix = (torch.arange(length, device=dev)[None, None, :] < past_t[:, None, None]) & (
-            torch.arange(n, device=dev)[None, :, None] < sizes_t[:, None, None]
-        )
-        visible = torch.cat((prefix, torch.from_numpy(tree_vis).to(dev)), dim=-1)
-        mask = torch.zeros(n_rows, 1, n, length + n, dtype=self.dtype, device=dev)
-        mask.masked_fill_(~visible[:, None], torch.finfo(self.dtype).min)
-        return (
-            torch.from_numpy(tokens).to(dev),
-            mask,
-            torch.from_numpy(positions).to(dev),
-        )
+        past = [self._requests[rid].past for rid in self._rows]
+        return _batch_mask(past, rows, trees, self.cache_length(), self.device, self.dtype)
 
     def accept(self, tree: DraftTree, logits: torch.Tensor) -> WalkResult:
         """The acceptance walk over logits [N, V] (greedy at T = 0, sample-and-match at T > 0)."""
