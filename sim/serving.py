@@ -55,8 +55,9 @@ from bastion.guard import public
 from bastion.interfaces import BatchTreePolicy, CostModel, TreePolicy
 from bastion.sim.arrivals import Arrival
 from bastion.sim.backend import DraftSource, SimBatch
-from bastion.sim.gpu import DEFAULT_PREFILL_CHUNK, SimulatedGPU
+from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.latency import RequestLatency
+from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK
 
 __all__ = ["RequestStats", "ServingResult", "serve"]
 

@@ -43,8 +43,10 @@ from bastion.policies import make_policy, policy_label, policy_labels
 from bastion.records import acceptance_stats
 from bastion.sim.arrivals import Arrival, poisson_arrivals, read_arrivals
 from bastion.sim.backend import MAX_REQUESTS
-from bastion.sim.gpu import DEFAULT_PREFILL_CHUNK, GroundTruth, SimulatedGPU
+from bastion.sim.gpu import SimulatedGPU
+from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.latency import latency_summary
+from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK
 from bastion.sim.serving import LengthSource, ServingResult, serve
 from bastion.sim.startup import learned_cost_model
 from bastion.sim.synthetic import SyntheticSource

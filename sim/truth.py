@@ -1,10 +1,11 @@
 """Truth files: the simulated GPU's ground truth per serving backend, as TOML data files.
 
 A truth file says how the simulated device and its serving framework depart from the bare
-roofline (:class:`bastion.sim.gpu.GroundTruth`). Shipped: ``hf-eager`` (Hugging Face Transformers in
-eager mode, as the paper's batch-1 runs) and ``cudagraph`` (a serving engine that replays CUDA
-graphs, as SGLang or vLLM), in ``sim/truths/``; ``builtin`` is the dataclass's defaults (the
-bare roofline × constant efficiencies with tile steps; no file). Looked up, first match wins:
+roofline (:class:`bastion.sim.ground_truth.GroundTruth`). Shipped: ``hf-eager`` (Hugging Face
+Transformers in eager mode, as the paper's batch-1 runs) and ``cudagraph`` (a serving engine that
+replays CUDA graphs, as SGLang or vLLM), in ``sim/truths/``; ``builtin`` is the dataclass's
+defaults (the bare roofline × constant efficiencies with tile steps; no file). Looked up, first
+match wins:
 
 1. directories in ``$BASTION_TRUTHS`` (``os.pathsep``-separated);
 2. the files shipped with the package (``sim/truths/*.toml``).
@@ -14,7 +15,7 @@ separator is a path). An unknown name is an error listing the known ones.
 
 Layout: top-level ``name`` and ``description``; sections ``[device]``, ``[gemm_shape]``,
 ``[attention]``, ``[framework]``, ``[moe]``, ``[preparation]``, ``[host]``, ``[noise]`` whose keys
-are :class:`~sim.gpu.GroundTruth` fields (in ``[gemm_shape]``: ``model = "kernel"``, or a
+are :class:`~sim.ground_truth.GroundTruth` fields (in ``[gemm_shape]``: ``model = "kernel"``, or a
 measured ``tokens`` and ``factor``), an optional ``[measured]`` (a measured truth: every cost
 fitted from real steps on one machine, :mod:`bastion.sim.measured`), and
 ``[sources]`` (free text per key: where each number comes from). Every key is checked: an
@@ -45,7 +46,7 @@ import numpy as np
 from bastion.errors import ConfigError, UnknownNameError
 from bastion.files import checked_table
 from bastion.guard import public, readable_file
-from bastion.sim.gpu import GroundTruth
+from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.measured import measured_from_dict
 
 __all__ = [

@@ -39,7 +39,8 @@ from bastion.guard import integer, public, writable_file
 from bastion.interfaces import CostModel
 from bastion.policies import make_policy
 from bastion.sim.arrivals import Arrival
-from bastion.sim.gpu import GroundTruth, SimulatedGPU
+from bastion.sim.gpu import SimulatedGPU
+from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.replay import TraceSource
 from bastion.sim.serving import ServingResult, serve
 from bastion.trace import Trace

@@ -172,8 +172,8 @@ def test_a_chain_chosen_after_top_k_drafting_pays_the_top_k_pass_but_no_tree_wor
     argmax = plain.prep_truth(sizes, topk=False, contexts=ctx)
     assert argmax < chain < tree
     t = plain.truth
-    logits = 8 * plain._depth * model.vocab
-    swap = logits * (t.prep_topk_bytes - t.prep_argmax_bytes) / plain._bw
+    logits = 8 * plain.prep.depth * model.vocab
+    swap = logits * (t.prep_topk_bytes - t.prep_argmax_bytes) / plain.prep.byte_rate
     swap += (t.prep_tree_kernels - t.prep_chain_kernels) * (
         t.host_kernel_s + plain.device.launch_overhead_s
     )

@@ -66,14 +66,14 @@ def test_matrix_truth_equals_price_pass_route(model: str, tile: int) -> None:
         b = int(rng.integers(1, 65))
         s = rng.integers(1, 200, b)
         c = rng.integers(0, 20_000, b)
-        cq = g._quantise(c)
+        cq = g.sums.quantise(c)
         close(g.verify_truth(s, c), reference(g, PassShape.of_batch(s, cq, masked=True), True))
         ones = np.ones(b)
         close(g.ar_truth(c), reference(g, PassShape.of_batch(ones, cq, masked=False), False))
     # the cached batch-1 curve, priced as one vectorised shape
     curve = g.verify_curve(3000)
     sizes = np.arange(1, g.max_tree_size + 1, dtype=np.float64)
-    close(curve, reference(g, PassShape.of([(sizes, g._quantise(3000))], masked=True), True))
+    close(curve, reference(g, PassShape.of([(sizes, g.sums.quantise(3000))], masked=True), True))
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -85,8 +85,8 @@ def test_mixed_pass_equals_its_price_pass_reference(model: str) -> None:
     rng = np.random.default_rng(11)
     for _ in range(10):
         b, k = int(rng.integers(1, 33)), int(rng.integers(1, 4))
-        s, c = rng.integers(1, 100, b).astype(float), g._quantise(rng.integers(0, 8000, b))
-        n, pc = rng.integers(1, 1024, k).astype(float), g._quantise(rng.integers(0, 8000, k))
+        s, c = rng.integers(1, 100, b).astype(float), g.sums.quantise(rng.integers(0, 8000, b))
+        n, pc = rng.integers(1, 1024, k).astype(float), g.sums.quantise(rng.integers(0, 8000, k))
         chunk_pairs = float(np.sum(n * pc + n * (n + 1) / 2))
         for masked, tokens in ((True, s), (False, np.ones(b))):
             tree_pairs = float(np.dot(tokens, c + tokens))
@@ -192,7 +192,7 @@ def test_draft_truth_equals_drafter_pass(model: str, tile: int) -> None:
         for _ in range(20):
             b = int(rng.integers(1, 80))
             c = rng.integers(0, 40_000, b)
-            want = drafter_pass(drafter, g.device, list(g._quantise(c)), g.options).total_s
+            want = drafter_pass(drafter, g.device, list(g.sums.quantise(c)), g.options).total_s
             close(g.draft_truth(c), want)
             close(g.draft_truth(c.tolist()), want)
 
@@ -206,11 +206,11 @@ def test_batch_inputs_lists_arrays_and_one_request() -> None:
     assert g.ar_truth(c) == g.ar_truth(c.tolist())
     # one request: the cached curve (or cache) agrees with the batched route's numbers
     for size, ctx in [(1, 0), (16, 1000), (1024, 77), (1500, 4096)]:
-        shape = PassShape.of_batch([size], g._quantise([ctx]), masked=True)
+        shape = PassShape.of_batch([size], g.sums.quantise([ctx]), masked=True)
         close(g.verify_truth([size], [ctx]), reference(g, shape, True))
         close(g.verify_truth(np.array([size]), np.array([ctx])), reference(g, shape, True))
     assert g.verify_truth([5000], 100) == g.verify_truth([5000], [100])  # past the curve
-    ar = PassShape.of_batch([1.0], g._quantise([999]), masked=False)
+    ar = PassShape.of_batch([1.0], g.sums.quantise([999]), masked=False)
     close(g.ar_truth([999]), reference(g, ar, False))
     close(g.ar_truth(999), reference(g, ar, False))
 
@@ -299,8 +299,8 @@ def test_weight_bytes_4_doubles_a_memory_bound_pass() -> None:
     roofline at those widths."""
     two, four = gpu(noise=0.0, tile_tokens=0), gpu(noise=0.0, tile_tokens=0, weight_bytes=4.0)
     assert four.options.bytes_per_param == 4.0 and four.options.bytes_per_act == 2.0
-    launch = two._launch_plain
-    assert launch == four._launch_plain
+    launch = two.pricer._launch_plain
+    assert launch == four.pricer._launch_plain
     ratio = (four.ar_truth([64]) - launch) / (two.ar_truth([64]) - launch)
     assert 1.95 < ratio <= 2.0
     c = np.array([64.0])

@@ -297,12 +297,12 @@ def test_a_probed_profile_simulates_under_the_default_truth(
 ) -> None:
     """`bastion hw probe` writes a profile without an SM clock (a CPU has none); the default
     truth's kernel GEMM model is skipped for it (factor 1), so the demo pair simulates on it."""
-    import bastion.sim.gpu as sim_gpu
+    import bastion.sim.pass_pricing as pass_pricing
     from bastion.cli import main
     from bastion.cost.hardware import load_profile
     from bastion.sim.truth import DEFAULT_TRUTH, get_truth
 
-    monkeypatch.setattr(sim_gpu, "_NO_KERNEL_MODEL", set())
+    monkeypatch.setattr(pass_pricing, "_NO_KERNEL_MODEL", set())
     assert get_truth(DEFAULT_TRUTH).gemm_shape_model == "kernel"
     profile = tmp_path / "cpu.toml"
     assert main(["hw", "probe", "--quick", "--name", "cpu", "--out", str(profile)]) == 0

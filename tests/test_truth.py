@@ -270,18 +270,18 @@ def test_kernel_shape_skips_a_profile_without_a_clock(
     """The kernel model prices GPU kernels from the SM clock and resident threads; a profile
     without them (a probed CPU's) gets factor 1 — the truth without [gemm_shape] — and one
     warning naming the keys that would apply it, not an error."""
-    import bastion.sim.gpu as sim_gpu
+    import bastion.sim.pass_pricing as pass_pricing
     from tests.test_cost_kernels import write_profile
 
-    monkeypatch.setattr(sim_gpu, "_NO_KERNEL_MODEL", set())
+    monkeypatch.setattr(pass_pricing, "_NO_KERNEL_MODEL", set())
     path = write_profile(tmp_path, "old", clock=None, threads=None)
     hw = load_profile_path(path)
     m = get_model("qwen3-8b")
     kernel = GroundTruth(noise=0.0, tile_tokens=0, gemm_shape_model="kernel")
-    with caplog.at_level("WARNING", logger="bastion.sim.gpu"):
+    with caplog.at_level("WARNING", logger="bastion.sim.pass_pricing"):
         g = SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), kernel)
         SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), kernel)  # warned once
-    assert g._phi is None
+    assert g.pricer.phi is None
     plain = SimulatedGPU(hw, m, DrafterSpec.dflash_for(m), replace(kernel, gemm_shape_model=""))
     np.testing.assert_array_equal(g.verify_curve(512), plain.verify_curve(512))
     warned = [r.getMessage() for r in caplog.records]
@@ -290,21 +290,22 @@ def test_kernel_shape_skips_a_profile_without_a_clock(
     assert str(path) in warned[0] and "factor 1" in warned[0]
     # a profile with them keeps its steps (the control)
     clocked = load_profile_path(write_profile(tmp_path, "new"))
-    assert SimulatedGPU(clocked, m, DrafterSpec.dflash_for(m), kernel)._phi is not None
+    assert SimulatedGPU(clocked, m, DrafterSpec.dflash_for(m), kernel).pricer.phi is not None
 
 
 def test_kernel_shape_one_pass_equals_the_vectorised_route() -> None:
     """A batched pass (priced one row at a time) gets the same factors as the same passes priced
     together; tokens beyond the factor table take its last row."""
     g = gpu(GroundTruth(noise=0.0, tile_tokens=0, gemm_shape_model="kernel"))
-    assert g._phi is not None
+    p = g.pricer
+    assert p.phi is not None
     rows = np.array(
         [[1.0, t, t, t * 600.0, 600.0 + t, t * 600.0, 0.0] for t in (3.0, 77.0, 300.0, 9000.0)]
     )
     tokens, touched = rows[:, 1], np.zeros(4)
-    together = g._price(rows, tokens, touched, 1.0)
+    together = p.price(rows, tokens, touched, 1.0)
     one_by_one = [
-        float(g._price(rows[i : i + 1], tokens[i : i + 1], touched[:1], 1.0)[0]) for i in range(4)
+        float(p.price(rows[i : i + 1], tokens[i : i + 1], touched[:1], 1.0)[0]) for i in range(4)
     ]
     np.testing.assert_allclose(together, one_by_one, rtol=1e-12)
-    assert g._phi_rows(np.array([9000.0]))[0] == g._phi.shape[0] - 1
+    assert p.phi_rows(np.array([9000.0]))[0] == p.phi.shape[0] - 1

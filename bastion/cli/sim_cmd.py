@@ -17,7 +17,7 @@ from typing import Any
 from bastion.errors import BudgetError, ConfigError
 
 DEFAULT_PREFILL_CHUNK = (
-    512  # bastion.sim.gpu.DEFAULT_PREFILL_CHUNK (the CLI does not import bastion.sim eagerly)
+    512  # bastion.sim.prefill.DEFAULT_PREFILL_CHUNK (the CLI does not import bastion.sim eagerly)
 )
 
 

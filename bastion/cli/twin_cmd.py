@@ -155,7 +155,7 @@ def _unmeasured(target: Any, device: str) -> dict[str, Any]:
     """What the simulator predicts without timing this machine: the bare roofline of the
     device's profile in the device's form (on a CPU host and device work add, and there are no
     GEMM tiles), with the target's own element width; and the default truth as shipped."""
-    from bastion.sim.gpu import GroundTruth
+    from bastion.sim.ground_truth import GroundTruth
     from bastion.sim.truth import DEFAULT_TRUTH, get_truth
 
     width = float(next(target.parameters()).element_size())

@@ -38,7 +38,7 @@ import numpy as np
 
 from bastion.errors import BudgetError, ConfigError
 from bastion.guard import integer, public
-from bastion.sim.gpu import GroundTruth
+from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.measured import MeasuredCosts
 from bastion.sim.measured_fit import fit_measured
 from bastion.sim.twin import TwinRow, compare, replay, summary, with_speedups

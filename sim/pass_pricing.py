@@ -1,0 +1,358 @@
+"""PassPricer: one forward pass's truth, its features priced on the per-operator roofline.
+
+The truth is the per-operator roofline of :mod:`bastion.cost.roofline` evaluated with what real
+GPUs add and the bare roofline does not know (the :class:`~bastion.sim.ground_truth.GroundTruth`
+fields: efficiencies, tile steps, launch cost, the tree mask's penalty on attention, grouped-GEMM
+effects on the experts, measured or kernel-aware GEMM shape factors, the host's dispatch).
+
+Passes are priced from the per-operator FLOP and byte counts of
+:class:`~bastion.cost.roofline.LinearPricer` (built with the truth's device and options): every
+count of a target pass is affine in seven features (1, T, padded T, attention pairs, KV tokens,
+mask elements, experts touched), so one pass is one small matrix-vector product, the per-operator
+max(compute, memory) and a weighted sum (the tree-attention penalty is a per-operator weight).
+A drafter pass over n requests is affine in Σ c_i for fixed n (tile padding and experts touched
+depend on n alone), so its per-operator counts are read off
+:func:`~bastion.cost.roofline.drafter_pass` at Σ c = 0 and Σ c = 1 once per batch size. Both routes
+give the per-operator roofline's numbers to rounding (≪ 1e-12 relative; the tests compare them
+with ``price_pass`` and ``drafter_pass``). The pass's features come from
+:class:`~bastion.sim.batching.BatchSums`; this module knows nothing of noise or caching per
+context.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.cost.hardware import HardwareProfile
+from bastion.cost.kernels import step_factors
+from bastion.cost.models import DrafterSpec, ModelSpec
+from bastion.cost.roofline import DrafterPricer, LinearPricer, RooflineOptions
+from bastion.errors import ConfigError
+from bastion.sim.ground_truth import GroundTruth
+from bastion.sim.prefill import Chunks
+from bastion.sim.routing import expected_experts, routing_draws, routing_draws_one
+
+_ATTENTION_OPS = ("attn_scores", "attn_values")
+
+log = logging.getLogger(__name__)
+
+Array = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+# (drafter, device, options) reprs → the drafter's pass pricer (see SimulatedGPU.__post_init__)
+_DRAFTERS: dict[tuple[str, str, str], DrafterPricer] = {}
+
+# (model, profile, options) reprs → the kernel-aware step factors [T, operators]
+_STEP_FACTORS: dict[tuple[str, str, str], Array] = {}
+
+# Operators that are GEMMs over the pass's tokens (the measured shape factor applies to them)
+_GEMM_OPS = frozenset(
+    (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "qkv_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "gate_up_proj",
+        "down_proj",
+        "lm_head",
+        "router",
+    )
+)
+_EXPERT_OPS = frozenset(("experts_gate_up", "experts_act", "experts_down"))
+
+
+_KERNEL_KEYS = ("sm_clock_hz", "max_threads_per_sm")
+_NO_KERNEL_MODEL: set[tuple[str, str | None]] = set()  # profiles already warned about
+
+
+def _kernel_model_applies(hw: HardwareProfile) -> bool:
+    """Whether the kernel-aware GEMM model (``[gemm_shape] model = "kernel"``) can price
+    ``hw``: it models GPU kernels (tiles and waves over SMs at the SM clock, resident threads),
+    so it needs the profile's ``[peak] sm_clock_hz`` and ``max_threads_per_sm``. A profile
+    without them — every ``bastion hw probe`` profile (a CPU has neither), or a GPU profile
+    that omits them — gets no kernel steps: its GEMMs are priced on the smooth roofline
+    (factor 1), with one warning per profile and process saying which keys would apply it."""
+    missing = [k for k in _KERNEL_KEYS if getattr(hw, k) is None]
+    if not missing:
+        return True
+    if (hw.name, hw.path) not in _NO_KERNEL_MODEL:
+        _NO_KERNEL_MODEL.add((hw.name, hw.path))
+        log.warning(
+            'profile %r%s has no %s: the truth\'s [gemm_shape] model = "kernel" (GPU GEMM '
+            "tiles and waves) is not applied to it, its GEMMs are priced on the smooth roofline "
+            "(factor 1). A GPU: add those keys to the profile's [peak] table; a CPU: a truth "
+            "without [gemm_shape] says the same without this warning",
+            hw.name,
+            f" ({hw.path})" if hw.path else "",
+            " and ".join(f"[peak].{k}" for k in missing),
+        )
+    return False
+
+
+class PassPricer:
+    """The truth's price of target and drafter passes on one device, from their features."""
+
+    def __init__(
+        self, hardware: HardwareProfile, model: ModelSpec, drafter: DrafterSpec, truth: GroundTruth
+    ) -> None:
+        self.model, self.drafter, self.truth = model, drafter, truth
+        t = truth
+        hw = hardware
+        eff_c = min(1.0, hw.compute_efficiency * t.compute_scale)
+        eff_m = min(1.0, hw.memory_efficiency * t.memory_scale)
+        self.device = hw.with_efficiency(eff_c, eff_m, hw.launch_overhead_s * t.launch_scale)
+        plain = RooflineOptions()  # 0 widths: the roofline's (2 bytes)
+        self.options = RooflineOptions(
+            tile_tokens=t.tile_tokens,
+            bytes_per_param=float(t.weight_bytes or plain.bytes_per_param),
+            bytes_per_act=float(t.activation_bytes or plain.bytes_per_act),
+        )
+        # The target's per-operator counts, read off the masked LinearPricer (the unmasked one
+        # differs only by a zero mask column, and an unmasked pass has a zero mask feature).
+        # Rows: the features (1, T, padded T, attention pairs, KV tokens, mask elements,
+        # experts touched); columns: compute seconds of every operator, then memory seconds.
+        pricer = LinearPricer(self.model, self.device, self.options, masked=True)
+        names = pricer.names
+        self._ops = len(names)
+        self._peak, self.byte_rate = pricer.flop_rate, pricer.byte_rate
+        self._matrix = np.hstack(
+            (
+                np.vstack(pricer.flops) / self._peak,
+                np.vstack(pricer.nbytes) / self.byte_rate,
+            )
+        )
+        self._attention = np.array([n in _ATTENTION_OPS for n in names], dtype=np.float64)
+        self._gemm = np.array([n in _GEMM_OPS for n in names], dtype=np.float64)
+        self._expert_idx = np.array([i for i, n in enumerate(names) if n in _EXPERT_OPS], int)
+        self._lm = names.index("lm_head")
+        self._launch = np.asarray(pricer.launch_s, dtype=np.float64)
+        self._launch_plain = float(self._launch.sum())
+        self._launch_attention = float(np.dot(self._launch, self._attention))
+        self._tile = t.tile_tokens
+        self._step_s = self.model.layers * t.tile_step_s if t.tile_tokens else 0.0
+        self._shape_t = np.asarray(t.gemm_shape_tokens, dtype=np.float64)
+        self._shape_f = np.asarray(t.gemm_shape_factor, dtype=np.float64)
+        self._shape_list = list(t.gemm_shape_tokens)
+        # the kernel-aware model's step factor of every operator at T = 1 … its length (ones
+        # for the non-GEMMs), for this GPU, model and kernel layout; shared like the drafter's
+        self.phi: Array | None = None
+        # (not for a profile without an SM clock, a probed CPU's: factor 1, one warning)
+        if t.gemm_shape_model == "kernel" and _kernel_model_applies(hw):
+            phi_key = (repr(self.model), repr(hw), repr(self.options))
+            if phi_key not in _STEP_FACTORS:
+                phi_names, table = step_factors(self.model, hw, self.options)
+                if phi_names != names:
+                    raise ConfigError("internal: kernel step factors out of operator order")
+                _STEP_FACTORS[phi_key] = table
+            self.phi = _STEP_FACTORS[phi_key]
+        m = self.model
+        self._moe = m.is_moe
+        self._experts, self._per_token = m.experts, m.experts_per_token
+        self._popularity = t.expert_popularity(m.experts) if m.is_moe and t.routing_skew else None
+        self._half = t.moe_half_occupancy_per_sm * hw.sm_count
+        self._layers = float(m.layers)
+        self._host = t.host_layer_s > 0 or t.host_expert_s > 0
+        # shared by every simulated GPU of the same drafter, device and options: its lines are
+        # a pure function of them, and each costs two full roofline evaluations to read off
+        key = (repr(self.drafter), repr(self.device), repr(self.options))
+        if key not in _DRAFTERS:
+            _DRAFTERS[key] = DrafterPricer(self.drafter, self.device, self.options)
+        self._drafter = _DRAFTERS[key]
+
+    def experts_touched(self, tokens: npt.ArrayLike, requests: npt.ArrayLike = 1) -> Array:
+        """The truth's expected distinct experts per layer for a pass of ``tokens`` tokens from
+        ``requests`` requests (its own routing model, not the cost model's)."""
+        draws = routing_draws(tokens, requests, self.truth.routing_correlation)
+        return expected_experts(draws, self._experts, self._per_token, self._popularity)
+
+    def touched(self, draws: float) -> float:
+        """Expected distinct experts per layer for ``draws`` independent routings (0: dense)."""
+        if not self._moe:
+            return 0.0
+        if self._popularity is None:
+            e = self._experts
+            return float(e * (1.0 - (1.0 - self._per_token / e) ** draws))
+        return float(expected_experts(draws, self._experts, self._per_token, self._popularity))
+
+    def _shape(self, tokens: float) -> float:
+        """The measured GEMM shape factor at ``tokens`` (that of the next measured count)."""
+        if not self._shape_list:
+            return 1.0
+        i = bisect.bisect_left(self._shape_list, tokens)
+        return float(self._shape_f[min(i, len(self._shape_list) - 1)])
+
+    def price(
+        self,
+        x: Array,
+        tokens: Array,
+        touched: Array,
+        share: Array | float,
+        head: tuple[Array, Array] | None = None,
+    ) -> Array:
+        """Truth of passes with feature rows ``x`` [n, 7] (``tokens`` [n] = column 1, ``touched``
+        [n] = column 6), ``share`` of their attention pairs behind a masked kernel, and optionally
+        the LM head priced on other rows (``head`` = its feature rows and token counts)."""
+        n_ops = self._ops
+        y = x @ self._matrix
+        comp, mem = y[:, :n_ops], y[:, n_ops:]
+        if self._moe and self._expert_idx.size:
+            self._moe_efficiency(comp, mem, tokens, touched)
+        per_op = np.maximum(comp, mem)
+        if self._shape_list:
+            idx = np.minimum(np.searchsorted(self._shape_t, tokens), self._shape_t.size - 1)
+            phi = self._shape_f[idx]
+            per_op = per_op * (1.0 + np.multiply.outer(phi - 1.0, self._gemm))
+        elif self.phi is not None:
+            if tokens.shape[0] == 1:  # one pass (the per-step path): a row, no index arrays
+                row = min(max(round(float(tokens[0])) - 1, 0), self.phi.shape[0] - 1)
+                per_op = per_op * self.phi[row]
+            else:
+                per_op = per_op * self.phi[self.phi_rows(tokens)]
+        pen = self.truth.tree_attention_penalty * np.asarray(share, dtype=np.float64)
+        total = per_op.sum(axis=1) + pen * (per_op @ self._attention)
+        if head is not None:
+            hx, ht = head
+            hy = hx @ self._matrix[:, [self._lm, n_ops + self._lm]]
+            lm = np.maximum(hy[:, 0], hy[:, 1])
+            if self._shape_list:
+                hidx = np.minimum(np.searchsorted(self._shape_t, ht), self._shape_t.size - 1)
+                lm = lm * self._shape_f[hidx]
+            elif self.phi is not None:
+                lm = lm * self.phi[self.phi_rows(ht), self._lm]
+            total = total - per_op[:, self._lm] + lm
+        total = total + self._launch_plain + pen * self._launch_attention
+        if self._step_s:
+            total = total + self._step_s * (np.ceil(tokens / self._tile) - 1.0)
+        return self._with_host(total, touched)
+
+    def phi_rows(self, tokens: Array) -> IntArray:
+        """Rows of the kernel step table for these token counts (beyond it: its last row)."""
+        assert self.phi is not None
+        rows = np.rint(np.asarray(tokens, dtype=np.float64)).astype(np.int64) - 1
+        return np.clip(rows, 0, self.phi.shape[0] - 1)
+
+    def _moe_efficiency(self, comp: Array, mem: Array, tokens: Array, touched: Array) -> None:
+        """Grouped-GEMM effects on the expert operators, in place: every touched expert's rows
+        padded to ``moe_block_tokens`` (compute), and bandwidth that reaches its achievable
+        level only when enough experts fill the SMs: × U / (U + U½), U½ = per-SM value × SMs."""
+        t = self.truth
+        idx = self._expert_idx
+        u = np.maximum(touched, 1e-9)
+        if t.moe_block_tokens:
+            rows = tokens * self._per_token
+            b = float(t.moe_block_tokens)
+            padded = u * np.ceil(rows / u / b) * b
+            comp[:, idx] *= (padded / np.maximum(rows, 1e-9))[:, None]
+        if self._half > 0:
+            mem[:, idx] *= ((u + self._half) / u)[:, None]
+
+    def _with_host(self, gpu: Array, touched: Array) -> Array:
+        """The framework's part: the host dispatches every layer's kernels (eager) while the
+        GPU runs them, so a pass takes the longer of the two — or, with ``host_adds`` (a CPU,
+        where one set of cores does both), their sum — plus a fixed per-pass overhead."""
+        t = self.truth
+        if self._host:
+            host = self._layers * (t.host_layer_s + t.host_expert_s * touched)
+            gpu = gpu + host if t.host_adds else np.maximum(gpu, host)
+        return gpu + t.pass_overhead_s if t.pass_overhead_s else gpu
+
+    def price_pass(
+        self, requests: int, tokens: float, pairs: float, kv: float, tree: bool, causal_pairs: float
+    ) -> float:
+        """Truth of a decode pass without prefill chunks whose every token produces logits.
+
+        ``tree``: the pass reads a tree mask (``pairs`` = the full s·(c + s) blocks); otherwise
+        it is causal (``causal_pairs``), and the masked kernel runs only where the framework
+        materialises the causal mask of a multi-token pass (``causal_reads_mask``)."""
+        tile = self._tile
+        padded = math.ceil(tokens / tile) * tile if tile > 0 else tokens
+        masked = tree or (self.truth.causal_reads_mask and tokens > requests)
+        p = pairs if masked else causal_pairs
+        draws = routing_draws_one(tokens, requests, self.truth)
+        touched = self.touched(draws) if self._moe else 0.0
+        x = np.array([[1.0, tokens, padded, p, kv, p if masked else 0.0, touched]])
+        return float(
+            self.price(x, np.array([tokens]), np.array([touched]), 1.0 if masked else 0.0)[0]
+        )
+
+    def price_mixed(
+        self,
+        decode: tuple[int, float, float, float],
+        chunks: Chunks,
+        tree: bool,
+        causal_pairs: float = 0.0,
+    ) -> float:
+        """Truth of one pass of decode requests (``decode`` = count, tokens, pairs, KV tokens;
+        the count may be 0) and prefill chunks (not empty; contexts not yet quantised)."""
+        n_decode, tokens, decode_pairs, kv = decode
+        new, ctx = chunks
+        q = self.truth.context_quantum
+        masked = n_decode > 0 and (tree or (self.truth.causal_reads_mask and tokens > n_decode))
+        masked_pairs = decode_pairs if masked else 0.0
+        all_pairs = decode_pairs if masked else causal_pairs
+        draws = routing_draws_one(tokens, n_decode, self.truth) if n_decode else 0.0
+        for n, c in zip(new, ctx, strict=True):
+            cq = math.ceil(c / q) * q
+            all_pairs += n * cq + n * (n + 1.0) / 2.0  # causal_chunk_pairs
+            kv += cq + n
+            draws += routing_draws_one(n, 1, self.truth)
+        total_tokens = tokens + sum(new)
+        logit_rows = tokens + len(new)
+        tile = self._tile
+        padded = math.ceil(total_tokens / tile) * tile if tile > 0 else total_tokens
+        touched = self.touched(draws)
+        x = np.array([[1.0, total_tokens, padded, all_pairs, kv, masked_pairs, touched]])
+        h_pad = math.ceil(logit_rows / tile) * tile if tile > 0 else logit_rows
+        head = np.array([[1.0, logit_rows, h_pad, 0.0, 0.0, 0.0, 0.0]])
+        share = masked_pairs / all_pairs if all_pairs > 0 else 0.0
+        return float(
+            self.price(
+                x,
+                np.array([total_tokens]),
+                np.array([touched]),
+                share,
+                (head, np.array([float(logit_rows)])),
+            )[0]
+        )
+
+    def price_curve(self, c: float, tree: bool, max_tree_size: int) -> Array:
+        """Noise-free truth of a batch-1 pass for s = 1 … ``max_tree_size`` at the quantised
+        context ``c``: tree passes (``tree``) or causal ones."""
+        s = np.arange(1, max_tree_size + 1, dtype=np.float64)
+        x = np.zeros((s.shape[0], 7))
+        x[:, 0], x[:, 1], x[:, 4] = 1.0, s, c + s
+        masked = np.full_like(s, 1.0 if tree else 0.0)
+        if not tree and self.truth.causal_reads_mask:
+            masked[1:] = 1.0  # the framework's materialised causal mask (s > 1)
+        pairs = np.where(masked > 0, s * (c + s), s * c + s * (s + 1.0) / 2.0)
+        x[:, 3] = pairs
+        x[:, 5] = pairs * masked
+        tile = self._tile
+        x[:, 2] = np.ceil(s / tile) * tile if tile > 0 else s
+        touched = np.zeros_like(s)
+        if self._moe:
+            touched = self.experts_touched(s, 1)
+            x[:, 6] = touched
+        return self.price(x, s, touched, masked)
+
+    def price_draft(self, buckets: Array) -> float:
+        """Noise-free truth of one DFlash drafter pass over requests whose contexts are
+        ``buckets`` context quanta (its roofline, plus the framework's per-pass overhead and, in
+        eager mode, the host's dispatch of its layers)."""
+        b = buckets.shape[0]
+        if b == 0:
+            raise ConfigError("a pass needs at least one request")
+        gpu = self._drafter.total_s(b, self.truth.context_quantum * float(np.add.reduce(buckets)))
+        t = self.truth
+        if t.host_layer_s:
+            host = self.drafter.model.layers * t.host_layer_s
+            gpu = gpu + host if t.host_adds else max(gpu, host)
+        return gpu + t.pass_overhead_s

@@ -1,0 +1,139 @@
+"""HostPrep: the truth's preparation of a step, the work between the drafter pass and verification.
+
+Trees: softmax and top-K over the vocabulary at every draft position, the copy of the top-K to
+the host, the best-first builder (or the adaptive controller's decision) and the ancestor
+matrices on the host, the mask's upload and construction on the device, and the KV compaction
+after acceptance; chains: an argmax per position and its copy back. Each operation's cost comes
+from a :class:`~bastion.sim.ground_truth.GroundTruth` field (``docs/simulator.md``, "The ground
+truth"). A measured truth's preparation is :mod:`bastion.sim.measured_truth`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.cost.hardware import HardwareProfile
+from bastion.cost.models import DrafterSpec, ModelSpec
+from bastion.cost.roofline import RooflineOptions
+from bastion.sim.batching import quantise
+from bastion.sim.ground_truth import GroundTruth
+
+
+class HostPrep:
+    """The truth's preparation time of one step for one target, drafter and device."""
+
+    def __init__(
+        self,
+        truth: GroundTruth,
+        model: ModelSpec,
+        drafter: DrafterSpec,
+        device: HardwareProfile,
+        options: RooflineOptions,
+        byte_rate: float,
+    ) -> None:
+        self.truth, self.model, self.device, self.options = truth, model, device, options
+        self.depth = float(drafter.block_size - 1)  # draft positions per request
+        self.byte_rate = byte_rate  # the truth device's achievable bytes/s
+
+    def seconds(
+        self,
+        tree_sizes: npt.ArrayLike,
+        topk: bool = True,
+        contexts: npt.ArrayLike | None = None,
+        controller: bool | str = False,
+        path: bool = False,
+    ) -> float:
+        """:meth:`bastion.sim.gpu.SimulatedGPU.prep_truth` under a roofline truth."""
+        t = self.truth
+        if isinstance(tree_sizes, np.ndarray) and tree_sizes.ndim == 1:
+            s = tree_sizes.astype(np.float64, copy=False)
+        else:
+            s = np.atleast_1d(np.asarray(tree_sizes, dtype=np.float64))
+        b = s.shape[0]
+        logits = b * self.depth * self.model.vocab
+        bw = self.byte_rate
+        if not topk or path:  # chains: the argmax, or a decision's top-K pass; no tree work
+            per_logit, launches = (
+                (t.prep_topk_bytes, t.prep_tree_kernels)
+                if topk
+                else (t.prep_argmax_bytes, t.prep_chain_kernels)
+            )
+            seconds = logits * per_logit / bw
+            seconds += launches * (t.host_kernel_s + self.device.launch_overhead_s)
+            seconds += t.d2h_latency_s
+            if controller == "repeat":  # a chain decision that stood (argmax), or a repeat
+                seconds += self._chain_s(b) if not topk else self._repeat_s(b)
+            elif controller and topk:
+                seconds += self._decision_s(b)
+        else:
+            nodes = float(np.add.reduce(s))
+            square = float(np.dot(s, s))
+            if contexts is None:
+                pairs = square
+            else:
+                c = quantise(contexts, t.context_quantum)
+                pairs = float(np.dot(s, c)) + square
+            layers = self.model.layers
+            moved = min(self.depth + 1.0, nodes / max(b, 1)) * b  # tokens compacted, at most
+            # read + write K and V, each element bytes_per_act (2 unless the truth says)
+            kv_bytes = 4.0 * layers * moved * self.model.h_kv * self.options.bytes_per_act
+            kernels = t.prep_tree_kernels + t.mask_kernels + t.compaction_kernels_per_layer * layers
+            seconds = (logits * t.prep_topk_bytes + pairs * t.mask_bytes + kv_bytes) / bw
+            seconds += kernels * (t.host_kernel_s + self.device.launch_overhead_s)
+            seconds += t.d2h_latency_s + t.h2d_latency_s + square / t.h2d_bandwidth
+            seconds += b * t.mask_host_request_s + square * t.mask_host_element_s
+            if controller == "repeat":  # the path taken: a repeated decision …
+                seconds += self._repeat_s(b)
+            elif controller:  # … a decision; its measured time includes growing the trees
+                seconds += self._decision_s(b)
+            else:
+                seconds += t.tree_step_s + b * t.tree_request_s + nodes * t.tree_node_s
+        return float(seconds)
+
+    def _decision_s(self, b: int) -> float:
+        """The controller's host time for a full decision of ``b`` requests: the
+        single-request controller at batch 1, the joint chooser above."""
+        t = self.truth
+        if b == 1:
+            return t.controller_single_s
+        return t.controller_step_s + b * t.controller_request_s
+
+    def _repeat_s(self, b: int) -> float:
+        """The learning controller's host time for a step that repeats its last decision, as
+        measured (``controller_repeat_*``), or as a decision where the truth has no measurement
+        (−1)."""
+        t = self.truth
+        return self._measured_s(
+            b,
+            (t.controller_repeat_single_s, t.controller_repeat_step_s),
+            t.controller_repeat_request_s,
+            self._decision_s,
+        )
+
+    def _chain_s(self, b: int) -> float:
+        """The learning controller's host time for a step of a chain decision that stood, as
+        measured (``controller_chain_*``), or as a repeated decision where the truth has no
+        measurement (−1)."""
+        t = self.truth
+        return self._measured_s(
+            b,
+            (t.controller_chain_single_s, t.controller_chain_step_s),
+            t.controller_chain_request_s,
+            self._repeat_s,
+        )
+
+    @staticmethod
+    def _measured_s(
+        b: int, single_step: tuple[float, float], request: float, otherwise: Callable[[int], float]
+    ) -> float:
+        """A host time measured at batch 1 (``single_step[0]``) and above it as step +
+        B·request (``single_step[1]``, ``request``); a −1 (not measured): ``otherwise(b)``."""
+        single, step = single_step
+        if b == 1 and single >= 0:
+            return single
+        if b > 1 and step >= 0:
+            return step + b * max(request, 0)
+        return otherwise(b)
