@@ -39,8 +39,8 @@ def _sources() -> list[Path]:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 35: RooflineCostModel, roofline.py, validation.py and sim/gpu.py are still "
-    "over the limits (learned, guard, the C kernel and the torch runner are split)",
+    reason="issue 35: RooflineCostModel, cost/roofline.py and cost/validation.py are still over "
+    "the limits (learned, guard, the C kernel, the torch runner and sim/gpu.py are split)",
 )
 def test_every_room_is_within_the_limits() -> None:
     sources = _sources()
