@@ -1,5 +1,6 @@
 """Regenerate the numbers of docs/demo.md:
-`python docs/make_demo_report.py [--pair base|small] [--batch-size 1,2,4,8] [--repeats 10]`.
+`python docs/make_demo_report.py [--pair base|small] [--batch-size 1,2,4,8] [--repeats 10]
+[--dtype float32|bfloat16]`.
 
 Runs the demo with the chosen shipped pair at each batch size (one warm-up run, then
 ``--repeats`` timed runs per policy, every policy's runs in lockstep with the others') with
@@ -27,7 +28,7 @@ import numpy as np
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.demo import DEFAULT_PAIR, PAIRS, get_pair
-from bastion.demo.run import PolicyRow, load_prompts, run_demo
+from bastion.demo.run import DEMO_DTYPES, PolicyRow, load_prompts, run_demo
 from bastion.policies import make_policy
 from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.replay import trace_source
@@ -95,13 +96,17 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def cost_curve(target_dir: Path, tokens: tuple[int, ...], context: int, rounds: int) -> None:
+def cost_curve(
+    target_dir: Path, tokens: tuple[int, ...], context: int, rounds: int, dtype: str = "float32"
+) -> None:
     """The target's verification pass time by tokens over ``context`` cached tokens: the median
     of ``rounds`` rounds, each timing every size once (interleaved, so drift reaches all)."""
+    import torch
+
     from bastion.backends.torch import load_target
     from bastion.backends.torch.timing import verify_timer
 
-    timer = verify_timer(load_target(target_dir, "cpu"), repeats=1)
+    timer = verify_timer(load_target(target_dir, "cpu", dtype=getattr(torch, dtype)), repeats=1)
     times: dict[int, list[float]] = {s: [] for s in tokens}
     for _ in range(rounds):
         for s in tokens:
@@ -122,12 +127,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--batch-size", default="1,2,4,8", help="e.g. 1,2,4,8")
     parser.add_argument("--no-curve", action="store_true", help="skip the pass-time curve")
+    parser.add_argument("--dtype", choices=DEMO_DTYPES, default="float32")
     args = parser.parse_args()
     sizes = _sizes(args.batch_size)
     pair = get_pair(args.pair)
-    print(f"pair: {pair.name}")
+    print(f"pair: {pair.name} in {args.dtype}")
     if not args.no_curve:
-        cost_curve(pair.target, (1, 2, 4, 8, 16, 32, 64, 128), 256, 15)
+        cost_curve(pair.target, (1, 2, 4, 8, 16, 32, 64, 128), 256, 15, args.dtype)
     with tempfile.TemporaryDirectory() as tmp:
         traces = Path(tmp)
         result = run_demo(
@@ -139,6 +145,7 @@ def main() -> None:
             drafter_dir=pair.drafter,
             batch_sizes=sizes,
             repeats=args.repeats,
+            dtype=args.dtype,
             progress=lambda message: print(message, file=sys.stderr, flush=True),
         )
         print(f"\nidentical outputs: {result.identical}; calibration: {result.calibration}\n")

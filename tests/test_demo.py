@@ -5,6 +5,7 @@ Uses the weights in bastion/demo/models (trained by `bastion train`, not by the 
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from bastion.cli import main  # noqa: E402
 from bastion.cost.hardware import get_profile  # noqa: E402
 from bastion.cost.models import DrafterSpec, ModelSpec  # noqa: E402
 from bastion.demo import DRAFTER_DIR, TARGET_DIR  # noqa: E402
-from bastion.demo.run import load_prompts, run_demo  # noqa: E402
+from bastion.demo.run import DEMO_DTYPES, load_prompts, run_demo  # noqa: E402
+from bastion.errors import ConfigError  # noqa: E402
 from bastion.policies import make_policy  # noqa: E402
 from bastion.records import shipped_schema  # noqa: E402
 from bastion.sim.gpu import SimulatedGPU  # noqa: E402
@@ -242,6 +244,31 @@ def test_demo_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
         drafted = p["policy"] != "ar"
         assert (p["acceptance_rate"] is not None) == drafted
         assert bool(p["acceptance_by_position"]) == drafted
+
+
+def test_demo_dtype_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """--dtype runs the pair in that precision (bf16: the demo reports, and does not fail on,
+    a difference from AR, which is the precision's); an unknown one is refused at once."""
+    with pytest.raises(SystemExit):
+        main(["demo", "--no-calibration", "--dtype", "float16"])
+    assert "--dtype" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="dtype must be one of float32, bfloat16"):
+        run_demo(["x = 1"], 2, ("ar",), calibrate=False, dtype="float16")
+    flags = ["--max-new-tokens", "4", "--no-calibration", "--policy", "chain", "--num-prompts"]
+    assert main(["demo", *flags, "1", "--dtype", "bfloat16", "--pair", "small"]) == 0
+    out = capsys.readouterr().out
+    assert "in bfloat16" in out and "outputs of all policies vs AR:" in out
+    parser_choices = next(
+        a.choices for a in _demo_parser()._actions if "--dtype" in a.option_strings
+    )
+    assert tuple(parser_choices) == DEMO_DTYPES
+
+
+def _demo_parser() -> argparse.ArgumentParser:
+    from bastion.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["demo"]
 
 
 def test_shipped_drafter_matches_the_format(tmp_path: Path) -> None:

@@ -103,12 +103,16 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
         batch_sizes=sizes,
         repeats=args.repeats,
         warmup=args.warmup,
+        dtype=args.dtype,
     )
+    # bf16 sums depend on the pass's shape: near-ties may decode differently, so a difference
+    # there is the precision's, not a lossless violation (float32 is the lossless check)
+    tolerated = args.dtype != "float32"
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
-        return 0 if result.identical else 1
+        return 0 if result.identical or tolerated else 1
     print(
-        f"the {pair.name} pair; "
+        f"the {pair.name} pair in {args.dtype}; "
         f"{len(prompts)} held-out prompts × {args.max_new_tokens} new tokens, T = 0, CPU; "
         f"{args.repeats} timed run(s) after {args.warmup} warm-up run(s), the policies in "
         "lockstep; TPOT: the median over every run's requests, and the runs' mean TPOTs"
@@ -133,9 +137,18 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
             f"{r.speedup:>7.2f}× {r.cycle_predicted_s * 1e3:>10.2f} "
             f"{r.cycle_observed_s * 1e3:>9.2f}"
         )
-    verdict = "identical" if result.identical else "DIFFERENT — losslessness violated"
+    if result.identical:
+        verdict = "identical"
+    elif tolerated:
+        verdict = (
+            f"different on some prompts — expected in {args.dtype}, whose sums depend on the "
+            "pass's shape (AR's own output changes with the batch size); --dtype float32 is "
+            "the lossless check"
+        )
+    else:
+        verdict = "DIFFERENT — losslessness violated"
     print(f"outputs of all policies vs AR: {verdict}")
-    return 0 if result.identical else 1
+    return 0 if result.identical or tolerated else 1
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -208,6 +221,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs before timing")
     p.add_argument("--no-calibration", action="store_true", help="skip the CPU calibration")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the models' precision (default float32, where every policy's output equals AR's; "
+        "bfloat16 is faster on CPUs with bf16 matrix instructions but not batch-invariant)",
+    )
     p.add_argument(
         "--record-trace",
         "--record-traces",  # the earlier name

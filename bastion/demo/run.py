@@ -35,6 +35,7 @@ from bastion.guard import has, integer, public, readable_file
 from bastion.records import json_safe
 
 __all__ = [
+    "DEMO_DTYPES",
     "DEMO_POLICIES",
     "DemoResult",
     "PolicyRow",
@@ -46,6 +47,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEMO_POLICIES = ("ar", "chain", "fixed:32", "bastion")
+DEMO_DTYPES = ("float32", "bfloat16")  # the precisions `bastion demo --dtype` runs the pair in
 CALIBRATION_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 CALIBRATION_CONTEXTS = (64, 256)
 
@@ -199,6 +201,7 @@ def run_demo(
     batch_sizes: Sequence[int] = (1,),
     repeats: int = 1,
     warmup: int = 1,
+    dtype: str = "float32",
 ) -> DemoResult:
     """Decode ``prompts`` with every policy at every batch size; compare; summarise. Needs torch.
 
@@ -210,7 +213,12 @@ def run_demo(
     A learning controller keeps one learner over its warm-up and runs at each batch size.
 
     Traces (``record_dir``) are recorded at the first batch size, for every policy but AR and
-    the learning controller (a trace needs a draft at every step, which it may skip)."""
+    the learning controller (a trace needs a draft at every step, which it may skip).
+
+    ``dtype`` (one of :data:`DEMO_DTYPES`) is the precision both models run in. In ``float32``
+    every policy's output equals AR's; ``bfloat16`` is faster on CPUs with bf16 matrix
+    instructions, but its sums depend on the pass's shape, so near-ties can decode differently
+    (AR's own output then changes with the batch size) and ``identical`` may be False."""
     from transformers import AutoTokenizer
 
     from bastion.backends.torch import DFlashDrafter, load_target
@@ -225,12 +233,16 @@ def run_demo(
         raise ConfigError(f"max_new_tokens must be ≥ 1; got {max_new_tokens}")
     if not batch_sizes or min(batch_sizes) < 1:
         raise ConfigError(f"batch sizes must be ≥ 1; got {list(batch_sizes)}")
+    if not isinstance(dtype, str) or dtype not in DEMO_DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DEMO_DTYPES)}; got {dtype!r}")
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"repeats must be ≥ 1 and warmup ≥ 0; got {repeats}, {warmup}")
     texts = list(prompts) if prompts is not None else load_prompts()
     if not texts:
         raise ConfigError("no prompts to decode")
-    target = load_target(target_dir, "cpu")
+    import torch
+
+    target = load_target(target_dir, "cpu", dtype=getattr(torch, dtype))
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
     prompt_ids = [list(tokenizer(t)["input_ids"]) for t in texts]
