@@ -28,10 +28,12 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from bastion.cost.drafterpass import DrafterPricer
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.kernels import step_factors
 from bastion.cost.models import DrafterSpec, ModelSpec
-from bastion.cost.roofline import DrafterPricer, LinearPricer, RooflineOptions
+from bastion.cost.opcounts import RooflineOptions
+from bastion.cost.roofline import LinearPricer
 from bastion.errors import ConfigError
 from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.prefill import Chunks

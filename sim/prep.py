@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
-from bastion.cost.roofline import RooflineOptions
+from bastion.cost.opcounts import RooflineOptions
 from bastion.sim.batching import quantise
 from bastion.sim.ground_truth import GroundTruth
 

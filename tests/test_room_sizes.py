@@ -37,11 +37,6 @@ def _sources() -> list[Path]:
     return sorted({p.resolve() for p in found})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 35: RooflineCostModel, cost/roofline.py and cost/validation.py are still over "
-    "the limits (learned, guard, the C kernel, the torch runner and sim/gpu.py are split)",
-)
 def test_every_room_is_within_the_limits() -> None:
     sources = _sources()
     assert len(sources) > 50  # the walk found the package

@@ -84,7 +84,7 @@ def register(subparsers: Any) -> None:
 
 
 def _options(args: argparse.Namespace) -> Any:
-    from bastion.cost.roofline import RooflineOptions
+    from bastion.cost.opcounts import RooflineOptions
 
     return RooflineOptions(dtype=args.dtype, expert_touch=args.expert_touch)
 

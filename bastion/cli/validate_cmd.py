@@ -168,9 +168,9 @@ def _fit_transfer(args: argparse.Namespace, target_gpu: str, target_model: Any) 
     from bastion.cost.datasets import parse_transfer_specs
     from bastion.cost.hardware import get_profile
     from bastion.cost.kernels import KernelDevice
+    from bastion.cost.measured import FORMATS, MEASURED_OPTIONS, load_measured
     from bastion.cost.models import get_model
     from bastion.cost.transfer import TransferSource, fit_kernel_params
-    from bastion.cost.validation import FORMATS, MEASURED_OPTIONS, load_measured
     from bastion.errors import ConfigError
 
     refs = parse_transfer_specs(args.transfer_from, args.measured, args.format)

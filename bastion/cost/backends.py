@@ -20,7 +20,8 @@ import numpy as np
 
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
-from bastion.cost.roofline import RooflineOptions, verify_pass
+from bastion.cost.opcounts import RooflineOptions
+from bastion.cost.roofline import verify_pass
 from bastion.errors import UnknownNameError
 from bastion.guard import public
 

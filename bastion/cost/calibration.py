@@ -42,7 +42,8 @@ import numpy.typing as npt
 from bastion.cost.fitting import fit_max_affine, loo_errors
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
-from bastion.cost.roofline import RooflineOptions, verify_pass
+from bastion.cost.opcounts import RooflineOptions
+from bastion.cost.roofline import verify_pass
 from bastion.errors import ArgumentError, ConfigError
 from bastion.files import read_json_file, write_json_atomic, write_text_atomic
 from bastion.guard import array, each, forwarded, integer, public

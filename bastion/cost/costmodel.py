@@ -13,6 +13,10 @@ co-batched requests' trees). T_draft is the DFlash drafter's bare roofline over 
 no drafter is given); T_aux is a constant (``prep_s``, or the calibration record's). L_AR is the
 same correction applied to a target-only step of one token (no tree mask) in the same situation.
 
+``cost_curve`` keeps one priced curve per situation (:mod:`bastion.cost.curvecache`);
+``joint_cost_curve`` prices a batch along a joint allocation from the shapes and bounds of
+:mod:`bastion.cost.jointcurve`.
+
 What this module does not do: choose N (the controller does), or measure anything.
 """
 
@@ -21,25 +25,23 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import replace
+from functools import partial
 from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
 
 from bastion.bestfirst import MAX_TREE_SIZE
+from bastion.cost.breakdown import PassShape, RooflineBreakdown
 from bastion.cost.calibration import CalibrationRecord, EmaCorrection, LinearCalibration
+from bastion.cost.curvecache import PricedCurve, cached_entry, check_seconds
+from bastion.cost.drafterpass import DrafterPricer, drafter_pass
 from bastion.cost.hardware import HardwareProfile
+from bastion.cost.jointcurve import growth_bound, joint_seconds, joint_shapes
 from bastion.cost.models import DrafterSpec, ModelSpec
-from bastion.cost.roofline import (
-    DrafterPricer,
-    LinearPricer,
-    PassShape,
-    RooflineBreakdown,
-    RooflineOptions,
-    drafter_pass,
-    verify_pass,
-)
-from bastion.errors import BudgetError, ConfigError, CostModelError
+from bastion.cost.opcounts import RooflineOptions
+from bastion.cost.roofline import LinearPricer, verify_pass
+from bastion.errors import BudgetError, ConfigError
 from bastion.guard import array, integer, public
 from bastion.interfaces import CostCurve, StepCost, StepLoad
 
@@ -60,32 +62,6 @@ def check_tree_size(value: object, name: str = "tree_size") -> int:
             f"{name} must be in [1, MAX_TREE_SIZE = {MAX_TREE_SIZE}]; got {int(value)}"
         )
     return int(value)
-
-
-class _PricedCurve:
-    """``cost_curve``'s cache entry for one situation: priced for N = 1 … ``length``.
-
-    Each N is priced elementwise (its price does not depend on which other sizes are priced in
-    the same call), so the curve for N ≤ n is the first n entries of a longer one: the roofline
-    runs once per situation at a power-of-two length, grown by doubling. The corrected curve,
-    how many of its leading entries pass the check, and the ``CostCurve`` of each asked length
-    are kept until the correction changes (``stamp``: mode, γ, T_aux).
-    """
-
-    __slots__ = ("ar", "ar_base", "base", "curves", "draft_s", "length", "stamp", "valid", "verify")
-
-    def __init__(
-        self, length: int, base: tuple[Array, Array], ar_base: tuple[Array, Array], draft_s: float
-    ) -> None:
-        self.length = length
-        self.base = base  # bare, calibrated-or-bare verification seconds, [length]
-        self.ar_base = ar_base  # the same for L_AR, [1]
-        self.draft_s = draft_s
-        self.stamp: tuple[object, ...] | None = None
-        self.verify: Array = base[0]  # corrected, read-only
-        self.valid = 0  # leading entries of ``verify`` that are finite and > 0
-        self.ar: float | None = None  # corrected L_AR, None when it fails the check
-        self.curves: dict[int, CostCurve] = {}
 
 
 @public(error=ConfigError)
@@ -257,19 +233,13 @@ class RooflineCostModel:
         )
         return drafter_pass(self.drafter, self.hardware, contexts, self.options)
 
-    @staticmethod
-    def _check(values: Array, what: str) -> Array:
-        if not np.all(np.isfinite(values)) or np.any(values <= 0):
-            raise CostModelError(
-                f"{what}: predicted times must be positive and finite; check the calibration"
-            )
-        return values
+    _check = staticmethod(check_seconds)
 
     # ---------------------------------------------------------------------------------------
     # CostModel protocol
     # ---------------------------------------------------------------------------------------
 
-    _curves: OrderedDict[_CurveKey, _PricedCurve]  # cost_curve's cache, made on first use
+    _curves: OrderedDict[_CurveKey, PricedCurve]  # cost_curve's cache, made on first use
 
     @public(error=BudgetError, own=("max_tree_size",))
     def cost_curve(self, max_tree_size: int, load: StepLoad) -> CostCurve:
@@ -290,57 +260,23 @@ class RooflineCostModel:
             cache = self._curves
         except AttributeError:
             cache = self._curves = OrderedDict()
-        entry = cache.get(key)
-        if entry is None or entry.length < max_tree_size:
-            entry = self._price_curve(max_tree_size, load)
-            cache[key] = entry
-            if len(cache) > self._cache_size:
-                cache.popitem(last=False)
-        else:
-            cache.move_to_end(key)
+        price = partial(self._price_curve, max_tree_size, load)
+        entry = cached_entry(cache, key, max_tree_size, self._cache_size, price)
         stamp = (self.mode, self.ema.gamma, self.prep_s)
         if entry.stamp != stamp:
-            self._correct_curve(entry, stamp)
-        curve = entry.curves.get(max_tree_size)
-        if curve is None:
-            if max_tree_size > entry.valid:
-                self._check(entry.verify[:max_tree_size], "verify")  # raises
-            if entry.ar is None:
-                self._check(self._correct(*entry.ar_base), "L_AR")  # raises
-                raise AssertionError("unreachable")  # pragma: no cover
-            curve = CostCurve(
-                draft_s=entry.draft_s,
-                prep_s=self.prep_s,
-                verify_s=entry.verify[:max_tree_size],
-                ar_step_s=entry.ar,
-            )
-            if len(entry.curves) >= 64:
-                entry.curves.clear()
-            entry.curves[max_tree_size] = curve
-        return curve
+            entry.correct(stamp, self._correct)
+        return entry.curve(max_tree_size, self.prep_s, self._correct)
 
-    def _price_curve(self, max_tree_size: int, load: StepLoad) -> _PricedCurve:
+    def _price_curve(self, max_tree_size: int, load: StepLoad) -> PricedCurve:
         """Price a situation for N = 1 … the power of two ≥ ``max_tree_size`` (at least 64)."""
         length = max(64, 1 << (max_tree_size - 1).bit_length())
         n = np.arange(1, length + 1, dtype=np.float64)
-        return _PricedCurve(
+        return PricedCurve(
             length,
             self._base(n, load),
             self._base(np.ones(1), load, masked=False),
             self.draft_s(load),
         )
-
-    def _correct_curve(self, entry: _PricedCurve, stamp: tuple[object, ...]) -> None:
-        """Apply the current correction to ``entry`` and check it once."""
-        verify = self._correct(*entry.base)  # bare / static modes: the base array itself
-        verify.flags.writeable = False
-        ok = np.isfinite(verify) & (verify > 0)
-        ar = self._correct(*entry.ar_base)
-        entry.verify = verify
-        entry.valid = int(np.argmin(ok)) if not ok.all() else verify.size
-        entry.ar = float(ar[0]) if bool(np.isfinite(ar[0]) and ar[0] > 0) else None
-        entry.curves = {}
-        entry.stamp = stamp
 
     @public(error=BudgetError, own=("tree_size",))
     def step_cost(self, tree_size: int, load: StepLoad) -> StepCost:
@@ -400,79 +336,24 @@ class RooflineCostModel:
         of the B roots; T_draft the drafter's pass over the batch. ``growth=False``: leave
         ``growth_s`` at 0 (a caller that reads only the priced entries saves its proof).
         """
-        ctx = np.asarray(context_lens)
-        g = np.asarray(grow)
-        if g.size == 0:
-            g = g.astype(np.int64)  # no additions (an empty list is float64 to numpy)
-        if ctx.ndim != 1 or ctx.size == 0 or ctx.dtype.kind not in "iu" or np.any(ctx < 0):
-            raise BudgetError("context_lens must be a non-empty 1-D array of integers ≥ 0")
-        n_req = ctx.size
-        try:
-            if g.ndim != 1 or (g.size and g.dtype.kind not in "iu"):
-                raise ValueError
-            counts = np.bincount(g, minlength=n_req)  # ValueError on a negative index
-            if counts.size > n_req:
-                raise ValueError
-        except ValueError:
-            raise BudgetError(
-                f"grow must be a 1-D array of request indices in [0, {n_req})"
-            ) from None
-        step = self.context_bucket
-        buckets = -(-ctx.astype(np.int64) // step) * step
-        c = buckets.astype(np.float64)
-        g = g.astype(np.int64)
-        # stable sort by request (radix sort on 16-bit keys): each request's additions in order
-        order = np.argsort(g.astype(np.int16) if n_req < 1 << 15 else g, kind="stable")
-        held = np.empty(g.size, dtype=np.float64)  # nodes request g[j] holds before node j
-        held[order] = np.arange(g.size) - np.repeat(np.cumsum(counts) - counts, counts) + 1.0
-        added = np.arange(g.size + 1, dtype=np.float64)
-        pairs0 = float(np.sum(c + 1.0))
-        pairs = np.empty(g.size + 1)
-        pairs[0] = pairs0
-        np.cumsum(c[g] + 2.0 * held + 1.0, out=pairs[1:])
-        pairs[1:] += pairs0
-
-        def price(shape: PassShape, masked: bool) -> Array:
-            """``_correct`` of ``_base``'s two branches, computing only the one the mode reads."""
-            pricer = self._pricer(masked, tiled=False)
-            if self.mode in ("bare", "ema") or self.calibration is None:
-                compute, memory = pricer.branches(shape)
-                bare_s = (np.maximum(compute, memory) + pricer.launch_s).sum(axis=-1)
-                return self._correct(bare_s, bare_s)  # these modes never read the calibrated
-            # The calibration reads only Σ_op of each branch, affine in the features: one
-            # matrix-vector product each instead of the [len, ops] per-operator matrices.
-            x = pricer.features(shape)
-            b0, b = pricer.nbytes
-            memory_s = (b0.sum() + x @ b.sum(axis=1)) / pricer.byte_rate
-            if self._tiled is not None:
-                pricer = self._pricer(masked, tiled=True)
-                x = pricer.features(shape)
-            f0, f = pricer.flops
-            compute_s = (f0.sum() + x @ f.sum(axis=1)) / pricer.flop_rate
-            cal_s = np.asarray(self.calibration.predict(compute_s, memory_s), dtype=np.float64)
-            return self._correct(cal_s, cal_s)  # these modes never read the bare branch
-
-        # the tree passes and, as a last row, L_AR's pass (B tokens, no mask): the masked and
-        # unmasked pricers differ only in the mask-element coefficient, so one pricing does both
-        both = PassShape(
-            tokens=np.append(n_req + added, float(n_req)),
-            attn_pairs=np.append(pairs, pairs0),
-            kv_tokens=np.append(pairs0 + added, pairs0),
-            mask_elems=np.append(pairs, 0.0),
-        )
-        priced = price(both, masked=True)
+        shapes = joint_shapes(context_lens, grow, self.context_bucket)
+        # the modes that read the calibrated branch (``_correct``); the tiled compute with it
+        cal = None if self.mode in ("bare", "ema") else self.calibration
+        bare = self._pricer(True, tiled=False)
+        tiled = None
+        if cal is not None and self._tiled is not None:
+            tiled = self._pricer(True, tiled=True)
+        seconds = joint_seconds(shapes.both, bare, tiled, cal)
+        priced = self._correct(seconds, seconds)  # the mode reads only the branch priced
         verify = self._check(priced[:-1], "verify")
         ar_s = self._check(priced[-1:], "L_AR")
         draft = 0.0
         if self.drafter is not None:  # as ``draft_s``
-            draft = self._drafter_pricer().total_s(n_req, float(buckets.sum()))
-        end = PassShape(
-            tokens=n_req + added[-1:],
-            attn_pairs=pairs[-1:],
-            kv_tokens=pairs0 + added[-1:],
-            mask_elems=pairs[-1:],
-        )
-        rise = self._growth_beyond(end, float(c.min())) if growth else 0.0
+            draft = self._drafter_pricer().total_s(shapes.requests, shapes.context_sum)
+        rise = 0.0
+        if growth:
+            gamma = self.ema.gamma if self.mode in ("ema", "ema+calib") else None
+            rise = growth_bound(shapes.end, shapes.c_min, bare, tiled, cal, gamma)
         return CostCurve(
             draft_s=draft,
             prep_s=self.prep_s,
@@ -480,54 +361,3 @@ class RooflineCostModel:
             ar_step_s=float(ar_s[0]),
             growth_s=rise,
         )
-
-    def _growth_beyond(self, end: PassShape, c_min: float) -> float:
-        """A lower bound on how much the joint Ĉ grows per node added after the pass ``end``
-        (one row), for any request: 0 when none can be proved.
-
-        Adding a node raises the features by at least: T by 1, the attention pairs and mask
-        elements by c_min + 3 (c_min the smallest bucketed context; the request already holds
-        n ≥ 1 nodes), the KV tokens by 1; the padded T and the experts touched never fall.
-        Every FLOP and byte coefficient is ≥ 0 (checked), so each branch rises by at least its
-        coefficients times those increments. Ĉ is a max of branches (calibrated: of the two
-        calibrated branches, α ≥ 0 checked; bare: Σ over operators of each one's max), and a
-        max never falls below the branch that attains it at ``end``, so Ĉ(end + k) ≥ Ĉ(end) +
-        k·(the rise of the branches that attain the max at ``end``); the EMA modes scale by γ.
-        """
-        inc = np.array([1.0, 0.0, c_min + 3.0, 1.0, c_min + 3.0, 0.0])  # the feature order
-        pricer = self._pricer(True, tiled=False)
-        (f0, f), (b0, b) = pricer.flops, pricer.nbytes
-        peak, bw = pricer.flop_rate, pricer.byte_rate
-        if np.any(f < 0) or np.any(b < 0):
-            return 0.0
-        x = pricer.features(end)[0]
-        if self.mode in ("bare", "ema") or self.calibration is None:
-            compute = (f0 + x @ f) / peak  # per operator
-            memory = (b0 + x @ b) / bw
-            op_rise_c, op_rise_m = inc @ f / peak, inc @ b / bw
-            step = float(np.where(compute >= memory, op_rise_c, op_rise_m).sum())
-        else:
-            cal = self.calibration
-            if cal.compute.alpha < 0 or cal.memory.alpha < 0:
-                return 0.0
-            memory_s = float(b0.sum() + x @ b.sum(axis=1)) / bw
-            rise_m = float(inc @ b.sum(axis=1)) / bw
-            if self._tiled is not None:
-                pricer = self._pricer(True, tiled=True)
-                (f0, f), peak = pricer.flops, pricer.flop_rate
-                if np.any(f < 0):
-                    return 0.0
-                x = pricer.features(end)[0]
-            compute_s = float(f0.sum() + x @ f.sum(axis=1)) / peak
-            rise_c = float(inc @ f.sum(axis=1)) / peak
-            branch_c = float(cal.compute.alpha * compute_s + cal.compute.beta)
-            branch_m = float(cal.memory.alpha * memory_s + cal.memory.beta)
-            rises: list[float] = []
-            if branch_c >= branch_m:
-                rises.append(float(cal.compute.alpha * rise_c))
-            if branch_m >= branch_c:
-                rises.append(float(cal.memory.alpha * rise_m))
-            step = max(rises)
-        if self.mode in ("ema", "ema+calib"):
-            step *= self.ema.gamma
-        return max(step, 0.0)

@@ -10,7 +10,7 @@ profile. A table names them in one of two ways:
   the manifest). The shipped ``docs/data/datasets.toml`` lists the shipped tables.
 
 Every problem is a :class:`~bastion.errors.ConfigError` (a missing or unreadable table:
-:class:`~bastion.cost.validation.MeasuredDataError`) that names the offending entry.
+:class:`~bastion.cost.measured.MeasuredDataError`) that names the offending entry.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class DatasetRef:
 @public
 def read_manifest(path: str | os.PathLike[str]) -> list[DatasetRef]:
     """The ``[[dataset]]`` entries of a manifest, paths resolved against its directory."""
-    from bastion.cost.validation import FORMATS
+    from bastion.cost.measured import FORMATS
     from bastion.files import read_toml_file
 
     p = Path(path)
@@ -120,7 +120,7 @@ def parse_transfer_specs(
             path = Path(item)
             manifest = path.parent / MANIFEST
             if not path.is_file():
-                from bastion.cost.validation import MeasuredDataError
+                from bastion.cost.measured import MeasuredDataError
 
                 raise MeasuredDataError(f"--transfer-from: measured data not found: {path}")
             if not manifest.is_file():

@@ -67,7 +67,8 @@ import numpy.typing as npt
 
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
-from bastion.cost.roofline import RooflineOptions, gemm_dims, verify_pass
+from bastion.cost.opcounts import RooflineOptions, gemm_dims
+from bastion.cost.roofline import verify_pass
 from bastion.errors import ConfigError
 from bastion.guard import array, is_finite, number, public
 
@@ -434,7 +435,7 @@ def _expert_gemm(
     opt: RooflineOptions,
 ) -> Array:
     """A grouped GEMM over the touched experts: U groups of T·K/U rows each."""
-    from bastion.cost.roofline import experts_touched
+    from bastion.cost.opcounts import experts_touched
 
     e, k, f, h = model.experts, model.experts_per_token, model.expert_ffn, model.hidden
     u = np.maximum(experts_touched(tokens, e, k, opt.expert_touch), 1.0)

@@ -26,18 +26,13 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.cost.calibration import CalibrationRecord, LinearCalibration
+from bastion.cost.columnfit import calibrate_column, interpolate_loglog, operator_features
 from bastion.cost.costmodel import CostMode, RooflineCostModel
 from bastion.cost.hardware import HardwareProfile
+from bastion.cost.measured import FORMATS, MeasuredTable, load_measured
 from bastion.cost.models import DrafterSpec, ModelSpec
-from bastion.cost.roofline import RooflineOptions, verify_pass
-from bastion.cost.validation import (
-    FORMATS,
-    MeasuredTable,
-    calibrate_column,
-    interpolate_loglog,
-    load_measured,
-    operator_features,
-)
+from bastion.cost.opcounts import RooflineOptions
+from bastion.cost.roofline import verify_pass
 from bastion.errors import ConfigError
 from bastion.guard import public
 from bastion.interfaces import CostCurve, StepLoad

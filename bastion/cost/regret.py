@@ -30,19 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from bastion.cost.columnfit import calibrate_column, operator_features
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.kernels import KernelParams
+from bastion.cost.measured import FORMATS, MEASURED_OPTIONS, MeasuredTable
 from bastion.cost.models import ModelSpec
 from bastion.cost.transfer import column_predictor
-from bastion.cost.validation import (
-    DEFAULT_TRAIN_TOKENS,
-    FORMATS,
-    MEASURED_OPTIONS,
-    MIN_TRAIN,
-    MeasuredTable,
-    calibrate_column,
-    operator_features,
-)
+from bastion.cost.validation import DEFAULT_TRAIN_TOKENS, MIN_TRAIN
 from bastion.errors import ConfigError
 from bastion.guard import array, integer, public
 

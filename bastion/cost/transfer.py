@@ -26,7 +26,7 @@ import numpy.typing as npt
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.kernels import KIND_PARAMS, KernelParams, KernelPricer, operator_kind
 from bastion.cost.models import ModelSpec
-from bastion.cost.roofline import RooflineOptions
+from bastion.cost.opcounts import RooflineOptions
 from bastion.errors import ConfigError
 from bastion.guard import public
 

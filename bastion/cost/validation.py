@@ -1,21 +1,8 @@
 """Validate the cost model against measured per-operator GPU timings (``bastion validate``).
 
-Two public per-operator CSV layouts are read, one row per token count, milliseconds, 16-bit
-weights, tensor parallel 1:
-
-- ``vidur`` (Vidur's profiling data, e.g. ``docs/data/a100-80gb_llama-3-8b_per-layer-ops.csv``):
-  per-layer ``qkv_proj_ms``, ``o_proj_ms``, ``gate_up_proj_ms``, ``down_proj_ms``, ``act_ms``,
-  ``rope_ms``, ``input_norm_ms``, ``post_attn_norm_ms``, ``residual_add_ms`` (one of a layer's
-  two adds) and per-pass ``embedding_ms``;
-- ``llmservingsim`` (LLMServingSim's profiler): per-layer ``qkv_proj_ms``, ``o_proj_ms``,
-  ``gate_up_proj_ms``, ``down_proj_ms``, ``act_fn_ms``, ``rotary_emb_ms``, ``layernorm_ms``
-  (one fused add + RMSNorm kernel) and per-pass ``embedding_ms``, ``final_layernorm_ms``,
-  ``lm_head_ms``.
-
-Both use vLLM-style kernels (fused q/k/v and gate/up, fused SiLU·mul, gathered embedding rows).
-Empty cells are allowed (a column measured over fewer token counts); any other unreadable cell
-raises :class:`MeasuredDataError` naming the file, row and column. Every column is either mapped
-to roofline operators or reported as unmapped.
+The tables are read by :mod:`bastion.cost.measured` (two CSV layouts, every column mapped to
+roofline operators or reported as unmapped) and each column is calibrated by
+:mod:`bastion.cost.columnfit`; this module scores the predictions and reports them.
 
 For every mapped column, :func:`validate` calibrates on the token counts ``train_tokens`` and
 scores three predictions on every other token count ≤ ``max_tokens`` (held out):
@@ -33,26 +20,39 @@ scores three predictions on every other token count ≤ ``max_tokens`` (held out
   ``kernel-fit``).
 
 What this module does not do: plot (``docs/make_cost_figures.py``) or print (``bastion.cli``).
+The names of :mod:`bastion.cost.measured` and :mod:`bastion.cost.columnfit` it lists in
+``__all__`` are re-exported from there.
 """
 
 from __future__ import annotations
 
-import csv
-import math
-import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
 
-from bastion.cost.fitting import MaxAffineFit, fit_max_affine, loo_errors
+from bastion.cost.columnfit import (
+    ColumnCalibration,
+    OperatorFeatures,
+    calibrate_column,
+    interpolate_loglog,
+    operator_features,
+)
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.kernels import KernelParams
+from bastion.cost.measured import (
+    FORMATS,
+    MEASURED_OPTIONS,
+    ColumnSpec,
+    MeasuredDataError,
+    MeasuredFormat,
+    MeasuredTable,
+    load_measured,
+)
+from bastion.cost.measured import bundled_measured as bundled_measured
 from bastion.cost.models import ModelSpec
-from bastion.cost.roofline import RooflineOptions, verify_pass
 from bastion.cost.transfer import column_predictor, fit_column_params
 from bastion.errors import ConfigError
 from bastion.guard import array, public
@@ -80,315 +80,14 @@ __all__ = [
 ]
 
 Array = npt.NDArray[np.float64]
-MeasuredFormat = Literal["vidur", "llmservingsim"]
 Mode = Literal["bare", "transfer", "calibrated", "profiled", "kernel-fit", "blended"]
 #: The operator name of the whole-pass record (the sum of every scored column over the layers)
 PASS = "pass"
-
-
-class MeasuredDataError(ConfigError):
-    """A measured-timings CSV that cannot be read: the message names file, row and column."""
-
-
-@dataclass(frozen=True)
-class ColumnSpec:
-    """What one CSV column measures: roofline operators × shares, per layer or per pass."""
-
-    parts: tuple[tuple[str, float], ...]  # (operator, share of it one cell covers)
-    per_pass: bool = False  # once per pass (embedding, LM head) rather than per layer
-    note: str = ""
-    count: float = 1.0  # kernels of this column in one layer (per pass: in the pass)
-
-
-_LAYER_GEMMS: dict[str, ColumnSpec] = {
-    "qkv_proj_ms": ColumnSpec((("qkv_proj", 1.0),), note="fused q/k/v projection"),
-    "o_proj_ms": ColumnSpec((("o_proj", 1.0),)),
-    "gate_up_proj_ms": ColumnSpec((("gate_up_proj", 1.0),), note="fused gate+up projection"),
-    "down_proj_ms": ColumnSpec((("down_proj", 1.0),)),
-}
-
-#: Column → what it measures, per format.
-FORMATS: dict[str, dict[str, ColumnSpec]] = {
-    "vidur": {
-        **_LAYER_GEMMS,
-        "act_ms": ColumnSpec((("act", 1.0),), note="SiLU·mul"),
-        "rope_ms": ColumnSpec((("rope", 1.0),)),
-        "input_norm_ms": ColumnSpec((("input_norm", 1.0),)),
-        "post_attn_norm_ms": ColumnSpec((("post_attn_norm", 1.0),)),
-        "residual_add_ms": ColumnSpec(
-            (("residual_add", 0.5),), note="one of a layer's two adds", count=2.0
-        ),
-        "embedding_ms": ColumnSpec((("embedding", 1.0),), per_pass=True),
-    },
-    "llmservingsim": {
-        **_LAYER_GEMMS,
-        "act_fn_ms": ColumnSpec((("act", 1.0),), note="SiLU·mul"),
-        "rotary_emb_ms": ColumnSpec((("rope", 1.0),)),
-        "layernorm_ms": ColumnSpec(
-            (("input_norm", 1.0), ("residual_add", 0.5)),
-            note="one fused add + RMSNorm kernel",
-            count=2.0,
-        ),
-        "embedding_ms": ColumnSpec((("embedding", 1.0),), per_pass=True),
-        "final_layernorm_ms": ColumnSpec((("final_norm", 1.0),), per_pass=True),
-        "lm_head_ms": ColumnSpec((("lm_head", 1.0),), per_pass=True),
-    },
-}
-#: The measured kernels' implementation choices (vLLM).
-MEASURED_OPTIONS = RooflineOptions(fused_qkv=True, fused_gate_up=True, full_embedding_table=False)
 #: Token counts calibrated on by default (the rest, up to ``DEFAULT_MAX_TOKENS``, are held out).
 DEFAULT_TRAIN_TOKENS: tuple[int, ...] = (1, 16, 64, 128, 256, 512, 1024)
 DEFAULT_MAX_TOKENS = 1024
 #: Fewest calibration points a column needs to be calibrated and scored.
 MIN_TRAIN = 5
-
-
-@dataclass(frozen=True)
-class MeasuredTable:
-    """A measured CSV: token counts, one array of seconds per mapped column (NaN: empty)."""
-
-    path: str
-    format: str
-    tokens: Array
-    columns: dict[str, Array]  # mapped column → seconds (NaN where the cell was empty)
-    unmapped: tuple[str, ...]  # columns present in the file that no operator maps to
-
-
-def _cell(text: str | None, path: str, row: int, column: str, what: str) -> float:
-    if text is None:
-        raise MeasuredDataError(
-            f"{path}, row {row}, column {column!r}: missing cell (the row has fewer values than "
-            "the header); accepted: one value per header column, empty for not measured"
-        )
-    try:
-        value = float(text)
-    except ValueError:
-        raise MeasuredDataError(
-            f"{path}, row {row}, column {column!r}: {text!r} is not a number; accepted: {what}"
-        ) from None
-    if not math.isfinite(value) or value <= 0:
-        raise MeasuredDataError(
-            f"{path}, row {row}, column {column!r}: {text!r} is out of range; accepted: {what}"
-        )
-    return value
-
-
-@public
-def load_measured(path: str | os.PathLike[str], format: str = "vidur") -> MeasuredTable:
-    """Read a per-operator CSV in ``format`` (``vidur`` or ``llmservingsim``).
-
-    Rows are numbered as lines of the file (the header is row 1).
-    """
-    if format not in FORMATS:
-        raise ConfigError(f"measured format {format!r}; accepted: {', '.join(FORMATS)}")
-    spec = FORMATS[format]
-    name = os.fspath(path)
-    try:
-        with open(name, newline="", encoding="utf-8-sig") as fh:  # a byte-order mark is fine
-            reader = csv.DictReader(fh)
-            header = list(reader.fieldnames or [])
-            rows = list(reader)
-    except FileNotFoundError:
-        raise MeasuredDataError(f"measured data not found: {name}") from None
-    except IsADirectoryError:
-        raise MeasuredDataError(f"measured data {name} is a directory; give a CSV file") from None
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise MeasuredDataError(f"{name}: not a readable CSV ({exc})") from None
-    except OSError as exc:
-        raise MeasuredDataError(f"measured data {name} cannot be read ({exc})") from None
-    if "num_tokens" not in header:
-        raise MeasuredDataError(
-            f"{name}, row 1: no 'num_tokens' column (header: {', '.join(header) or 'empty'}); "
-            f"accepted {format} columns: num_tokens, {', '.join(spec)}"
-        )
-    if not rows:
-        raise MeasuredDataError(f"{name}: no data rows after the header")
-    mapped = [c for c in header if c in spec]
-    unmapped = tuple(c for c in header if c != "num_tokens" and c not in spec)
-    if not mapped:
-        raise MeasuredDataError(
-            f"{name}, row 1: no column of the {format} format; accepted: {', '.join(spec)}"
-        )
-    tokens = np.empty(len(rows))
-    columns = {c: np.full(len(rows), np.nan) for c in mapped}
-    seen: dict[float, int] = {}
-    for i, row in enumerate(rows):
-        line = i + 2
-        if None in row:  # more values than header columns
-            raise MeasuredDataError(
-                f"{name}, row {line}: {len(header) + len(row[None])} values for "
-                f"{len(header)} header columns; accepted: one value per header column"
-            )
-        t = _cell(row["num_tokens"], name, line, "num_tokens", "a positive whole number")
-        if t != int(t):
-            raise MeasuredDataError(
-                f"{name}, row {line}, column 'num_tokens': {row['num_tokens']!r} is not a whole "
-                "number; accepted: a positive whole number"
-            )
-        if t in seen:
-            raise MeasuredDataError(
-                f"{name}, row {line}, column 'num_tokens': {int(t)} repeats row {seen[t]}; "
-                "accepted: one row per token count"
-            )
-        seen[t] = line
-        tokens[i] = t
-        for c in mapped:
-            text = row[c]
-            if text is not None and not text.strip():
-                continue  # empty: not measured at this token count
-            columns[c][i] = 1e-3 * _cell(
-                text, name, line, c, "a positive number of milliseconds or an empty cell"
-            )
-    order = np.argsort(tokens)
-    return MeasuredTable(
-        path=name,
-        format=format,
-        tokens=tokens[order],
-        columns={c: v[order] for c, v in columns.items()},
-        unmapped=unmapped,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Features of one column
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class OperatorFeatures:
-    """Roofline features of one column at the table's token counts (seconds, one cell's share)."""
-
-    bare: Array  # the bare roofline (max of branches + launches)
-    compute: dict[str, Array]  # compute-branch variant → R_c
-    memory: Array  # R_m, DRAM and L2-resident bytes priced together, [n]
-    memory_split: Array  # [n, 2]: DRAM bytes / bandwidth, L2-resident bytes / L2 bandwidth
-
-
-@public
-def operator_features(
-    spec: ColumnSpec,
-    model: ModelSpec,
-    hw: HardwareProfile,
-    tokens: npt.ArrayLike,
-    options: RooflineOptions = MEASURED_OPTIONS,
-    kernel_params: KernelParams | None = None,
-) -> OperatorFeatures:
-    """The bare roofline and the calibration features of ``spec`` at ``tokens`` (context 0).
-
-    With ``kernel_params`` (and a profile with what the kernel-aware model needs: SM clock,
-    threads per SM), the compute variants include ``kernel``: that model's time of the column
-    with those parameters, so a calibration can scale its steps."""
-    t = np.asarray(tokens, dtype=np.float64)
-
-    def parts(opt: RooflineOptions) -> list[tuple[Any, float]]:
-        b = verify_pass(model, hw, [(t, 0)], opt)
-        per = 1.0 if spec.per_pass else 1.0 / model.layers
-        return [(b.op(op), share * per) for op, share in spec.parts]
-
-    def total(items: list[tuple[Any, float]], attr: str) -> Array:
-        out = sum((np.asarray(getattr(o, attr)) * k for o, k in items), np.zeros(()))
-        return np.broadcast_to(out, t.shape).astype(np.float64)
-
-    plain = parts(options)
-    compute = {"plain": total(plain, "compute_s")}
-    for tile in (64, 128):
-        compute[f"tile{tile}"] = total(parts(replace(options, tile_tokens=tile)), "compute_s")
-    compute["waves"] = total(parts(replace(options, gemm_waves=True)), "compute_s")
-    if kernel_params is not None and hw.sm_clock_hz and hw.max_threads_per_sm:
-        compute["kernel"] = column_predictor(spec, model, hw, t, options)(kernel_params)
-    l2 = parts(replace(options, l2_resident=True))
-    l2_s = total(l2, "l2_s")
-    return OperatorFeatures(
-        bare=total(plain, "time_s"),
-        compute=compute,
-        memory=total(plain, "memory_s"),
-        memory_split=np.column_stack([total(l2, "memory_s") - l2_s, l2_s]),
-    )
-
-
-@dataclass(frozen=True)
-class ColumnCalibration:
-    """The calibrated roofline of one column: the chosen features and their fit."""
-
-    compute: str  # compute variant (plain, tile64, tile128, waves, kernel)
-    memory: str  # memory variant (dram, dram+l2)
-    fit: MaxAffineFit
-    cv_mape: float  # leave-one-out relative error on the calibration points, mean
-    cv_max_error: float
-
-    @property
-    def choice(self) -> str:
-        return f"{self.compute}/{self.memory}"
-
-    def predict(self, features: OperatorFeatures) -> Array:
-        mem = features.memory if self.memory == "dram" else features.memory_split
-        return self.fit.predict(features.compute[self.compute], mem)
-
-
-@public
-def calibrate_column(
-    features: OperatorFeatures, tokens: Array, seconds: Array, train: npt.NDArray[np.bool_]
-) -> ColumnCalibration:
-    """Fit every feature variant on ``train``; keep the smallest leave-one-out error."""
-    y = seconds[train]
-    order = tokens[train]
-    best: ColumnCalibration | None = None
-    seen: list[tuple[Array, Array]] = []
-    for cname, rc_all in features.compute.items():
-        for mname, mem_all in (("dram", features.memory), ("dram+l2", features.memory_split)):
-            rc, mem = rc_all[train], mem_all[train]
-            if mname == "dram+l2" and (not np.any(mem[:, 1] > 0) or not np.any(mem[:, 0] > 0)):
-                continue  # nothing L2-resident (or nothing off it): same as dram alone
-            if any(np.array_equal(rc, a) and np.array_equal(mem, b) for a, b in seen):
-                continue  # this variant changes nothing for this operator
-            seen.append((rc, mem))
-
-            def fit_predict(mask: npt.NDArray[np.bool_], i: int, rc=rc, mem=mem) -> float:  # type: ignore[no-untyped-def]
-                f = fit_max_affine(rc[mask], mem[mask], y[mask], order=order[mask])
-                return float(f.predict(rc[i : i + 1], mem[i : i + 1])[0])
-
-            cv = loo_errors(y.size, fit_predict, y)
-            fit = fit_max_affine(rc, mem, y, order=order)
-            cand = ColumnCalibration(cname, mname, fit, float(cv.mean()), float(cv.max()))
-            if best is None or cand.cv_mape < best.cv_mape - 1e-12:
-                best = cand
-    assert best is not None
-    return best
-
-
-@public(
-    known_tokens=array(1, nonempty=True, positive=True),
-    known_seconds=array(1, nonempty=True, positive=True),
-    tokens=array(positive=True),
-    lengths=("known_tokens", "known_seconds"),
-)
-def interpolate_loglog(
-    known_tokens: Array,
-    known_seconds: Array,
-    tokens: npt.ArrayLike,
-    beyond: Callable[[Array], Array] | None = None,
-) -> Array:
-    """Piecewise power-law interpolation of measured seconds between measured token counts.
-
-    Outside [min, max] of ``known_tokens``, ``beyond(tokens)`` (the calibrated roofline) is
-    used, scaled to meet the measurement at the nearest end; without it the end value is held.
-    """
-    t = np.asarray(tokens, dtype=np.float64)
-    lt, ly = np.log(known_tokens), np.log(known_seconds)
-    out = np.exp(np.interp(np.log(t), lt, ly))
-    if beyond is not None:
-        lo, hi = t < known_tokens[0], t > known_tokens[-1]
-        if np.any(lo) or np.any(hi):
-            ends = beyond(np.array([known_tokens[0], known_tokens[-1]]))
-            model = beyond(t)
-            out = np.where(lo, model * known_seconds[0] / ends[0], out)
-            out = np.where(hi, model * known_seconds[-1] / ends[1], out)
-    return np.asarray(out, dtype=np.float64)
-
-
-# --------------------------------------------------------------------------------------------
-# The report
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -606,12 +305,6 @@ def _score(
         worst_tokens=int(tokens[test][worst]),
         detail=detail,
     )
-
-
-def bundled_measured() -> Mapping[str, Path]:
-    """Measured tables shipped in the checkout's ``docs/data`` (empty in a wheel)."""
-    root = Path(__file__).resolve().parents[2] / "docs" / "data"
-    return {p.stem: p for p in sorted(root.glob("*.csv"))} if root.is_dir() else {}
 
 
 @public(tokens=array(1), seconds=array(1), lengths=("tokens", "seconds"))

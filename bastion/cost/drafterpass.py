@@ -1,0 +1,123 @@
+"""The DFlash drafter's roofline: one draft pass over a batch, and its fast form per batch size.
+
+:func:`drafter_pass` counts a draft for every request of a batch with the raw terms of
+:mod:`bastion.cost.opcounts` (the drafter's context projection and cache append, its layers
+over a block of ``block_size`` tokens, the target's LM head over the masked slots);
+:class:`DrafterPricer` gives the same numbers for a whole batch from two evaluations per batch
+size (what the cost model and the simulator call every step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.cost.breakdown import PassShape, RooflineBreakdown
+from bastion.cost.hardware import HardwareProfile
+from bastion.cost.models import DrafterSpec
+from bastion.cost.opcounts import Raw, RooflineOptions, check_layers, gemm_op, layer_ops, price_raws
+from bastion.errors import ConfigError
+from bastion.guard import each, integer, number, public
+
+__all__ = ["DrafterPricer", "drafter_pass"]
+
+Array = npt.NDArray[np.float64]
+ArrayLike = npt.ArrayLike
+
+
+@public(contexts=each(number(lo=0.0)), new_context_tokens=integer(lo=0))
+def drafter_pass(
+    drafter: DrafterSpec,
+    hw: HardwareProfile,
+    contexts: Iterable[ArrayLike],
+    options: RooflineOptions | None = None,
+    new_context_tokens: int | None = None,
+) -> RooflineBreakdown:
+    """One DFlash draft for each request of a batch (``contexts`` = their cached lengths).
+
+    Per request: ``fc`` projects the newly committed tokens' tapped features (``taps·h → h``,
+    default: a full block of new tokens, an upper bound) and each layer appends their K/V to the
+    drafter cache; then the block of ``block_size`` tokens runs through the drafter's layers,
+    attending (non-causally, no mask) to the cached context and to the block; the target's LM head
+    produces logits for the ``block_size − 1`` masked slots. Embedding: gathered rows only.
+    """
+    opt = options or RooflineOptions()
+    m = drafter.model
+    check_layers(m)
+    b = drafter.block_size
+    new = b if new_context_tokens is None else new_context_tokens
+    ctx = list(contexts)
+    n_req = float(len(ctx))
+    shape = PassShape.of_batch(np.full(len(ctx), float(b)), np.asarray(ctx, float), masked=False)
+    t = shape.tokens
+    zero = np.zeros(())
+    h, v = m.hidden, m.vocab
+    new_t = np.asarray(n_req * new)
+    fc_in = drafter.taps * h
+    raws: list[tuple[Raw, int]] = [
+        (("embedding", zero, zero, zero, 2.0 * t * h, 1), 1),
+        (gemm_op("ctx_fc", new_t, new_t, fc_in, h), 1),
+        (("ctx_norm", 4.0 * new_t * h, np.asarray(float(h)), zero, 2.0 * new_t * h, 1), 1),
+        # K/V of the new context tokens; weights are those of k_proj/v_proj, counted there
+        (
+            ("ctx_kv_proj", 2.0 * new_t * h * 2 * m.h_kv, zero, 2.0 * new_t * m.h_kv, new_t * h, 2),
+            m.layers,
+        ),
+    ]
+    raws += [(op, m.layers) for op in layer_ops(m, shape, opt, masked=False)]
+    logit_rows = np.asarray(n_req * (b - 1))
+    raws.append((("final_norm", 4.0 * t * h, np.asarray(float(h)), zero, 2.0 * t * h, 1), 1))
+    raws.append((gemm_op("lm_head", logit_rows, logit_rows, h, v), 1))
+    return RooflineBreakdown(price_raws(raws, hw, opt), meta={"layers": float(m.layers)})
+
+
+@public
+class DrafterPricer:
+    """:func:`drafter_pass` of a whole batch in a few numpy calls, with identical numbers.
+
+    For a fixed number n of requests every FLOP and byte count of a drafter pass is affine in
+    the sum of their contexts Σc (attention pairs b·Σc + n·b², KV tokens Σc + n·b); everything
+    else (tile padding, experts touched, the LM head's rows) depends on n alone. So each
+    operator's compute and memory seconds are read off two evaluations of :func:`drafter_pass`
+    the first time a batch size is seen (Σc = 0 and Σc = 1), and a pass then costs
+    Σ_op max(compute_op(Σc), memory_op(Σc)) + launches.
+    """
+
+    def __init__(
+        self, drafter: DrafterSpec, hw: HardwareProfile, options: RooflineOptions | None = None
+    ) -> None:
+        self.drafter, self.hw = drafter, hw
+        self.options = options or RooflineOptions()
+        self._lines: dict[int, tuple[Array, Array, float]] = {}
+
+    def line(self, requests: int) -> tuple[Array, Array, float]:
+        """(per-operator [compute…, memory…] seconds at Σc = 0, their change per context
+        token, the launch seconds) for a pass over ``requests`` requests."""
+        line = self._lines.get(requests)
+        if line is None:
+            if requests < 1:
+                raise ConfigError(f"a drafter pass needs at least one request; got {requests}")
+            zero = [0.0] * requests
+            at0 = drafter_pass(self.drafter, self.hw, zero, self.options)
+            at1 = drafter_pass(self.drafter, self.hw, [1.0, *zero[1:]], self.options)
+
+            def seconds(b: RooflineBreakdown) -> Array:
+                return np.array(
+                    [float(op.compute_s) for op in b.operators]
+                    + [float(op.memory_s) for op in b.operators]
+                )
+
+            c0 = seconds(at0)
+            line = (c0, seconds(at1) - c0, float(at0.launch_s))
+            self._lines[requests] = line
+        return line
+
+    def total_s(self, requests: int, context_sum: float) -> float:
+        """Seconds of one drafter pass over ``requests`` requests holding ``context_sum``
+        cached tokens in all."""
+        at0, slope, launch_s = self.line(requests)
+        y = at0 + float(context_sum) * slope
+        n = y.shape[0] // 2
+        return float(np.add.reduce(np.maximum(y[:n], y[n:]))) + launch_s

@@ -1,0 +1,174 @@
+"""Ĉ of a whole batch along a joint allocation: its pass shapes, their seconds, a growth bound.
+
+:meth:`bastion.cost.costmodel.RooflineCostModel.joint_cost_curve` prices a batch whose trees
+grow one node at a time (:class:`bastion.joint.JointCostModel`). Adding a node to a request that
+has n raises T by 1, the attention pairs (and mask elements) by c_i + 2n + 1 and the KV tokens
+by 1, so the passes' shapes are cumulative sums (:func:`joint_shapes`); they are priced from the
+affine pricers' coefficients (:func:`joint_seconds`), and :func:`growth_bound` proves how much
+Ĉ rises at least per node added beyond the last pass. The cost model applies its correction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from bastion.cost.breakdown import PassShape
+from bastion.cost.calibration import LinearCalibration
+from bastion.cost.roofline import LinearPricer
+from bastion.errors import BudgetError
+
+Array = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class JointShapes:
+    """The passes of one joint allocation and what the rest of its pricing reads."""
+
+    # the tree passes after 0 … len(grow) additions and, as a last row, L_AR's pass (B tokens,
+    # no mask): the masked and unmasked pricers differ only in the mask-element coefficient,
+    # so one pricing does both
+    both: PassShape
+    end: PassShape  # the last tree pass (one row)
+    requests: int  # B
+    context_sum: float  # Σ of the bucketed contexts (the drafter's pass)
+    c_min: float  # the smallest bucketed context
+
+
+def joint_shapes(
+    context_lens: npt.NDArray[np.int64], grow: npt.NDArray[np.int64], context_bucket: int
+) -> JointShapes:
+    """The pass shapes of a batch whose request i holds ``context_lens[i]`` cached tokens (a
+    multiple of ``context_bucket`` above) and its root, as ``grow[j]`` receives the j-th added
+    node; a :class:`BudgetError` for a malformed ``context_lens`` or ``grow``."""
+    ctx = np.asarray(context_lens)
+    g = np.asarray(grow)
+    if g.size == 0:
+        g = g.astype(np.int64)  # no additions (an empty list is float64 to numpy)
+    if ctx.ndim != 1 or ctx.size == 0 or ctx.dtype.kind not in "iu" or np.any(ctx < 0):
+        raise BudgetError("context_lens must be a non-empty 1-D array of integers ≥ 0")
+    n_req = ctx.size
+    try:
+        if g.ndim != 1 or (g.size and g.dtype.kind not in "iu"):
+            raise ValueError
+        counts = np.bincount(g, minlength=n_req)  # ValueError on a negative index
+        if counts.size > n_req:
+            raise ValueError
+    except ValueError:
+        raise BudgetError(f"grow must be a 1-D array of request indices in [0, {n_req})") from None
+    step = context_bucket
+    buckets = -(-ctx.astype(np.int64) // step) * step
+    c = buckets.astype(np.float64)
+    g = g.astype(np.int64)
+    # stable sort by request (radix sort on 16-bit keys): each request's additions in order
+    order = np.argsort(g.astype(np.int16) if n_req < 1 << 15 else g, kind="stable")
+    held = np.empty(g.size, dtype=np.float64)  # nodes request g[j] holds before node j
+    held[order] = np.arange(g.size) - np.repeat(np.cumsum(counts) - counts, counts) + 1.0
+    added = np.arange(g.size + 1, dtype=np.float64)
+    pairs0 = float(np.sum(c + 1.0))
+    pairs = np.empty(g.size + 1)
+    pairs[0] = pairs0
+    np.cumsum(c[g] + 2.0 * held + 1.0, out=pairs[1:])
+    pairs[1:] += pairs0
+    both = PassShape(
+        tokens=np.append(n_req + added, float(n_req)),
+        attn_pairs=np.append(pairs, pairs0),
+        kv_tokens=np.append(pairs0 + added, pairs0),
+        mask_elems=np.append(pairs, 0.0),
+    )
+    end = PassShape(
+        tokens=n_req + added[-1:],
+        attn_pairs=pairs[-1:],
+        kv_tokens=pairs0 + added[-1:],
+        mask_elems=pairs[-1:],
+    )
+    return JointShapes(both, end, n_req, float(buckets.sum()), float(c.min()))
+
+
+def joint_seconds(
+    shape: PassShape,
+    bare: LinearPricer,
+    tiled: LinearPricer | None,
+    calibration: LinearCalibration | None,
+) -> Array:
+    """Uncorrected seconds of ``shape``'s passes: the bare roofline (``calibration`` None), or
+    the calibrated one (its compute branch from ``tiled`` when the calibration pads tokens),
+    computing only the branches that reading needs."""
+    pricer = bare
+    if calibration is None:
+        compute, memory = pricer.branches(shape)
+        bare_s: Array = (np.maximum(compute, memory) + pricer.launch_s).sum(axis=-1)
+        return bare_s
+    # The calibration reads only Σ_op of each branch, affine in the features: one
+    # matrix-vector product each instead of the [len, ops] per-operator matrices.
+    x = pricer.features(shape)
+    b0, b = pricer.nbytes
+    memory_s = (b0.sum() + x @ b.sum(axis=1)) / pricer.byte_rate
+    if tiled is not None:
+        pricer = tiled
+        x = pricer.features(shape)
+    f0, f = pricer.flops
+    compute_s = (f0.sum() + x @ f.sum(axis=1)) / pricer.flop_rate
+    return np.asarray(calibration.predict(compute_s, memory_s), dtype=np.float64)
+
+
+def growth_bound(
+    end: PassShape,
+    c_min: float,
+    bare: LinearPricer,
+    tiled: LinearPricer | None,
+    calibration: LinearCalibration | None,
+    gamma: float | None,
+) -> float:
+    """A lower bound on how much the joint Ĉ grows per node added after the pass ``end``
+    (one row), for any request: 0 when none can be proved.
+
+    Adding a node raises the features by at least: T by 1, the attention pairs and mask
+    elements by c_min + 3 (c_min the smallest bucketed context; the request already holds
+    n ≥ 1 nodes), the KV tokens by 1; the padded T and the experts touched never fall.
+    Every FLOP and byte coefficient is ≥ 0 (checked), so each branch rises by at least its
+    coefficients times those increments. Ĉ is a max of branches (calibrated: of the two
+    calibrated branches, α ≥ 0 checked; bare: Σ over operators of each one's max), and a
+    max never falls below the branch that attains it at ``end``, so Ĉ(end + k) ≥ Ĉ(end) +
+    k·(the rise of the branches that attain the max at ``end``); the EMA modes scale by γ
+    (``gamma``; None outside them). Pricers and calibration as in :func:`joint_seconds`.
+    """
+    inc = np.array([1.0, 0.0, c_min + 3.0, 1.0, c_min + 3.0, 0.0])  # the feature order
+    pricer = bare
+    (f0, f), (b0, b) = pricer.flops, pricer.nbytes
+    peak, bw = pricer.flop_rate, pricer.byte_rate
+    if np.any(f < 0) or np.any(b < 0):
+        return 0.0
+    x = pricer.features(end)[0]
+    if calibration is None:
+        compute = (f0 + x @ f) / peak  # per operator
+        memory = (b0 + x @ b) / bw
+        op_rise_c, op_rise_m = inc @ f / peak, inc @ b / bw
+        step = float(np.where(compute >= memory, op_rise_c, op_rise_m).sum())
+    else:
+        cal = calibration
+        if cal.compute.alpha < 0 or cal.memory.alpha < 0:
+            return 0.0
+        memory_s = float(b0.sum() + x @ b.sum(axis=1)) / bw
+        rise_m = float(inc @ b.sum(axis=1)) / bw
+        if tiled is not None:
+            pricer = tiled
+            (f0, f), peak = pricer.flops, pricer.flop_rate
+            if np.any(f < 0):
+                return 0.0
+            x = pricer.features(end)[0]
+        compute_s = float(f0.sum() + x @ f.sum(axis=1)) / peak
+        rise_c = float(inc @ f.sum(axis=1)) / peak
+        branch_c = float(cal.compute.alpha * compute_s + cal.compute.beta)
+        branch_m = float(cal.memory.alpha * memory_s + cal.memory.beta)
+        rises: list[float] = []
+        if branch_c >= branch_m:
+            rises.append(float(cal.compute.alpha * rise_c))
+        if branch_m >= branch_c:
+            rises.append(float(cal.memory.alpha * rise_m))
+        step = max(rises)
+    if gamma is not None:
+        step *= gamma
+    return max(step, 0.0)
