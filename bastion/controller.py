@@ -6,6 +6,8 @@ Each step it chooses among every way of decoding it can price from measured cycl
   saving. The policy drafts while speculation's realised speedup over AR (an exponential
   average of committed tokens per second, over the learned AR rate) stays above 1, and, while
   AR is faster, drafts every ``probe_every``-th step to see whether that changed.
+  At batch 1 a new request, while AR stands, starts the evidence afresh: a few of its drafted
+  steps judge the new text (a drafter's acceptance moves with the text).
 - **The chain** (the drafter's top-1 path, verified with a causal pass): priced by its own
   measured cycle, with its acceptance from the calibrated marginals.
 - **Best-first trees** of the lattice sizes up to ``n_max``: at batch 1 each priced by its
@@ -340,7 +342,7 @@ class LearningPolicy:
         """Whether this step drafts (False: a target-only AR step)."""
         if not isinstance(cost_model, LearnedCostModel):
             return True
-        return cost_model.wants_draft(requests.size)
+        return cost_model.wants_draft_for(requests.request_ids)
 
     def plan_step(self, requests: StepRequests, cost_model: CostModel | None) -> str:
         """Before drafting, what the step will be: "ar" (no draft pass), "chain" (a chain
@@ -350,7 +352,7 @@ class LearningPolicy:
         if not isinstance(cost_model, LearnedCostModel):
             return "tree"
         b = requests.size
-        if not cost_model.wants_draft(b):
+        if not cost_model.wants_draft_for(requests.request_ids):
             cost_model.pending_plan = None
             return "ar"
         if _decides_for_chunk(cost_model, requests):

@@ -33,6 +33,9 @@ FloatArray = npt.NDArray[np.float64]
 # stretch)
 RECHECK_WITHIN = 1.25
 AR_RECENT = 3  # a drafted step is paired with the median of this many last AR cycles
+# a new text at batch 1 restarts the evidence for AR (StepEvidence.wants_draft_for): this many
+# of its drafted steps judge it, not evidence/2 (where AR wins, each new text costs so few)
+TURNOVER_EVIDENCE = 3
 
 
 class StepEvidence(DecisionCurves):
@@ -63,6 +66,8 @@ class StepEvidence(DecisionCurves):
         self._since_draft = 0
         self._chain = [0.0, 0.0, 0.0]  # the chain's Σ realised τ, Σ Â, steps (forgotten)
         self._probe_interval = probe_every
+        self._drafted_for: int | None = None  # at batch 1: the request of the last drafted step
+        self._fresh = False  # the evidence restarted for a new text: TURNOVER_EVIDENCE judges it
         self.always_draft = False  # e.g. while recording traces: never skip the drafter
         self._drafted = 0
         self.explore_every = explore_every
@@ -167,6 +172,33 @@ class StepEvidence(DecisionCurves):
             return False
         return self._since_draft + 1 >= self._probe_interval
 
+    def wants_draft_for(self, request_ids: IntArray) -> bool:
+        """:meth:`wants_draft` for a step of these requests. At batch 1, while AR stands, a
+        request other than the last drafted step's starts the evidence afresh, as a run's start
+        does: a drafter's acceptance moves with the text (on the CPU demo pair a request's mean
+        committed tokens per step ranges 1.7–6.3 and consecutive steps correlate at 0.7), so
+        the evidence for AR, gathered on a text that has left, says little about the new one,
+        which would otherwise get one probe in many steps. :data:`TURNOVER_EVIDENCE` drafted
+        steps of the new text then judge it (AR again if their mean is one standard error
+        below 1 + margin)."""
+        if request_ids.shape[0] == 1:
+            rid = int(request_ids[0])
+            if (
+                self._drafted_for is not None
+                and rid != self._drafted_for
+                and self.speedup_upper <= 1.0 + self.margin
+            ):
+                self._realised.clear()
+                self._fresh = True
+                self.speedup = self.speedup_upper = math.inf
+                self._probe_interval = self._recheck_interval = self.probe_every
+                self._recheck_left = 0
+            drafts = self.wants_draft(1)
+            if drafts:
+                self._drafted_for = rid
+            return drafts
+        return self.wants_draft(int(request_ids.shape[0]))
+
     def _recent_ar_ratio(self, b: int) -> float | None:
         """The median measured/prior ratio of the last AR steps of ``b``'s batch bucket, or None
         before any."""
@@ -267,7 +299,9 @@ class StepEvidence(DecisionCurves):
         # one unlucky step must not switch decoding off: AR needs evidence/2 steps of it, and
         # their mean one standard error below 1 (a step's realised speedup is skewed and
         # noisy: most commit little, a few a lot)
-        if 2 * n < self.evidence:
+        if 2 * n >= self.evidence:
+            self._fresh = False
+        if n < (TURNOVER_EVIDENCE if self._fresh else (self.evidence + 1) // 2):
             self.speedup = self.speedup_upper = math.inf
         else:
             total = sum(recent)

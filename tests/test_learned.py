@@ -662,6 +662,37 @@ def test_a_probe_that_finds_speculation_faster_looks_again_sooner(busy: bool) ->
         assert gaps[:5] == [15, 31, 63, 127, 255]  # AR steps between probes
 
 
+def test_a_new_text_at_batch_one_restarts_the_evidence_for_ar() -> None:
+    """AR stands on request 0's drafted steps (1 token in 20 ms against AR's 10 ms: 0.5). At
+    batch 1 a step of another request drafts at once (the evidence came from a text that
+    left), and TURNOVER_EVIDENCE of its drafted steps judge it: 3 more at 0.5 and AR stands
+    again, 3 at 2 tokens in 8 ms (2.5×) and speculation stands. Request 0 itself, or any step
+    of a larger batch, gets no such restart (negative controls: AR keeps standing)."""
+    from bastion.learned_evidence import TURNOVER_EVIDENCE
+
+    ids = np.array([0])
+
+    def standing_ar() -> LearnedCostModel:
+        learner = LearnedCostModel(FlatPrior(), probe_every=10_000)
+        _ar_steps(learner, 12, 10e-3)
+        assert learner.wants_draft_for(ids)  # untried speculation: drafts, for request 0
+        _drafted_steps(learner, 8, 1, 20e-3)
+        _ar_steps(learner, 2, 10e-3)
+        assert not learner.wants_draft_for(ids)
+        return learner
+
+    learner = standing_ar()
+    assert not learner.wants_draft_for(np.array([0, 1]))  # a batch of 2: no restart
+    assert learner.wants_draft_for(np.array([1]))  # a new text at batch 1
+    asked = _drafted_steps(learner, TURNOVER_EVIDENCE, 1, 20e-3)
+    assert asked == [True] * (TURNOVER_EVIDENCE - 1) + [False]  # judged by its own 3 steps
+    assert not learner.wants_draft_for(np.array([1]))  # … and the same text does not restart
+
+    learner = standing_ar()
+    assert learner.wants_draft_for(np.array([2]))
+    assert all(_drafted_steps(learner, 20, 2, 8e-3))  # a text the drafter reads well: drafts
+
+
 @pytest.mark.parametrize(("cycle_ms", "rechecks"), [(18.0, True), (8.0, False)])
 def test_a_thin_margin_measures_ar_again_during_a_drafting_stretch(
     cycle_ms: float, rechecks: bool
