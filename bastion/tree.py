@@ -450,10 +450,10 @@ def attention_mask(tree: DraftTree, past_len: int, dtype: Any = np.float32) -> n
     if past_len < 0:
         raise BudgetError(f"past_len must be ≥ 0; got {past_len}")
     try:
-        floating = np.dtype(dtype).kind == "f"
+        resolved = np.dtype(dtype)  # None reads as float64, as numpy's own functions do
     except (TypeError, ValueError):
-        floating = False
-    if not floating:
+        resolved = None
+    if resolved is None or resolved.kind != "f":
         raise ArgumentError(
             f"attention_mask: dtype must be a floating-point dtype (np.float32…); got {dtype!r:.80}"
         )
@@ -463,7 +463,7 @@ def attention_mask(tree: DraftTree, past_len: int, dtype: Any = np.float32) -> n
             f"MAX_MASK_ELEMENTS = {MAX_MASK_ELEMENTS}; give a shorter past_len"
         )
     vis = np.concatenate((np.ones((tree.size, past_len), bool), ancestor_matrix(tree)), axis=1)
-    return np.where(vis, 0.0, np.finfo(dtype).min).astype(dtype)
+    return np.where(vis, 0.0, np.finfo(resolved).min).astype(resolved)
 
 
 @public
