@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +28,7 @@ from bastion.sim.memory import MemoryPlan, lookahead_tokens, plan_memory
 from bastion.sim.serving import serve
 from bastion.sim.simulate import SimSpec, simulate
 from bastion.sim.synthetic import SyntheticSource
-from bastion.sim.workloads import get_workload
+from bastion.sim.workloads import get_workload, write_workload
 
 GB = 1e9
 
@@ -321,3 +323,47 @@ def test_slo_attainment_and_goodput() -> None:
     assert r.row("ar").slo_attainment == 0.0 and r.row("fixed:16").slo_attainment == 1.0
     plain = simulate(_SMALL).rows[0]
     assert np.isnan(plain.slo_attainment) and np.isnan(plain.goodput_rps)
+
+
+def test_long_prompts_on_an_a6000_run_at_most_the_hand_computed_number(tmp_path: Path) -> None:
+    """The issue's check: Qwen3-8B on an RTX A6000, 24k-token prompts, concurrency 64. Each
+    admitted request holds its prompt's ⌈24576 / 16⌉ = 1536 blocks, so at most ⌊blocks / 1536⌋
+    run at once (5 with the drafter, 7 for AR); the others queue, and that is reported."""
+    long = get_workload("math").with_(
+        name="math-24k", prompt_len=24576, prompt_len_sigma=0.0, prompt_len_max=32768
+    )
+    workload = tmp_path / "math-24k.toml"
+    write_workload(workload, long)
+    spec = SimSpec(
+        model="qwen3-8b",
+        gpu="rtx-a6000",
+        workload=str(workload),
+        concurrency=64,
+        requests=16,
+        output_len=64,
+        policies=("chain",),
+    )
+    r = simulate(spec)
+    for row, drafts in ((r.row("ar"), False), (r.row("chain"), True)):
+        capacity = _by_hand_qwen3_8b_on_a6000(drafts, 64, 512)
+        assert row.kv_capacity_tokens == capacity
+        at_once = (capacity // 16) // (24576 // 16)
+        assert at_once == (5 if drafts else 7)
+        assert row.max_running == at_once
+        assert row.kv_peak_tokens <= capacity
+        assert row.queue_delay_p99_s > row.queue_delay_p50_s > 0
+
+
+def test_the_generic_report_shows_slos_and_plots_them(tmp_path: Path) -> None:
+    from bastion.sim.experiments import records_of
+    from bastion.sim.experiments.reports import summary
+
+    spec = replace(_SMALL, slo_tpot_s=0.004)
+    rows, _ = records_of(simulate(spec), {"spec": spec.to_dict()})
+    text = summary("generic", rows, tmp_path)
+    assert "SLO met %" in text and "goodput req/s" in text
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "slo.png").is_file()
+    plain, _ = records_of(simulate(_SMALL), {"spec": _SMALL.to_dict()})
+    assert "SLO met %" not in summary("generic", plain, tmp_path / "plain")
+    assert "preemptions" not in summary("generic", plain, tmp_path / "plain")
