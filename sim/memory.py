@@ -57,6 +57,7 @@ __all__ = [
     "lookahead_tokens",
     "memory_of",
     "plan_memory",
+    "within_lookahead",
 ]
 
 BLOCK_TOKENS = 16
@@ -238,17 +239,31 @@ def lookahead_tokens(policy: object, depth: int) -> int:
     controllers, whose trees the engine fits to the free blocks); a fixed N, a chain's depth
     + 1, a beam's 1 + w·d, EAGLE's total; any other policy the drafter's block (its larger
     trees are cut to the room by the engine)."""
-    if not getattr(policy, "uses_drafter", True) or getattr(policy, "uses_cost_model", False):
-        return 1
+    return _lookahead(policy, depth)[0]
+
+
+@public
+def within_lookahead(policy: object) -> bool:
+    """Whether ``policy``'s trees never exceed its :func:`lookahead_tokens` (AR and the
+    built-in fixed, chain, beam and EAGLE policies): its steps need no KV room, their slots
+    are reserved before they run."""
+    return _lookahead(policy, 1)[1]
+
+
+def _lookahead(policy: object, depth: int) -> tuple[int, bool]:
+    if not getattr(policy, "uses_drafter", True):
+        return 1, True
+    if getattr(policy, "uses_cost_model", False):
+        return 1, False
     if isinstance(policy, FixedPolicy):
-        return int(policy.tree_size)
+        return int(policy.tree_size), True
     if isinstance(policy, ChainPolicy):
-        return 1 + (depth if policy.depth is None else min(depth, policy.depth))
+        return 1 + (depth if policy.depth is None else min(depth, policy.depth)), True
     if isinstance(policy, BeamPolicy):
-        return 1 + policy.width * min(depth, policy.depth)
+        return 1 + policy.width * min(depth, policy.depth), True
     if isinstance(policy, EaglePolicy):
-        return int(policy.total)
-    return depth + 1
+        return int(policy.total), True
+    return depth + 1, False
 
 
 IntArray = npt.NDArray[np.int64]

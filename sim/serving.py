@@ -57,7 +57,7 @@ from bastion.sim.arrivals import Arrival
 from bastion.sim.backend import DraftSource, SimBatch
 from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.latency import RequestLatency
-from bastion.sim.memory import KVCache, MemoryPlan, lookahead_tokens
+from bastion.sim.memory import KVCache, MemoryPlan, lookahead_tokens, within_lookahead
 from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK
 
 __all__ = ["RequestStats", "ServingResult", "serve"]
@@ -272,6 +272,10 @@ def serve(
     kv = KVCache(memory)
     limited = kv.limited
     look = lookahead_tokens(policy, max(1, gpu.drafter.block_size - 1)) if not is_ar else 1
+    # trees that may outgrow the lookahead are handed the KV room (the engine cuts them) and
+    # their slots counted; the others' slots are all reserved before the step
+    roomy = not (is_ar or within_lookahead(policy))
+    most_grow = -(-look // kv.block_tokens)  # new blocks one request's lookahead takes at most
     admitted_at = np.zeros(n, np.int64)  # admission order (the newest is preempted first)
     queued_at = np.zeros(n)  # when it last joined the waiting queue
     resumed: set[int] = set()  # preempted after decoding: its KV is recomputed on readmission
@@ -324,14 +328,25 @@ def serve(
             return int(pool.context_len[pool.slot_of[index]])
         return stats[index].prompt_len
 
-    def admit_waiting(kept: int) -> None:
-        """Admit the head of the queue while its prompt's blocks fit beside ``kept`` blocks
-        (the decoding requests' lookahead this step)."""
+    def growth() -> int:
+        """New blocks the decoding requests' lookahead takes this step."""
+        if not decoding:
+            return 0
+        contexts = pool.context_len[pool.slot_of[np.array(decoding, np.int64)]]
+        return kv.blocks_of(contexts + look) - kv.blocks_of(contexts)
+
+    def admit_waiting(bound: int) -> None:
+        """Admit the head of the queue while its prompt's blocks fit beside the decoding
+        requests' lookahead this step (at most ``bound`` blocks; counted when it matters)."""
         nonlocal admissions
+        kept, exact = bound, False
         while waiting and len(decoding) + len(prefilling) < concurrency:
             index = waiting[0]
             tokens = to_prefill(index)
-            need = kv.blocks(tokens)
+            # without prefill it decodes this very step: its lookahead too
+            need = kv.blocks(tokens + (look if prefill_chunk == 0 else 0))
+            if not exact and not kv.fits(need + kept):
+                kept, exact = growth(), True
             if not kv.fits(need + kept):  # first come, first served: the head waits for room
                 if not decoding and not prefilling:
                     raise MemoryLimitError(_too_long(index, tokens, kv))
@@ -340,9 +355,11 @@ def serve(
             stats[index].queue_s += env.now - queued_at[index]
             admissions += 1
             admitted_at[index] = admissions
-            kv.hold(need)
+            held = kv.blocks(tokens)
+            kv.hold(held)
             if prefill_chunk == 0:
                 start_decoding(index)
+                kept += need - held
             else:
                 prefilling.append([index, 0, tokens])
         kv.running(len(decoding) + len(prefilling))
@@ -401,17 +418,17 @@ def serve(
                 while next_arrival < n and arrivals[next_arrival].time_s <= env.now:
                     arrive(next_arrival)
                     next_arrival += 1
-            preempted, grow = kv.preemptions, 0
-            while limited and decoding:  # every decoding request's lookahead must fit
-                contexts = pool.context_len[pool.slot_of[np.array(decoding, np.int64)]]
-                grow = kv.blocks_of(contexts + look) - kv.blocks_of(contexts)
+            preempted, grow = kv.preemptions, len(decoding) * most_grow  # at most
+            while limited and decoding and not kv.fits(grow):  # each lookahead must fit
+                grow = growth()
                 if kv.fits(grow):
                     break
                 if len(decoding) + len(prefilling) == 1:
                     index = decoding[0]
-                    raise MemoryLimitError(_too_long(index, int(contexts[0]) + look, kv))
+                    context = int(pool.context_len[pool.slot_of[index]])
+                    raise MemoryLimitError(_too_long(index, context + look, kv))
                 preempt()
-                ids, grow = None, 0
+                ids, grow = None, len(decoding) * most_grow
             if kv.preemptions == preempted:  # vLLM admits nothing in a step that preempted
                 admit_waiting(grow)
             if not decoding and not prefilling:
@@ -447,7 +464,7 @@ def serve(
             want = kv.blocks_of(ahead)
             kv.hold(want - held)
             room = None
-            if limited:
+            if limited and roomy:
                 bt = kv.block_tokens
                 free = kv.free()
                 assert free is not None
@@ -462,8 +479,8 @@ def serve(
             wanted = pool.output_len[slots] - pool.generated[slots]  # ≥ 1 while decoding
             rec = engine.step(requests)
             sizes = rec.trees.sizes
-            # the trees' slots, held while they are verified
-            kv.touch(kv.blocks_of(contexts + np.maximum(sizes, look)) - want)
+            if roomy:  # the trees' slots beyond the lookahead, held while they are verified
+                kv.touch(kv.blocks_of(contexts + np.maximum(sizes, look)) - want)
             charge: bool | str = controller
             if controller and getattr(rec.diagnostics, "repeated", False):
                 charge = "repeat"  # the learning controller repeated its last decision
