@@ -409,6 +409,7 @@ def serve(
         nonlocal next_arrival
         ids: np.ndarray | None = None  # the decoding batch's ids, slots: rebuilt when it changes
         slots = zeros = np.zeros(0, np.int64)
+        held = -1  # blocks the decoding batch holds (-1: count them)
         nothing = np.zeros(0)
         if arrivals is None:
             for i in range(min(concurrency, n)):
@@ -456,10 +457,13 @@ def serve(
                 ids = np.array(decoding, np.int64)
                 slots = pool.slot_of[ids]
                 zeros, nothing = np.zeros(ids.shape[0], np.int64), np.zeros(ids.shape[0])
+                held = -1
             b = ids.shape[0]
             contexts = pool.context_len[slots]
-            # the step's KV: each request's lookahead reserved (it fits: checked above)
-            held = kv.blocks_of(contexts)
+            # the step's KV: each request's lookahead reserved (it fits: checked above); the
+            # blocks the batch holds are last step's count while the batch is the same
+            if held < 0:
+                held = kv.blocks_of(contexts)
             ahead = contexts + look
             want = kv.blocks_of(ahead)
             kv.hold(want - held)
@@ -516,7 +520,9 @@ def serve(
                 cost_model.observe(*observed_load(requests, rec.trees), t_verify)
             committed = rec.result.committed_lens
             # the accepted tokens stay in the cache, the rest of the trees' slots are freed
-            kv.hold(kv.blocks_of(pool.context_len[slots]) - want)
+            # (an AR step commits one token per request, its lookahead: nothing to count)
+            held = want if is_ar else kv.blocks_of(pool.context_len[slots])
+            kv.hold(held - want)
             delivered = np.minimum(committed, wanted)  # nothing past the output length counts
             logs.append((ids, delivered, np.minimum(committed - 1, delivered), sizes))
             if history:
