@@ -344,12 +344,13 @@ def serve(
             index = waiting[0]
             tokens = to_prefill(index)
             # without prefill it decodes this very step: its lookahead too
-            need = kv.blocks(tokens + (look if prefill_chunk == 0 else 0))
+            total = tokens + (look if prefill_chunk == 0 else 0)
+            need = kv.blocks(total)
             if not exact and not kv.fits(need + kept):
                 kept, exact = growth(), True
             if not kv.fits(need + kept):  # first come, first served: the head waits for room
                 if not decoding and not prefilling:
-                    raise MemoryLimitError(_too_long(index, tokens, kv))
+                    raise MemoryLimitError(_too_long(index, total, kv))
                 break
             waiting.popleft()
             stats[index].queue_s += env.now - queued_at[index]
