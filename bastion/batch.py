@@ -5,7 +5,8 @@ batch 1 is the same code with one request. The values that cross the batched pro
 stored as arrays over the batch, so a simulator can run a step without a Python loop over its
 requests:
 
-- :class:`StepRequests`: who is in the step (ids, KV lengths, roots, last step's tree sizes).
+- :class:`StepRequests`: who is in the step (ids, KV lengths, roots, last step's tree sizes),
+  and, from a server that counts its KV cache, the room its trees have there (:class:`KVRoom`).
 - :class:`BatchMarginals`: every request's top-K marginals, stacked to ``[B, depth, K]``
   (rows of a request with a smaller lattice are padded with probability 0, never drafted).
 - :class:`TreeBatch`: every request's tree, concatenated in request order (CSR layout:
@@ -40,6 +41,7 @@ __all__ = [
     "MAX_BATCH",
     "BatchMarginals",
     "BatchVerifyResult",
+    "KVRoom",
     "StepRequests",
     "TreeBatch",
     "VerifyResult",
@@ -49,6 +51,9 @@ __all__ = [
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 
+MAX_KV_BLOCK_TOKENS = 1 << 20
+"""The largest KV-cache block (tokens) a :class:`KVRoom` accepts."""
+
 MAX_BATCH = 1 << 20
 """The most requests one step's batch built from a bare size holds (``BatchMarginals.empty``,
 ``TreeBatch.roots``): a larger size is refused before anything is allocated for it."""
@@ -56,6 +61,42 @@ MAX_BATCH = 1 << 20
 
 def _ints(values: npt.ArrayLike) -> IntArray:
     return np.asarray(values, dtype=np.int64)
+
+
+@public(
+    error=BudgetError,
+    room=array(1, lo=1, whole=True),
+    free_blocks=integer(lo=0),
+    block_tokens=integer(1, MAX_KV_BLOCK_TOKENS),
+)
+@dataclass(frozen=True, eq=False)
+class KVRoom:
+    """What a step's trees may write into a paged KV cache (:mod:`bastion.kvroom`): request i
+    holds ``room[i]`` token slots beyond its context (≥ 1: its root fits), and verifying a
+    tree of N_i nodes takes ⌈max(0, N_i − room_i) / block_tokens⌉ of the ``free_blocks``."""
+
+    room: IntArray  # [B] token slots each request holds beyond its context (≥ 1)
+    free_blocks: int  # blocks no request holds
+    block_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "room", np.asarray(self.room, np.int64))
+
+    def added_blocks(self, sizes: npt.ArrayLike) -> int:
+        """Σ_i ⌈max(0, N_i − room_i) / block_tokens⌉: the new blocks trees of ``sizes`` take."""
+        over = np.maximum(np.asarray(sizes, np.int64) - self.room, 0)
+        bt = self.block_tokens
+        return int(np.add.reduce((over + (bt - 1)) // bt))
+
+    def fits(self, sizes: npt.ArrayLike) -> bool:
+        """Whether trees of ``sizes`` (roots included) fit the free blocks."""
+        return self.added_blocks(sizes) <= self.free_blocks
+
+    def surely_fits(self, total_nodes: int, batch: int) -> bool:
+        """A sufficient test in O(1): B trees of ΣN nodes take at most ⌊(ΣN + B(bt − 1)) / bt⌋
+        new blocks (Σ_i ⌈N_i / bt⌉, whatever each request's room)."""
+        bt = self.block_tokens
+        return (total_nodes + batch * (bt - 1)) // bt <= self.free_blocks
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,6 +113,9 @@ class StepRequests:
     # prompt tokens of requests still being prefilled that ride in this step's forward pass
     # (chunked prefill mixed into decode); 0: the pass verifies the trees alone
     riding_tokens: int = 0
+    # the KV cache's room for this step's trees (a server that counts its cache sets it; the
+    # engine cuts trees that do not fit, bastion.kvroom.fit_trees); None: no limit
+    kv: KVRoom | None = None
 
     @classmethod
     @public(
@@ -101,6 +145,7 @@ class StepRequests:
         feedback: Sequence[object | None] | None = None,
         committed: Sequence[Sequence[int]] | None = None,
         riding_tokens: int = 0,
+        kv: KVRoom | None = None,
     ) -> StepRequests:
         """The checked constructor (the dataclass's own takes its arguments as they are)."""
         if (
@@ -111,6 +156,8 @@ class StepRequests:
             raise BudgetError(f"riding_tokens must be an integer ≥ 0; got {riding_tokens!r}")
         ids = _ints(request_ids)
         b = ids.shape[0]
+        if kv is not None and kv.room.shape != (b,):
+            raise BudgetError(f"kv: the KV room is for {kv.room.shape} requests; the step has {b}")
         return cls(
             ids,
             _ints(context_lens),
@@ -120,6 +167,7 @@ class StepRequests:
             feedback,
             committed,
             int(riding_tokens),
+            kv,
         )
 
     @property

@@ -20,6 +20,11 @@ Terms (as in vLLM's spec-decode docs): *accepted* tokens are draft tokens the ta
 the *bonus* token is the target's own token after the last accepted one, always committed. Per
 step the committed length is accepted + 1, and τ (mean acceptance length) includes the bonus.
 
+A step whose requests carry a KV room (:attr:`bastion.batch.StepRequests.kv`, set by a server
+that counts its paged KV cache) has its trees cut to what fits before they are verified
+(:func:`bastion.kvroom.fit_trees`: the joint budget's own allocation at the largest total that
+fits), so no tree forces a preemption.
+
 What this module does not do: prefill, sampling or KV-cache management (the verifier's job), or
 admission of requests into batches (the simulator's serving layer, or the caller).
 """
@@ -54,6 +59,7 @@ from bastion.interfaces import (
     Verifier,
     VerifyResult,
 )
+from bastion.kvroom import fit_trees
 from bastion.records import delivered_counts
 from bastion.tree import DraftMarginals, DraftTree
 
@@ -406,6 +412,8 @@ class SpecEngine:
                 "it must return a bastion.interfaces.BatchChoice whose trees are a TreeBatch"
             )
         trees = choice.trees.with_root_tokens(requests.bonus_tokens)
+        if requests.kv is not None:  # a counted KV cache: trees that do not fit are cut
+            trees = fit_trees(trees, requests.kv)
         kind = "ar" if not drafts else (choice.kind or self._static_kind)
         t2 = clock()
         result = self._verify(requests, trees)

@@ -16,6 +16,7 @@ __all__ = [
     "ConfigError",
     "CostModelError",
     "MarginalsError",
+    "MemoryLimitError",
     "PolicyError",
     "UnknownNameError",
 ]
@@ -39,6 +40,12 @@ class CostModelError(BastionError, ValueError):
 
 class ConfigError(BastionError, ValueError):
     """A configuration file or record that is missing fields or holds invalid values."""
+
+
+class MemoryLimitError(ConfigError):
+    """A simulated serving setup that does not fit its GPU's memory: a model whose weights and
+    activations leave no KV-cache block, or a request longer than the whole KV cache holds; the
+    message names the memory needed and what there is."""
 
 
 class UnknownNameError(BastionError, KeyError):

@@ -90,6 +90,14 @@ FIELDS: dict[str, Field] = {
         _T,
         "the controller's calibration record file (null: calibrated on the simulated GPU)",
     ),
+    "gpu_memory_utilization": Field(
+        "1",
+        _N,
+        "the server's share of the GPU's memory (weights, activations, KV cache); null: memory "
+        "does not limit the run",
+    ),
+    "slo_ttft_s": Field(_S, _N, "the TTFT service-level objective (null: none)"),
+    "slo_tpot_s": Field(_S, _N, "the TPOT service-level objective (null: none)"),
     "batch_size": Field("1", _I, "real backend: most requests decoded together"),
     "policy": Field("", _T, "the policy's display name (ar: target-only autoregressive)"),
     "policy_spec": Field(
@@ -198,6 +206,30 @@ FIELDS: dict[str, Field] = {
         _S,
         _N,
         "the mean observed cycle of the same steps (simulated, or measured draft + build + verify)",
+    ),
+    # -- memory and SLOs (simulator) ------------------------------------------------------------
+    "kv_capacity_tokens": Field(
+        "tokens", _I, "tokens the paged KV cache holds (null: memory does not limit the run)"
+    ),
+    "kv_peak_tokens": Field(
+        "tokens",
+        _I,
+        "the most KV token slots held at once (whole blocks, trees' slots during verification "
+        "included)",
+    ),
+    "max_running": Field("1", _I, "the most requests admitted (prefilling or decoding) at once"),
+    "preemptions": Field(
+        "1", _I, "requests preempted for lack of KV blocks (their cache recomputed on readmission)"
+    ),
+    "queue_delay_p50_s": Field(
+        _S, _N, "median time a request waited for admission (a preempted one's waits summed)"
+    ),
+    "queue_delay_p99_s": Field(_S, _N, "99th-percentile time a request waited for admission"),
+    "slo_attainment": Field(
+        "1", _N, "share of requests meeting every SLO given (null: no SLO given)"
+    ),
+    "goodput_rps": Field(
+        "1/s", _N, "requests meeting every SLO given per simulated second (null: no SLO given)"
     ),
     "predicted_draft_s": Field(_S, _N, "the cost model's mean T_draft of the steps"),
     "measured_draft_s": Field(_S, _N, "the mean measured drafter pass of the steps"),

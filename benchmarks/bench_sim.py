@@ -8,8 +8,12 @@ sweep is reported separately). The wall time is the median over ``--repeats``; e
 give identical simulated results (asserted). Requests: 8 at C = 1, otherwise 2·C (at least 16),
 with the workload's own prompt and output lengths (log-normal, median 256 and 512 tokens).
 
+The GPU's memory is modelled as ``bastion simulate`` does by default (0.9 of it: weights,
+activations, a paged KV cache; admission, lookahead reserved per step, trees cut to the free
+blocks); ``--memory off`` serves without a memory limit (its use still counted).
+
 Run: ``python benchmarks/bench_sim.py [--repeats 3] [--concurrency 1,4,8,16,32,64]
-[--policies ar,chain,...]``. Never part of the tests.
+[--policies ar,chain,...] [--memory on|off]``. Never part of the tests.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", default="1,4,8,16,32,64")
     parser.add_argument("--policies", default=POLICIES)
+    parser.add_argument("--memory", choices=("on", "off"), default="on")
     args = parser.parse_args()
     model = get_model("qwen3-8b")
     hw = get_profile("h100-sxm")
@@ -40,7 +45,10 @@ def main() -> None:
     t0 = time.perf_counter()
     cost_model, _ = calibrated_cost_model(SimulatedGPU(hw, model, drafter))
     calib_s = time.perf_counter() - t0
-    print(f"# bench_sim — qwen3-8b · h100-sxm · math; calibration sweep + fit: {calib_s:.2f} s\n")
+    print(
+        f"# bench_sim — qwen3-8b · h100-sxm · math, memory {args.memory}; calibration sweep + "
+        f"fit: {calib_s:.2f} s\n"
+    )
     print(
         "| C | policy | requests | throughput tok/s | τ | mean N | simulated s | "
         "wall s | simulated / wall |"
@@ -48,16 +56,21 @@ def main() -> None:
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         requests = 8 if concurrency == 1 else max(16, 2 * concurrency)
-        spec = SimSpec(concurrency=concurrency, requests=requests)
+        spec = SimSpec(
+            concurrency=concurrency,
+            requests=requests,
+            gpu_memory_utilization=0.9 if args.memory == "on" else None,
+        )
         for name in args.policies.split(","):
             walls, results = [], []
             for _ in range(args.repeats):
                 policy = make_policy(name)
                 cm = cost_model if getattr(policy, "uses_cost_model", False) else None
+                memory = spec.memory_plan(getattr(policy, "uses_drafter", True))
                 source = request_source(spec)
                 gpu = SimulatedGPU(hw, model, drafter)
                 start = time.perf_counter()
-                r = serve(policy, gpu, source, requests, concurrency, cm)
+                r = serve(policy, gpu, source, requests, concurrency, cm, memory=memory)
                 walls.append(time.perf_counter() - start)
                 results.append((r.elapsed_s, r.tau, r.mean_tree_size, r.throughput))
             assert len(set(results)) == 1, "same seed, different result"

@@ -73,6 +73,9 @@ SPEC_COLUMNS = (
     "n_max",  # the adaptive controller's cap
     "drafter_config",  # the drafter's DFlash config.json (empty: the published layout)
     "calibration_file",  # the controller's calibration record (empty: the simulated sweep's)
+    "gpu_memory_utilization",  # the server's share of GPU memory (empty: memory not limited)
+    "slo_ttft_s",  # the TTFT SLO (empty: none)
+    "slo_tpot_s",  # the TPOT SLO (empty: none)
 )
 """The run's spec (:class:`sim.simulate.SimSpec`), one column per field, policies excluded."""
 
@@ -104,6 +107,14 @@ METRIC_COLUMNS = (
     "tokens",  # output tokens generated
     "cycle_predicted_s",  # a learning controller's mean predicted cycle (empty otherwise)
     "cycle_observed_s",  # … beside the mean simulated cycle of the same steps
+    "kv_capacity_tokens",  # the KV cache's tokens (empty: memory not limited)
+    "kv_peak_tokens",  # the most KV token slots held at once (trees' slots included)
+    "max_running",  # the most requests admitted at once
+    "preemptions",  # requests preempted (recomputed) for lack of KV blocks
+    "queue_delay_p50_s",  # median time a request waited for admission
+    "queue_delay_p99_s",  # … its 99th percentile
+    "slo_attainment",  # share of requests meeting every SLO given (empty: none given)
+    "goodput_rps",  # requests meeting them per simulated second
 )
 """A policy's metrics, the fields of :class:`bastion.sim.simulate.PolicyResult` in order."""
 

@@ -48,15 +48,16 @@ from typing import Protocol
 import numpy as np
 import simpy
 
-from bastion.batch import StepRequests
+from bastion.batch import KVRoom, StepRequests
 from bastion.engine import SpecEngine, batch_policy, observed_load
-from bastion.errors import ConfigError
+from bastion.errors import ConfigError, MemoryLimitError
 from bastion.guard import public
 from bastion.interfaces import BatchTreePolicy, CostModel, TreePolicy
 from bastion.sim.arrivals import Arrival
 from bastion.sim.backend import DraftSource, SimBatch
 from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.latency import RequestLatency
+from bastion.sim.memory import KVCache, MemoryPlan, lookahead_tokens, within_lookahead
 from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK
 
 __all__ = ["RequestStats", "ServingResult", "serve"]
@@ -89,6 +90,8 @@ class RequestStats:
     start_s: float = 0.0  # its first token (end of its prefill)
     end_s: float = 0.0  # its last commit
     prompt_len: int = 0
+    queue_s: float = 0.0  # waiting for admission, summed over its admissions (preemptions)
+    preempted: int = 0  # times it was preempted (its KV dropped, recomputed on readmission)
 
     @property
     def tau(self) -> float:
@@ -140,6 +143,12 @@ class ServingResult:
     cycle_observed_s: float = 0.0
     cycles_compared: int = 0
     step_kinds: dict[str, int] = field(default_factory=dict)  # decode steps by kind (ar, tree …)
+    # the KV cache (bastion.sim.memory): its capacity (None: memory not limited), the most
+    # token slots held at once, the most requests admitted at once, preemptions
+    kv_capacity_tokens: int | None = None
+    kv_peak_tokens: int = 0
+    max_running: int = 0
+    preemptions: int = 0
 
     @property
     def tau(self) -> float:
@@ -183,6 +192,7 @@ def serve(
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     max_steps: int | None = None,
     prefill_alone: bool = False,
+    memory: MemoryPlan | None = None,
 ) -> ServingResult:
     """Serve requests with ``policy``, at most ``concurrency`` in service at once.
 
@@ -194,6 +204,9 @@ def serve(
     ``prefill_alone``: as the real backend's loop (``bastion twin`` replays it), every admitted
     prompt is prefilled whole in a pass of its own, one after another, and joins the very next
     decode step; ``prefill_chunk`` is then unused.
+    ``memory``: the GPU's memory plan (:func:`bastion.sim.memory.plan_memory`): requests are
+    admitted only when their KV blocks fit, and preempted when the running ones cannot grow
+    (see the module doc); None: memory never limits (its use is still counted).
     """
     if arrivals is not None:
         n = len(arrivals)
@@ -250,9 +263,23 @@ def serve(
     logs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
     waiting: deque[int] = deque()
-    prefilling: list[list[int]] = []  # [request, tokens done, prompt_len]
+    prefilling: list[list[int]] = []  # [request, tokens done, tokens to prefill]
     decoding: list[int] = []  # request ids in service, decode phase
     next_arrival = 0  # open loop: index of the next arrival
+    # the KV cache: blocks held (a request's ⌈tokens / block⌉), reserved per step for each
+    # decoding request's lookahead (its largest tree; 1, the root, for a policy whose trees the
+    # engine fits to the room), preemption of the newest admitted request when they do not fit
+    kv = KVCache(memory)
+    limited = kv.limited
+    look = lookahead_tokens(policy, max(1, gpu.drafter.block_size - 1)) if not is_ar else 1
+    # trees that may outgrow the lookahead are handed the KV room (the engine cuts them) and
+    # their slots counted; the others' slots are all reserved before the step
+    roomy = not (is_ar or within_lookahead(policy))
+    most_grow = -(-look // kv.block_tokens)  # new blocks one request's lookahead takes at most
+    admitted_at = np.zeros(n, np.int64)  # admission order (the newest is preempted first)
+    queued_at = np.zeros(n)  # when it last joined the waiting queue
+    resumed: set[int] = set()  # preempted after decoding: its KV is recomputed on readmission
+    admissions = 0
 
     def arrive(index: int) -> None:
         requested, arrival = None, env.now  # closed loop: a request arrives when admitted
@@ -262,10 +289,16 @@ def serve(
         prompt, out = source.lengths(index, requested)
         stats[index] = RequestStats(index, arrival_s=arrival, prompt_len=prompt)
         output_len[index] = out
+        queued_at[index] = arrival
         waiting.append(index)
 
     def start_decoding(index: int) -> None:
-        """The request's prompt is in the KV cache and its first token exists."""
+        """The request's prompt is in the KV cache and its first token exists (or, preempted
+        before, its recomputed cache is back: it decodes on)."""
+        if index in resumed:
+            resumed.discard(index)
+            decoding.append(index)
+            return
         st = stats[index]
         st.start_s = env.now
         st.tokens = 1
@@ -279,7 +312,9 @@ def serve(
     def finish(index: int) -> None:
         st = stats[index]
         st.end_s = env.now
-        st.tokens = int(min(pool.generated[pool.slot_of[index]], output_len[index]))
+        slot = pool.slot_of[index]
+        st.tokens = int(min(pool.generated[slot], output_len[index]))
+        kv.hold(-kv.blocks(int(pool.context_len[slot])))
         result.requests.append(st)
         pool.release(index)
         if progress is not None:
@@ -287,13 +322,67 @@ def serve(
         if arrivals is None and len(stats) < n:
             arrive(len(stats))  # closed loop: the client sends its next request
 
-    def admit_waiting() -> None:
+    def to_prefill(index: int) -> int:
+        """Tokens the request's admission prefills: its prompt, or its whole cache again."""
+        if index in resumed:
+            return int(pool.context_len[pool.slot_of[index]])
+        return stats[index].prompt_len
+
+    def growth() -> int:
+        """New blocks the decoding requests' lookahead takes this step."""
+        if not decoding:
+            return 0
+        contexts = pool.context_len[pool.slot_of[np.array(decoding, np.int64)]]
+        return kv.blocks_of(contexts + look) - kv.blocks_of(contexts)
+
+    def admit_waiting(bound: int) -> None:
+        """Admit the head of the queue while its prompt's blocks fit beside the decoding
+        requests' lookahead this step (at most ``bound`` blocks; counted when it matters)."""
+        nonlocal admissions
+        kept, exact = bound, False
         while waiting and len(decoding) + len(prefilling) < concurrency:
-            index = waiting.popleft()
+            index = waiting[0]
+            tokens = to_prefill(index)
+            # without prefill it decodes this very step: its lookahead too
+            total = tokens + (look if prefill_chunk == 0 else 0)
+            need = kv.blocks(total)
+            if not exact and not kv.fits(need + kept):
+                kept, exact = growth(), True
+            if not kv.fits(need + kept):  # first come, first served: the head waits for room
+                if not decoding and not prefilling:
+                    raise MemoryLimitError(_too_long(index, total, kv))
+                break
+            waiting.popleft()
+            stats[index].queue_s += env.now - queued_at[index]
+            admissions += 1
+            admitted_at[index] = admissions
+            held = kv.blocks(tokens)
+            kv.hold(held)
             if prefill_chunk == 0:
                 start_decoding(index)
+                kept += need - held
             else:
-                prefilling.append([index, 0, stats[index].prompt_len])
+                prefilling.append([index, 0, tokens])
+        kv.running(len(decoding) + len(prefilling))
+
+    def preempt() -> None:
+        """The newest admitted request leaves (vLLM's recompute preemption): its blocks are
+        freed and it waits at the head of the queue; readmitted, it prefills its cache again."""
+        running = [e[0] for e in prefilling] + decoding
+        victim = max(running, key=lambda i: int(admitted_at[i]))
+        for entry in prefilling:
+            if entry[0] == victim:
+                prefilling.remove(entry)
+                kv.hold(-kv.blocks(entry[2]))
+                break
+        else:
+            decoding.remove(victim)
+            kv.hold(-kv.blocks(int(pool.context_len[pool.slot_of[victim]])))
+            resumed.add(victim)
+        waiting.appendleft(victim)
+        queued_at[victim] = env.now
+        stats[victim].preempted += 1
+        kv.preemptions += 1
 
     def plan_prefill() -> tuple[list[int], list[int]]:
         """This step's prompt chunks (tokens, context before them), first come first served."""
@@ -321,6 +410,7 @@ def serve(
         nonlocal next_arrival
         ids: np.ndarray | None = None  # the decoding batch's ids, slots: rebuilt when it changes
         slots = zeros = np.zeros(0, np.int64)
+        held = -1  # blocks the decoding batch holds (-1: count them)
         nothing = np.zeros(0)
         if arrivals is None:
             for i in range(min(concurrency, n)):
@@ -330,7 +420,19 @@ def serve(
                 while next_arrival < n and arrivals[next_arrival].time_s <= env.now:
                     arrive(next_arrival)
                     next_arrival += 1
-            admit_waiting()
+            preempted, grow = kv.preemptions, len(decoding) * most_grow  # at most
+            while limited and decoding and not kv.fits(grow):  # each lookahead must fit
+                grow = growth()
+                if kv.fits(grow):
+                    break
+                if len(decoding) + len(prefilling) == 1:
+                    index = decoding[0]
+                    context = int(pool.context_len[pool.slot_of[index]])
+                    raise MemoryLimitError(_too_long(index, context + look, kv))
+                preempt()
+                ids, grow = None, len(decoding) * most_grow
+            if kv.preemptions == preempted:  # vLLM admits nothing in a step that preempted
+                admit_waiting(grow)
             if not decoding and not prefilling:
                 if arrivals is None or next_arrival >= n:  # pragma: no cover - guarded above
                     raise ConfigError("internal error: nothing to serve and nothing to come")
@@ -352,20 +454,38 @@ def serve(
                 advance_prefill(chunk_tokens)
                 continue
             if ids is None or ids.shape[0] != len(decoding):  # the batch changed (joins only
-                # grow it; leaves reset ``ids``): gather its arrays once
+                # grow it; leaves and preemptions reset ``ids``): gather its arrays once
                 ids = np.array(decoding, np.int64)
                 slots = pool.slot_of[ids]
                 zeros, nothing = np.zeros(ids.shape[0], np.int64), np.zeros(ids.shape[0])
+                held = -1
             b = ids.shape[0]
             contexts = pool.context_len[slots]
+            # the step's KV: each request's lookahead reserved (it fits: checked above); the
+            # blocks the batch holds are last step's count while the batch is the same
+            if held < 0:
+                held = kv.blocks_of(contexts)
+            ahead = contexts + look
+            want = kv.blocks_of(ahead)
+            kv.hold(want - held)
+            room = None
+            if limited and roomy:
+                bt = kv.block_tokens
+                free = kv.free()
+                assert free is not None
+                room = KVRoom((ahead + (bt - 1)) // bt * bt - contexts, free, bt)
             riding = sum(chunk_tokens)  # a prefill chunk in the same pass (the policy may
             # price it: the learning controller does)
             # static policies ignore last step's trees
             last_n, last_a = (prev_size[ids], prev_expected[ids]) if history else (zeros, nothing)
-            requests = StepRequests(ids, contexts, zeros, last_n, last_a, riding_tokens=riding)
+            requests = StepRequests(
+                ids, contexts, zeros, last_n, last_a, riding_tokens=riding, kv=room
+            )
             wanted = pool.output_len[slots] - pool.generated[slots]  # ≥ 1 while decoding
             rec = engine.step(requests)
             sizes = rec.trees.sizes
+            if roomy:  # the trees' slots beyond the lookahead, held while they are verified
+                kv.touch(kv.blocks_of(contexts + np.maximum(sizes, look)) - want)
             charge: bool | str = controller
             if controller and getattr(rec.diagnostics, "repeated", False):
                 charge = "repeat"  # the learning controller repeated its last decision
@@ -400,6 +520,10 @@ def serve(
                 assert cost_model is not None
                 cost_model.observe(*observed_load(requests, rec.trees), t_verify)
             committed = rec.result.committed_lens
+            # the accepted tokens stay in the cache, the rest of the trees' slots are freed
+            # (an AR step commits one token per request, its lookahead: nothing to count)
+            held = want if is_ar else kv.blocks_of(pool.context_len[slots])
+            kv.hold(held - want)
             delivered = np.minimum(committed, wanted)  # nothing past the output length counts
             logs.append((ids, delivered, np.minimum(committed - 1, delivered), sizes))
             if history:
@@ -414,12 +538,26 @@ def serve(
             if chunk_tokens:
                 advance_prefill(chunk_tokens)
         result.elapsed_s = env.now
+        result.kv_capacity_tokens = kv.capacity_tokens
+        result.kv_peak_tokens = kv.peak_tokens
+        result.max_running = kv.max_running
+        result.preemptions = kv.preemptions
 
     env.process(server())
     env.run()
     _attach_steps(stats, logs)
     result.requests.sort(key=lambda r: r.request_id)
     return result
+
+
+def _too_long(index: int, tokens: int, kv: KVCache) -> str:
+    """The message of a request that does not fit the whole KV cache."""
+    return (
+        f"request {index} needs {tokens} tokens of KV cache ({kv.blocks(tokens)} blocks of "
+        f"{kv.block_tokens}), more than the cache holds with nothing else running: "
+        f"{kv.capacity_tokens} tokens ({kv.plan.describe() if kv.plan is not None else ''}); "
+        "shorten its prompt or output, or give the server more memory"
+    )
 
 
 def _attach_steps(

@@ -46,8 +46,10 @@ from bastion.sim.backend import MAX_REQUESTS
 from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.latency import latency_summary
+from bastion.sim.memory import DEFAULT_GPU_MEMORY_UTILIZATION, MemoryPlan, memory_of
 from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK
 from bastion.sim.serving import LengthSource, ServingResult, serve
+from bastion.sim.slo import check_slo, memory_fields, slo_fields
 from bastion.sim.startup import learned_cost_model
 from bastion.sim.synthetic import SyntheticSource
 from bastion.sim.truth import DEFAULT_TRUTH, get_truth
@@ -97,6 +99,13 @@ class SimSpec:
     # the controller's belief: a calibration record (what `bastion calibrate` writes) instead
     # of the sweep on the simulated GPU; for cost modes static, ema+calib, profiled:…
     calibration_file: str | None = None
+    # the share of the GPU's memory the server takes: weights, activations, the paged KV cache
+    # (bastion.sim.memory); None: memory does not limit the run
+    gpu_memory_utilization: float | None = DEFAULT_GPU_MEMORY_UTILIZATION
+    # service-level objectives (seconds; None: none): a request meets them when its TTFT and
+    # TPOT are at most these; records report slo_attainment and goodput_rps
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or self.concurrency < 1:
@@ -155,6 +164,35 @@ class SimSpec:
                     f"profiled:…; cost mode {self.cost_mode!r} does not use one"
                 )
             self.stored_calibration()  # unreadable, not a record, another device or model
+        check_slo("slo_ttft_s", self.slo_ttft_s)
+        check_slo("slo_tpot_s", self.slo_tpot_s)
+        u = self.gpu_memory_utilization
+        if u is not None and (
+            isinstance(u, bool) or not isinstance(u, int | float) or not 0 < u <= 1
+        ):
+            raise ConfigError(
+                f"gpu_memory_utilization must be a number in (0, 1], or None (memory not "
+                f"limited); got {u!r}"
+            )
+        drafts = [getattr(make_policy(p), "uses_drafter", True) for p in self.compared()]
+        for d in sorted(set(drafts)):
+            self.memory_plan(drafts=d)  # a model too large for its GPU: MemoryLimitError
+
+    def memory_plan(self, drafts: bool) -> MemoryPlan | None:
+        """The GPU's memory for a run of a policy that drafts (weights and cache of the drafter
+        too) or not (:func:`bastion.sim.memory.plan_memory`); None without a memory limit. A
+        :class:`MemoryLimitError` when the model does not fit."""
+        if self.gpu_memory_utilization is None:
+            return None
+        return memory_of(
+            get_profile(self.gpu),
+            get_model(self.model),
+            self.drafter() if drafts else None,
+            get_truth(self.truth),
+            float(self.gpu_memory_utilization),
+            self.concurrency,
+            self.prefill_chunk,
+        )
 
     def stored_calibration(self) -> tuple[CalibrationRecord, bool] | None:
         """``calibration_file``'s record, checked against the spec's profile and model
@@ -231,12 +269,37 @@ class PolicyResult:
     # steps it learned from (nan for other policies)
     cycle_predicted_s: float = float("nan")
     cycle_observed_s: float = float("nan")
+    # the KV cache (bastion.sim.memory; capacity None: memory not limited) and admission
+    kv_capacity_tokens: int | None = None
+    kv_peak_tokens: int = 0
+    max_running: int = 0
+    preemptions: int = 0
+    queue_delay_p50_s: float = 0.0
+    queue_delay_p99_s: float = 0.0
+    # the SLOs given (nan without one): the share of requests meeting them, and per second
+    slo_attainment: float = float("nan")
+    goodput_rps: float = float("nan")
 
     @classmethod
     @public(ar_tpot_s=number(positive=True), wall_s=number(lo=0.0))
     def of(
-        cls, r: ServingResult, ar_tpot_s: float, wall_s: float, spec: str | None = None
+        cls,
+        r: ServingResult,
+        ar_tpot_s: float,
+        wall_s: float,
+        spec: str | None = None,
+        slo_ttft_s: float | None = None,
+        slo_tpot_s: float | None = None,
     ) -> PolicyResult:
+        check_slo("slo_ttft_s", slo_ttft_s)
+        check_slo("slo_tpot_s", slo_tpot_s)
+        slo = slo_fields(
+            [q.ttft_s for q in r.requests],
+            [q.tpot_s for q in r.requests],
+            r.elapsed_s,
+            slo_ttft_s,
+            slo_tpot_s,
+        )
         return cls(
             policy=r.policy,
             policy_spec=r.policy if spec is None else spec,
@@ -263,6 +326,8 @@ class PolicyResult:
             cycle_observed_s=(
                 r.cycle_observed_s / r.cycles_compared if r.cycles_compared else float("nan")
             ),
+            **memory_fields(r),
+            **slo,
         )
 
 
@@ -468,6 +533,7 @@ def simulate(
                         max_steps=spec.warmup_steps,
                     )
         tick = (lambda d, n, name=name: progress(name, d, n)) if progress else None
+        memory = spec.memory_plan(drafts=getattr(policy, "uses_drafter", True))
         source = request_source(spec)
         t0 = time.perf_counter()
         served = serve(
@@ -480,12 +546,13 @@ def simulate(
             progress=tick,
             arrivals=arrivals,
             prefill_chunk=spec.prefill_chunk,
+            memory=memory,
         )
         served.policy = name  # its display name, or its spec where two would share one
         results.append((served, time.perf_counter() - t0))
     ar_tpot = results[0][0].tpot_s
     rows = tuple(
-        PolicyResult.of(r, ar_tpot, wall, policy_label(given))
+        PolicyResult.of(r, ar_tpot, wall, policy_label(given), spec.slo_ttft_s, spec.slo_tpot_s)
         for (r, wall), given in zip(results, givens, strict=True)
     )
     return SimulationResult(

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bastion.cli import _checks as checks
 from bastion.errors import BudgetError, ConfigError
 
 DEFAULT_PREFILL_CHUNK = (
@@ -57,6 +58,24 @@ def check_output_dir(path: Path) -> None:
         raise ConfigError(f"--out {path}: {probe} is not writable")
 
 
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # bastion.sim.memory's (not imported eagerly)
+
+
+def memory_share(text: str) -> float | None:
+    """``--gpu-memory-utilization``: a number in (0, 1], or ``off`` (None: memory not
+    limited)."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise BudgetError(
+            f"--gpu-memory-utilization must be a number in (0, 1] or off; got {text!r}"
+        ) from None
+    checks.float_in("--gpu-memory-utilization", value, 0.0, 1.0, open_low=True)
+    return value
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     from bastion.sim.simulate import DEFAULT_POLICIES, SimSpec, simulate
 
@@ -72,6 +91,9 @@ def run_simulate(args: argparse.Namespace) -> int:
             f"--policy {','.join(args.policy)!r} names no policy; "
             "give specs such as chain,fixed:64,bastion"
         )
+    utilization = memory_share(args.gpu_memory_utilization)
+    checks.float_in("--slo-ttft", args.slo_ttft, 0.0, open_low=True)
+    checks.float_in("--slo-tpot", args.slo_tpot, 0.0, open_low=True)
     spec = SimSpec(
         model=args.model,
         gpu=args.gpu,
@@ -91,6 +113,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup_steps,
         drafter_config=args.drafter_config,
         calibration_file=args.calibration,
+        gpu_memory_utilization=utilization,
+        slo_ttft_s=args.slo_ttft,
+        slo_tpot_s=args.slo_tpot,
     )
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
     out = Path(args.out) if args.out else None
@@ -146,6 +171,31 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(
                 f"{r.policy:<12} {r.ttft_p50_s * 1e3:>9.2f} {r.ttft_p99_s * 1e3:>9.2f} "
                 f"{r.tpot_p50_s * 1e3:>9.3f} {r.tpot_p99_s * 1e3:>9.3f}"
+            )
+    plan = spec.memory_plan(drafts=True) if spec.gpu_memory_utilization is not None else None
+    if plan is not None:
+        print(f"memory (a drafting policy): {plan.describe()}")
+        print(
+            f"{'policy':<12} {'KV cap':>8} {'KV peak':>8} {'running':>8} {'preempt':>8} "
+            f"{'queue p50':>10} {'p99':>9} (s)"
+        )
+        for r in result.rows:
+            print(
+                f"{r.policy:<12} {r.kv_capacity_tokens:>8} {r.kv_peak_tokens:>8} "
+                f"{r.max_running:>8} {r.preemptions:>8} {r.queue_delay_p50_s:>10.3f} "
+                f"{r.queue_delay_p99_s:>9.3f}"
+            )
+    if spec.slo_ttft_s is not None or spec.slo_tpot_s is not None:
+        given = ", ".join(
+            f"{name} ≤ {value * 1e3:g} ms"
+            for name, value in (("TTFT", spec.slo_ttft_s), ("TPOT", spec.slo_tpot_s))
+            if value is not None
+        )
+        print(f"SLOs: {given}")
+        for r in result.rows:
+            print(
+                f"{r.policy:<12} attainment {r.slo_attainment:>6.1%}  goodput "
+                f"{r.goodput_rps:>8.3f} requests/s"
             )
     for r in result.rows:
         if r.cycle_predicted_s == r.cycle_predicted_s:  # a learning controller's (not nan)
@@ -294,6 +344,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="hf-eager",
         help="the simulated GPU's ground truth: a truth name (hf-eager, cudagraph, builtin, or "
         "one in $BASTION_TRUTHS) or a path to a truth .toml file (docs/simulator.md)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        default=str(DEFAULT_GPU_MEMORY_UTILIZATION),
+        metavar="FRACTION",
+        help="the share of the GPU's memory the server takes for weights, activations and a "
+        "paged KV cache (16-token blocks): requests are admitted when their blocks fit and "
+        "preempted when they cannot grow; a model that does not fit is refused. A number in "
+        "(0, 1] (default 0.9, vLLM's), or off (memory does not limit the run)",
+    )
+    p.add_argument(
+        "--slo-ttft",
+        type=float,
+        metavar="S",
+        help="a time-to-first-token SLO in seconds: records report slo_attainment and goodput_rps",
+    )
+    p.add_argument(
+        "--slo-tpot",
+        type=float,
+        metavar="S",
+        help="a time-per-output-token SLO in seconds (with --slo-ttft: a request meets both)",
     )
     p.add_argument(
         "--out",

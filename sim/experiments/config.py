@@ -88,6 +88,11 @@ GRID_KEYS: dict[str, _Key] = {
         only_path=True,
         what="a DFlash drafter config.json path (or its checkpoint directory)",
     ),
+    "gpu_memory_utilization": _Key(
+        "share", what='a number in (0, 1], or "off" (memory does not limit the run)'
+    ),
+    "slo_ttft_s": _Key("float", 0.0, low_open=True, what="a number > 0 (seconds)"),
+    "slo_tpot_s": _Key("float", 0.0, low_open=True, what="a number > 0 (seconds)"),
     "policies": _Key("policies", what="a list of policy specs, or a list of such lists"),
 }
 """The keys of a ``[grid]`` table. Each takes one value or a list of values (an axis of the
@@ -168,8 +173,14 @@ def _values(source: str, where: str, key: str, raw: Any, base: Path) -> list[Any
     values = raw if isinstance(raw, list) else [raw]
     if not values:
         raise _bad(source, where, f"an empty list gives no runs; expected {spec.what}")
-    checked = []
+    checked: list[Any] = []
     for v in values:
+        if spec.kind == "share":
+            number = isinstance(v, int | float) and not isinstance(v, bool)
+            if v == "off" or (number and is_finite(v) and 0 < v <= 1):
+                checked.append(None if v == "off" else float(v))
+                continue
+            raise _bad(source, where, f"expected {spec.what} or a list of them; got {v!r}")
         ok = {
             "str": isinstance(v, str) and bool(v.strip()),
             "int": isinstance(v, int) and not isinstance(v, bool),
