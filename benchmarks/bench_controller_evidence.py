@@ -23,8 +23,9 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+from _demo_pair import load_demo_pair  # type: ignore[import-not-found]
 
-from bastion.demo import DEFAULT_PAIR, PAIRS, get_pair
+from bastion.demo import DEFAULT_PAIR, PAIRS
 from bastion.demo.run import DEMO_DTYPES
 from bastion.files import write_text_atomic
 
@@ -43,19 +44,11 @@ def main() -> None:
     if not 1 <= args.prompts <= 64 or args.max_new_tokens < 2 or not 1 <= args.runs <= 100:
         parser.error("--prompts 1–64, --max-new-tokens ≥ 2, --runs 1–100")
 
-    import torch
-    from transformers import AutoTokenizer
-
     import bastion.learned_evidence as evidence
-    from bastion.backends.torch import DFlashDrafter, generate_batch, load_target
-    from bastion.demo.run import calibrated_beliefs, load_prompts
+    from bastion.backends.torch import DFlashDrafter, generate_batch
+    from bastion.demo.run import calibrated_beliefs
 
-    pair = get_pair(args.pair)
-    pair.require_installed()
-    target = load_target(pair.target, "cpu", dtype=getattr(torch, args.dtype))
-    tokenizer = AutoTokenizer.from_pretrained(pair.target)
-    prompts = [list(tokenizer(t)["input_ids"]) for t in load_prompts()[: args.prompts]]
-    eos = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # type: ignore[arg-type]
+    pair, target, prompts, eos = load_demo_pair(args.pair, args.dtype, args.prompts)
     drafter = DFlashDrafter.from_pretrained(pair.drafter, target)
     _, learned, _ = calibrated_beliefs(target, drafter, ["bastion"], True)
 

@@ -18,7 +18,9 @@ import argparse
 import statistics
 import sys
 
-from bastion.demo import DEFAULT_PAIR, PAIRS, get_pair
+from _demo_pair import load_demo_pair  # type: ignore[import-not-found]
+
+from bastion.demo import DEFAULT_PAIR, PAIRS
 from bastion.demo.run import DEMO_DTYPES
 
 
@@ -33,19 +35,11 @@ def main() -> None:
     if not 1 <= args.prompts <= 64 or not 1 <= args.repeats <= 100 or args.batch_size < 1:
         parser.error("--prompts 1–64, --repeats 1–100, --batch-size ≥ 1")
 
-    import torch
-    from transformers import AutoTokenizer
-
-    from bastion.backends.torch import DFlashDrafter, load_target
+    from bastion.backends.torch import DFlashDrafter
     from bastion.backends.torch.lockstep import Contender, generate_lockstep
-    from bastion.demo.run import calibrated_beliefs, load_prompts
+    from bastion.demo.run import calibrated_beliefs
 
-    pair = get_pair(args.pair)
-    pair.require_installed()
-    target = load_target(pair.target, "cpu", dtype=getattr(torch, args.dtype))
-    tokenizer = AutoTokenizer.from_pretrained(pair.target)
-    prompts = [list(tokenizer(t)["input_ids"]) for t in load_prompts()[: args.prompts]]
-    eos = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # type: ignore[arg-type]
+    pair, target, prompts, eos = load_demo_pair(args.pair, args.dtype, args.prompts)
 
     def drafter() -> DFlashDrafter:
         return DFlashDrafter.from_pretrained(pair.drafter, target)

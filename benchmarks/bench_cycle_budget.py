@@ -30,8 +30,9 @@ import sys
 
 import numpy as np
 import torch
+from _demo_pair import load_demo_pair  # type: ignore[import-not-found]
 
-from bastion.demo import DEFAULT_PAIR, PAIRS, get_pair
+from bastion.demo import DEFAULT_PAIR, PAIRS
 from bastion.errors import ConfigError
 from bastion.policies import make_policy
 
@@ -63,18 +64,10 @@ def main() -> None:
         raise ConfigError("--prompts 1–64, --max-new-tokens ≥ 2, --repeats 1–100")
     policies = ["ar", *_policies(args.policies)]
 
-    from transformers import AutoTokenizer
-
-    from bastion.backends.torch import DFlashDrafter, load_target
+    from bastion.backends.torch import DFlashDrafter
     from bastion.backends.torch.lockstep import Contender, generate_lockstep
-    from bastion.demo.run import load_prompts
 
-    pair = get_pair(args.pair)
-    pair.require_installed()
-    target = load_target(pair.target, "cpu", dtype=DTYPES[args.dtype])
-    tokenizer = AutoTokenizer.from_pretrained(pair.target)
-    prompts = [list(tokenizer(t)["input_ids"]) for t in load_prompts()[: args.prompts]]
-    eos = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # type: ignore[arg-type]
+    pair, target, prompts, eos = load_demo_pair(args.pair, args.dtype, args.prompts)
     contenders = [
         Contender(p, None if p == "ar" else DFlashDrafter.from_pretrained(pair.drafter, target))
         for p in policies
