@@ -33,10 +33,14 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from bastion.errors import ConfigError
 from bastion.guard import public
 
 __all__ = ["PROBE", "check_address", "one_line"]
+
+MAX_TIMEOUT_S = 86_400.0  # the longest connection timeout check_address takes (a day)
 
 PROBE = (
     "import sys, ray; "
@@ -131,7 +135,18 @@ def _probe(address: str, seconds: float) -> None:
 @public
 def check_address(address: str, timeout: float) -> None:
     """Raise :class:`ConfigError` (one line) unless a Ray cluster accepts a driver at
-    ``address`` within ``timeout`` seconds, whatever is (or is not) listening there."""
+    ``address`` within ``timeout`` seconds, whatever is (or is not) listening there.
+    ``timeout``: a number of seconds > 0, at most a day (a deadline must be a clock time)."""
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float | np.integer | np.floating)
+        or not 0 < float(timeout) <= MAX_TIMEOUT_S
+    ):
+        raise ConfigError(
+            f"check_address: timeout must be a number of seconds > 0 and ≤ {MAX_TIMEOUT_S:g}; "
+            f"got {timeout!r:.80}"
+        )
+    timeout = float(timeout)
     if address == "local":
         return  # ray.init starts a new local instance
     deadline = time.monotonic() + timeout
