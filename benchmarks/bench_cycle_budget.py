@@ -33,10 +33,10 @@ import torch
 from _demo_pair import load_demo_pair  # type: ignore[import-not-found]
 
 from bastion.demo import DEFAULT_PAIR, PAIRS
+from bastion.demo.run import DEMO_DTYPES
 from bastion.errors import ConfigError
 from bastion.policies import make_policy
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 GOAL = 1.5  # the speedup over AR the budget is drawn for
 
 
@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    parser.add_argument("--dtype", choices=DEMO_DTYPES, default="float32")
     args = parser.parse_args()
     if not 1 <= args.prompts <= 64 or args.max_new_tokens < 2 or not 1 <= args.repeats <= 100:
         raise ConfigError("--prompts 1–64, --max-new-tokens ≥ 2, --repeats 1–100")
