@@ -91,10 +91,6 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
         int status = 0, more = 0;
         Py_ssize_t m = 0, chosen = 0;
         for (;;) {
-            if (total > ntot - 1) { /* beyond the priced totals: the Python loop prices more */
-                status = -2;
-                break;
-            }
             if ((size_t)total + 1 > cap_nodes) {
                 cap_nodes = (size_t)total + 1;
 #define GROW(ptr, n)                                          \
@@ -120,6 +116,12 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
             }
             m = bf_forest_grow(p, b, depth, k, cap, total, heap, count, g_req, g_pos, g_par, g_dep,
                                g_rnk, g_sco, &more);
+            /* a chain grown beyond the priced totals: the Python loop prices more (the request
+             * may ask for more: a lattice that holds fewer nodes ends the chain first) */
+            if (m > ntot - 1) {
+                status = -2;
+                break;
+            }
             int bad = !(isfinite(ar) && ar > 0.0);
             for (Py_ssize_t j = 0; j <= m; j++) {
                 c_hat[j] = above[cells[j]];

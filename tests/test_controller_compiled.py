@@ -194,6 +194,33 @@ def test_compiled_joint_budget_is_the_python_loop(
         assert np.array_equal(getattr(diag, name), getattr(ref, name)), name
 
 
+def test_compiled_joint_budget_answers_when_the_lattice_ends_first() -> None:
+    """B·(N_max − 1) beyond the priced totals, but a lattice too small to reach them: the
+    chain ends before the horizon, so the compiled loop answers (it used to hand such a batch
+    back unasked, found by the property test above)."""
+    b, depth, k = 5, 5, 3
+    probs = np.zeros((b, depth, k))
+    probs[3:] = 0.05
+    ids = np.arange(b * depth * k, dtype=np.int64).reshape(b, depth, k) + 3
+    marginals = BatchMarginals(ids, probs)
+    learner = LearnedCostModel(FlatPrior(slope=0.0))
+    contexts = np.zeros(b, np.int64)
+    n_max, start = 1024, 3
+    cells, _, _ = learner.joint_decision_arrays(contexts, n_max)
+    assert b * (n_max - 1) > cells.shape[0] - 1  # the request asks past the priced totals
+    fast = controller._choose_joint_compiled(marginals, learner, contexts, n_max, start)
+    trees, ref = choose_joint_batch(
+        marginals,
+        lambda grow: learner.joint_decision_curve(contexts, grow, n_max),
+        n_max,
+        "auto",
+        start,
+    )
+    assert fast is not None
+    assert fast[1].tree_sizes == ref.tree_sizes and fast[1].exhausted == ref.exhausted
+    assert np.array_equal(fast[0].offsets, trees.offsets)
+
+
 def test_compiled_joint_budget_hands_back_what_it_cannot_price() -> None:
     """A chain beyond the priced totals, or a cost that is not finite and > 0: status, not an
     answer (the caller's Python loop prices further or raises)."""
