@@ -37,6 +37,7 @@ setup(
                 "bastion/_bestfirst_forest.c",
                 "bastion/_bestfirst_joint.c",
                 "bastion/_bestfirst_learn.c",
+                "bastion/_bestfirst_shaped.c",
             ],
             depends=["bastion/_bestfirst.h"],
             extra_compile_args=["-O2"],

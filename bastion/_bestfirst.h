@@ -86,6 +86,8 @@ BF_PRIVATE PyObject *bf_joint(PyObject *self, PyObject *args);     /* _bestfirst
 BF_PRIVATE PyObject *bf_accept(PyObject *self, PyObject *args);    /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_learn(PyObject *self, PyObject *args);     /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_calibrate(PyObject *self, PyObject *args); /* _bestfirst_learn.c */
+BF_PRIVATE PyObject *bf_beam(PyObject *self, PyObject *args);      /* _bestfirst_shaped.c */
+BF_PRIVATE PyObject *bf_eagle(PyObject *self, PyObject *args);     /* _bestfirst_shaped.c */
 BF_PRIVATE extern const char bf_chunk_doc[];
 BF_PRIVATE extern const char bf_choose_doc[];
 
