@@ -38,6 +38,7 @@ setup(
                 "bastion/_bestfirst_joint.c",
                 "bastion/_bestfirst_learn.c",
                 "bastion/_bestfirst_shaped.c",
+                "bastion/_bestfirst_draws.c",
             ],
             depends=["bastion/_bestfirst.h"],
             extra_compile_args=["-O2"],

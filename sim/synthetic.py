@@ -42,7 +42,14 @@ from bastion.errors import ConfigError
 from bastion.guard import public
 from bastion.sim.workloads import Workload
 
+try:  # the optional compiled kernel (setup.py): a block's arithmetic in one call
+    from bastion._bestfirst import draws as _draws  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - exercised where no compiler is available
+    _draws = None
+
 __all__ = ["SyntheticSource"]
+
+_DRAWS_MAX_K = 1024  # the compiled kernel's widest row
 
 IntArray = npt.NDArray[np.int64]
 
@@ -92,6 +99,7 @@ class SyntheticSource:
         self.block_steps = block_steps
         self.temperature = temperature
         self._law = w.rank_alignment(temperature)[None, :, :]  # [1, D, K]: c_r · a_k at T
+        self._law_rows = np.ascontiguousarray(self._law[0], dtype=np.float64)  # [D, K]
         head = np.clip(w.head_curve(), 1e-12, 1.0 - 1e-12)
         self._base_logit = np.log(head / (1.0 - head))
         self._upper = np.triu(np.ones((w.k, w.k)))  # x @ upper: cumulative sums of x's rows
@@ -167,11 +175,47 @@ class SyntheticSource:
         head = np.minimum(1.0 / (1.0 + np.exp(-logit)), 1.0 - 1e-12)[:, :, None]  # [S, D, 1]
         u = rng.random((steps, 2 * depth + 5))  # branch: 5 per step; forks: 2 per position
         pick = rng.integers(0, self._bank_size, size=(steps, depth))
+        target_u = rng.random((steps, depth, 1))  # the target's uniforms (used last)
+        length = 1.0 + np.floor(np.log(u[:, 2:3]) / np.log(self._branch_stay))
+        self._cursor[slot] = 0
+        if _draws is not None and w.k <= _DRAWS_MAX_K:  # the rest in one compiled call
+            _draws(
+                self._bank,
+                pick,
+                np.ascontiguousarray(head[:, :, 0]),
+                u,
+                np.ascontiguousarray(length[:, 0]),
+                self._law_rows,
+                np.ascontiguousarray(target_u[:, :, 0]),
+                steps,
+                depth,
+                w.k,
+                self._bank_size,
+                float(w.branch_rate),
+                float(w.fork_rate),
+                float(w.fork_ratio_min),
+                self._probs[slot],
+                self._target[slot],
+            )
+            return
+        self._refill_numpy(slot, head, u, pick, target_u, length)
+
+    def _refill_numpy(
+        self,
+        slot: int,
+        head: npt.NDArray[np.float64],
+        u: npt.NDArray[np.float64],
+        pick: IntArray,
+        target_u: npt.NDArray[np.float64],
+        length: npt.NDArray[np.float64],
+    ) -> None:
+        """:meth:`_refill` from its draws in numpy (the reference of the compiled kernel)."""
+        w = self.workload
+        steps, depth = self.block_steps, w.depth
         cols = np.arange(depth)[None, :]
         # a branch: from depth j0 for L positions, two continuations the drafter cannot tell
         # apart; the target follows one of them (the second with probability v/(1+v))
         start = np.floor(u[:, 1:2] * depth)
-        length = 1.0 + np.floor(np.log(u[:, 2:3]) / np.log(self._branch_stay))
         branch = (u[:, :1] < w.branch_rate) & (cols >= start) & (cols < start + length)
         ratio = w.fork_ratio_min + (1.0 - w.fork_ratio_min) * np.concatenate(
             (np.broadcast_to(u[:, 3:4], (steps, depth)), u[:, 5 + depth :]), axis=1
@@ -222,11 +266,9 @@ class SyntheticSource:
         k = w.k
         cdf = (weights.reshape(-1, k) @ self._upper).reshape(steps, depth, k)
         cdf /= np.maximum(cdf[:, :, -1:], 1.0)
-        target_u = rng.random((steps, depth, 1))
         below = (target_u > cdf).reshape(-1, k).astype(np.float64) @ self._ones
         self._target[slot, :, :depth] = below.reshape(steps, depth)
         self._target[slot, :, depth] = -1
-        self._cursor[slot] = 0
 
     # -- one step ---------------------------------------------------------------------------------
 
