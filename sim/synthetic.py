@@ -119,14 +119,16 @@ class SyntheticSource:
     # -- slots ----------------------------------------------------------------------------------
 
     def _grow(self, slots: int) -> None:
-        w, extra = self.workload, slots - self._slots
-        self._probs = np.concatenate((self._probs, np.empty((extra, *self._probs.shape[1:]))))
-        self._target = np.concatenate(
-            (self._target, np.empty((extra, *self._target.shape[1:]), np.int64))
-        )
-        self._cursor = np.concatenate((self._cursor, np.zeros(extra, np.int64)))
-        self._top1 = np.concatenate((self._top1, np.empty((extra, w.depth))))
-        self._rngs.extend([None] * extra)
+        """Room for ``slots`` requests in flight: the blocks of the slots in use are kept, the
+        new ones left unwritten (a block is written whole before it is read)."""
+        w, old = self.workload, self._slots
+        probs = np.empty((slots, *self._probs.shape[1:]))
+        target = np.empty((slots, *self._target.shape[1:]), np.int64)
+        probs[:old], target[:old] = self._probs, self._target  # (nothing to copy at first)
+        self._probs, self._target = probs, target
+        self._cursor = np.concatenate((self._cursor, np.zeros(slots - old, np.int64)))
+        self._top1 = np.concatenate((self._top1, np.empty((slots - old, w.depth))))
+        self._rngs.extend([None] * (slots - old))
         self._slots = slots
 
     def lengths(self, index: int, requested: tuple[int, int] | None = None) -> tuple[int, int]:
