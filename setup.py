@@ -39,6 +39,7 @@ setup(
                 "bastion/_bestfirst_learn.c",
                 "bastion/_bestfirst_shaped.c",
                 "bastion/_bestfirst_draws.c",
+                "bastion/_bestfirst_paper.c",
             ],
             depends=["bastion/_bestfirst.h"],
             extra_compile_args=["-O2"],

@@ -21,6 +21,9 @@
  * draws(...): the simulator's synthetic drafter, one request's block of steps from its random
  *   draws (_bestfirst_draws.c).
  *
+ * paper(...): the paper controller's joint budget on a calibrated roofline it prices itself
+ *   (_bestfirst_paper.c).
+ *
  * forest(...), accept(...): the joint budget's merged chain and the simulator's acceptance walk
  *   over a batch of trees (see the comments opening _bestfirst_forest.c and above accept() in
  *   _bestfirst_learn.c).
@@ -35,7 +38,7 @@
  * The sources: _bestfirst_tree.c (the heap, one request's tree, build()), _bestfirst_size.c
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint()),
  * _bestfirst_learn.c (accept(), learn(), calibrate()), _bestfirst_shaped.c (beam(), eagle()),
- * _bestfirst_draws.c (draws());
+ * _bestfirst_draws.c (draws()), _bestfirst_paper.c (paper());
  * _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
@@ -52,6 +55,7 @@ static PyMethodDef methods[] = {
     {"beam", bf_beam, METH_VARARGS, "Beam trees for B requests (see _bestfirst_shaped.c)."},
     {"eagle", bf_eagle, METH_VARARGS, "EAGLE trees for B requests (see _bestfirst_shaped.c)."},
     {"draws", bf_draws, METH_VARARGS, "A synthetic block of steps (see _bestfirst_draws.c)."},
+    {"paper", bf_paper, METH_VARARGS, "The paper controller's joint budget (_bestfirst_paper.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -377,15 +377,19 @@ class AdaptivePolicy:
         joint_curve = getattr(cost_model, "joint_cost_curve", None)
         if req.size == 1 or not self.joint or joint_curve is None:
             return PerRequestPolicy(self).choose_batch(marginals, context)
-        from bastion.joint import choose_joint_batch
+        from bastion.joint import choose_joint_priced
 
-        contexts = req.context_lens
         start = self.initial_budget
         known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
         if known.size:  # begin near the last choices (per request): fewer growth rounds
             start = max(8, 4 * int(known.mean()))
-        trees, diag = choose_joint_batch(
-            marginals, lambda grow: joint_curve(contexts, grow), self.n_max, self.mode, start
+        trees, diag = choose_joint_priced(
+            marginals,
+            cost_model,  # type: ignore[arg-type]  # it has joint_cost_curve (checked above)
+            req.context_lens,
+            self.n_max,
+            self.mode,
+            start,
         )
         return BatchChoice(trees, diag)
 

@@ -43,9 +43,10 @@ from bastion.guard import public
 from bastion.sim.workloads import Workload
 
 try:  # the optional compiled kernel (setup.py): a block's arithmetic in one call
-    from bastion._bestfirst import draws as _draws  # type: ignore[import-not-found]
+    from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - exercised where no compiler is available
-    _draws = None
+    _kernel = None
+_draws = getattr(_kernel, "draws", None)
 
 __all__ = ["SyntheticSource"]
 
@@ -280,6 +281,17 @@ class SyntheticSource:
         The second array is ``[B, depth + 1]``: the target's token at positions 1 … depth and
         after them (−1: not drafted, never matched)."""
         del context_lens  # synthetic streams are indexed by step, not by position
+        if slots.shape[0] == 1:  # batch 1: the slot's row, without index arrays
+            slot = int(slots[0])
+            step = int(self._cursor[slot])
+            if step >= self.block_steps:
+                self._refill(slot)
+                step = 0
+            self._cursor[slot] = step + 1
+            probs = self._probs[slot, step][None].copy()
+            if 1 not in self._id_views:
+                self._id_views[1] = np.broadcast_to(self._ids, probs.shape)
+            return BatchMarginals(self._id_views[1], probs), self._target[slot, step][None].copy()
         cursor = self._cursor[slots]
         spent = cursor >= self.block_steps
         if spent.any():
