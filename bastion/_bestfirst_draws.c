@@ -67,9 +67,13 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
         c = r ? c + w[r] : w[0];
         tmp[r] = c;
     }
-    double den = tmp[k - 1] > 1.0 ? tmp[k - 1] : 1.0; /* np.maximum(total, 1.0), no NaN here */
     int64_t below = 0;
-    for (Py_ssize_t r = 0; r < k; r++) below += tu > tmp[r] / den;
+    if (!(tmp[k - 1] <= 1.0)) { /* scaled down to a total of 1: np.maximum(total, 1.0) */
+        double den = tmp[k - 1];
+        for (Py_ssize_t r = 0; r < k; r++) below += tu > tmp[r] / den;
+    } else { /* x / 1.0 is x */
+        for (Py_ssize_t r = 0; r < k; r++) below += tu > tmp[r];
+    }
     return below;
 }
 
