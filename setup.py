@@ -40,6 +40,7 @@ setup(
                 "bastion/_bestfirst_shaped.c",
                 "bastion/_bestfirst_draws.c",
                 "bastion/_bestfirst_paper.c",
+                "bastion/_bestfirst_request.c",
             ],
             depends=["bastion/_bestfirst.h"],
             extra_compile_args=["-O2"],

@@ -22,7 +22,8 @@
  *   draws (_bestfirst_draws.c).
  *
  * paper(...): the paper controller's joint budget on a calibrated roofline it prices itself
- *   (_bestfirst_paper.c).
+ *   (_bestfirst_paper.c); request(...): the paper's per-request rule at batch > 1, the same
+ *   way (_bestfirst_request.c).
  *
  * forest(...), accept(...): the joint budget's merged chain and the simulator's acceptance walk
  *   over a batch of trees (see the comments opening _bestfirst_forest.c and above accept() in
@@ -38,7 +39,7 @@
  * The sources: _bestfirst_tree.c (the heap, one request's tree, build()), _bestfirst_size.c
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint()),
  * _bestfirst_learn.c (accept(), learn(), calibrate()), _bestfirst_shaped.c (beam(), eagle()),
- * _bestfirst_draws.c (draws()), _bestfirst_paper.c (paper());
+ * _bestfirst_draws.c (draws()), _bestfirst_paper.c (paper()), _bestfirst_request.c (request());
  * _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
@@ -56,6 +57,7 @@ static PyMethodDef methods[] = {
     {"eagle", bf_eagle, METH_VARARGS, "EAGLE trees for B requests (see _bestfirst_shaped.c)."},
     {"draws", bf_draws, METH_VARARGS, "A synthetic block of steps (see _bestfirst_draws.c)."},
     {"paper", bf_paper, METH_VARARGS, "The paper controller's joint budget (_bestfirst_paper.c)."},
+    {"request", bf_request, METH_VARARGS, "The per-request rule (_bestfirst_request.c)."},
     {NULL, NULL, 0, NULL},
 };
 

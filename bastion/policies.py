@@ -56,6 +56,7 @@ from bastion.interfaces import (
     TreeChoice,
     TreePolicy,
 )
+from bastion.per_request import choose_per_request
 from bastion.shaped import beam_batch, eagle_batch
 from bastion.tree import DraftMarginals, DraftTree, best_first_tree
 
@@ -376,7 +377,8 @@ class AdaptivePolicy:
             raise BudgetError(f"the {self.name} policy needs a cost model in its context")
         joint_curve = getattr(cost_model, "joint_cost_curve", None)
         if req.size == 1 or not self.joint or joint_curve is None:
-            return PerRequestPolicy(self).choose_batch(marginals, context)
+            fast = choose_per_request(self, marginals, context) if req.size > 1 else None
+            return fast or PerRequestPolicy(self).choose_batch(marginals, context)
         from bastion.joint import choose_joint_priced
 
         start = self.initial_budget
