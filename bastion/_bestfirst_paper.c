@@ -15,7 +15,8 @@
  * whatever the order numpy's matrix-vector product adds in; a count that would reach 2^53
  * (not exact) stops the call (status -3). The numpy sums that are not exact (a request's
  * built mass, the unseen mass over the batch) are numpy's pairwise sums (bf_pairwise).
- *   mass: B lattice masses (bastion.joint._lattice_mass); contexts: B bucketed contexts;
+ *   mass: B lattice masses (bastion.joint._lattice_mass), or empty: computed here with
+ *     numpy's sums and products in numpy's order; contexts: B bucketed contexts;
  *   price: 22 doubles: Σ f0, Σ f per feature (6) of the compute branch's pricer (tiled where
  *     the calibration pads), its FLOP rate and tile; Σ b0, Σ b (6) of the memory branch's
  *     (bare) pricer, its byte rate and tile; the calibration's α, β of compute then memory;
@@ -122,12 +123,12 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
     int64_t *count = NULL, *g_req = NULL, *g_pos = NULL, *g_par = NULL, *g_dep = NULL,
             *g_rnk = NULL, *cap = NULL, *alloc = NULL, *held = NULL, *start = NULL;
     double *g_sco = NULL, *a_hat = NULL, *c_hat = NULL, *s_hat = NULL, *built = NULL,
-           *own = NULL;
+           *own = NULL, *own_mass = NULL;
     if (depth < 1 || k < 1 || b < 1 || n_max < 1 || total < 0 || most < 0 || depth > INT32_MAX ||
         k > INT32_MAX || b > INT32_MAX ||
         !bf_holds_exactly(probs.len, sizeof(double), b, depth, k) ||
         !bf_holds_exactly(ids.len, sizeof(int64_t), b, depth, k) || most > b * (n_max - 1) ||
-        massb.len != b * (Py_ssize_t)sizeof(double) ||
+        (massb.len != 0 && massb.len != b * (Py_ssize_t)sizeof(double)) ||
         ctxb.len != b * (Py_ssize_t)sizeof(double) || priceb.len != 25 * sizeof(double)) {
         PyErr_SetString(PyExc_ValueError, "paper: inconsistent sizes");
         goto done;
@@ -136,6 +137,22 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
     {
         const double *p = (const double *)probs.buf, *mass = (const double *)massb.buf;
         const double *c = (const double *)ctxb.buf, *pr = (const double *)priceb.buf;
+        if (massb.len == 0) { /* _lattice_mass: (1 + Σ_d Π_{e<=d} Σ_j p[e, j]) (1 + 1e-9) */
+            own_mass = malloc((size_t)(b + depth) * sizeof(double));
+            if (!own_mass) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            double *rows = own_mass + b;
+            for (Py_ssize_t r = 0; r < b; r++) {
+                for (Py_ssize_t d = 0; d < depth; d++) {
+                    double level = bf_pairwise(p + (r * depth + d) * k, k);
+                    rows[d] = d ? rows[d - 1] * level : level;
+                }
+                own_mass[r] = (1.0 + bf_pairwise(rows, depth)) * (1.0 + 1e-9);
+            }
+            mass = own_mass;
+        }
         const int64_t *tid = (const int64_t *)ids.buf;
         size_t cap_nodes = 0;
         count = calloc((size_t)b, sizeof(int64_t));
@@ -318,6 +335,7 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
                                (char *)s_hat, (m + 1) * f8, ar);
     }
 done:
+    free(own_mass);
     free(heap);
     free(count);
     free(cap);

@@ -429,7 +429,7 @@ def _choose_paper_compiled(
         n_max,
         min(b * (min(initial, n_max) - 1), most),
         most,
-        _lattice_mass(probs),
+        b"",  # the lattice masses: computed by the kernel
         buckets,
         price,
     )
