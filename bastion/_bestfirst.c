@@ -16,6 +16,15 @@
  *   outputs: concatenated per-request trees (int64, int64, int64, float64) and B + 1 int64
  *            offsets into them.
  *
+ * beam(...), eagle(...): BeamPolicy's and EaglePolicy's trees for a batch (_bestfirst_shaped.c).
+ *
+ * draws(...): the simulator's synthetic drafter, one request's block of steps from its random
+ *   draws (_bestfirst_draws.c).
+ *
+ * paper(...): the paper controller's joint budget on a calibrated roofline it prices itself
+ *   (_bestfirst_paper.c); request(...): the paper's per-request rule at batch > 1, the same
+ *   way (_bestfirst_request.c).
+ *
  * forest(...), accept(...): the joint budget's merged chain and the simulator's acceptance walk
  *   over a batch of trees (see the comments opening _bestfirst_forest.c and above accept() in
  *   _bestfirst_learn.c).
@@ -29,7 +38,9 @@
  *
  * The sources: _bestfirst_tree.c (the heap, one request's tree, build()), _bestfirst_size.c
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint()),
- * _bestfirst_learn.c (accept(), learn(), calibrate()); _bestfirst.h declares what they share.
+ * _bestfirst_learn.c (accept(), learn(), calibrate()), _bestfirst_shaped.c (beam(), eagle()),
+ * _bestfirst_draws.c (draws()), _bestfirst_paper.c (paper()), _bestfirst_request.c (request());
+ * _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
 
@@ -42,6 +53,11 @@ static PyMethodDef methods[] = {
     {"accept", bf_accept, METH_VARARGS, "Accepted paths of a batch of trees against targets."},
     {"calibrate", bf_calibrate, METH_VARARGS, "Calibrated marginals, rows re-sorted (see above)."},
     {"learn", bf_learn, METH_VARARGS, "A tree step folded into both calibrations, in place."},
+    {"beam", bf_beam, METH_VARARGS, "Beam trees for B requests (see _bestfirst_shaped.c)."},
+    {"eagle", bf_eagle, METH_VARARGS, "EAGLE trees for B requests (see _bestfirst_shaped.c)."},
+    {"draws", bf_draws, METH_VARARGS, "A synthetic block of steps (see _bestfirst_draws.c)."},
+    {"paper", bf_paper, METH_VARARGS, "The paper controller's joint budget (_bestfirst_paper.c)."},
+    {"request", bf_request, METH_VARARGS, "The per-request rule (_bestfirst_request.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -64,6 +64,14 @@ BF_PRIVATE int bf_holds_exactly(Py_ssize_t len, Py_ssize_t elem, Py_ssize_t a, P
                                 Py_ssize_t c);
 BF_PRIVATE int bf_holds_at_least(Py_ssize_t len, Py_ssize_t elem, Py_ssize_t n);
 
+/* _bestfirst_size.c: one growth round of bastion.budget.choose_tree on a priced curve */
+BF_PRIVATE int bf_size_round(const double *p, const int64_t *tid, Py_ssize_t depth, Py_ssize_t k,
+                             Py_ssize_t budget, Py_ssize_t ahead, Py_ssize_t n_max, int rule,
+                             int64_t root_token, const double *v, double draft, double prep,
+                             double dp, double ar, double base, double a_ceiling, int64_t *ints,
+                             double *floats, entry *heap, Py_ssize_t *n_out,
+                             Py_ssize_t *chosen_out);
+
 /* _bestfirst_forest.c: the merged growth of B trees and their scatter into per-request trees */
 BF_PRIVATE Py_ssize_t bf_forest_grow(const double *p, Py_ssize_t b, Py_ssize_t depth,
                                     Py_ssize_t k, const int64_t *cap, Py_ssize_t total,
@@ -86,6 +94,11 @@ BF_PRIVATE PyObject *bf_joint(PyObject *self, PyObject *args);     /* _bestfirst
 BF_PRIVATE PyObject *bf_accept(PyObject *self, PyObject *args);    /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_learn(PyObject *self, PyObject *args);     /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_calibrate(PyObject *self, PyObject *args); /* _bestfirst_learn.c */
+BF_PRIVATE PyObject *bf_beam(PyObject *self, PyObject *args);      /* _bestfirst_shaped.c */
+BF_PRIVATE PyObject *bf_eagle(PyObject *self, PyObject *args);     /* _bestfirst_shaped.c */
+BF_PRIVATE PyObject *bf_draws(PyObject *self, PyObject *args);     /* _bestfirst_draws.c */
+BF_PRIVATE PyObject *bf_paper(PyObject *self, PyObject *args);     /* _bestfirst_paper.c */
+BF_PRIVATE PyObject *bf_request(PyObject *self, PyObject *args);   /* _bestfirst_request.c */
 BF_PRIVATE extern const char bf_chunk_doc[];
 BF_PRIVATE extern const char bf_choose_doc[];
 

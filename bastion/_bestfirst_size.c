@@ -23,6 +23,83 @@ const char bf_chunk_doc[] =
     "tokens] and [scores, a_hat, c_hat, s_hat] for the n nodes built. status -1: the curve\n"
     "fails validation (nothing built); 0: grow; 1: stop with tree size `chosen`.";
 
+/* One growth round of choose_tree on the priced curve v (see bf_chunk_doc): validates the
+   curve, builds T_budget into ints/floats, applies the stopping rule. Returns the status,
+   the nodes built and the size chosen; heap holds 2 * budget + 2 entries. */
+int bf_size_round(const double *p, const int64_t *tid, Py_ssize_t depth, Py_ssize_t k,
+                  Py_ssize_t budget, Py_ssize_t ahead, Py_ssize_t n_max, int rule,
+                  int64_t root_token, const double *v, double draft, double prep, double dp,
+                  double ar, double base, double a_ceiling, int64_t *ints, double *floats,
+                  entry *heap, Py_ssize_t *n_out, Py_ssize_t *chosen_out) {
+    /* validate_cost_curve: scalars finite (ar > 0, the others >= 0), every Ĉ(N) = dp + v
+       for N <= ahead finite and > 0; and whether Ĉ is non-decreasing on that range */
+    int ok = isfinite(draft) && draft >= 0 && isfinite(prep) && prep >= 0 && isfinite(ar) &&
+             ar > 0;
+    int monotone = 1;
+    for (Py_ssize_t i = 0; ok && i < ahead; i++) {
+        double c = dp + v[i];
+        ok = isfinite(c) && c > 0.0;
+        if (i > 0 && !(c - (dp + v[i - 1]) >= 0.0)) monotone = 0;
+    }
+    *n_out = *chosen_out = 0;
+    if (!ok) return STATUS_BAD_CURVE;
+    int64_t *parents = ints, *dep = parents + budget, *ranks = dep + budget,
+            *tokens = ranks + budget;
+    double *scores = floats, *a_hat = scores + budget, *c_hat = a_hat + budget,
+           *s_hat = c_hat + budget;
+    Py_ssize_t n = bf_build_one(p, depth, k, budget, heap, parents, dep, ranks, scores);
+    /* tokens (tree_from_arrays), Â = cumsum(ρ), Ĉ, Ŝ = (A_o + Â)·L_AR / Ĉ */
+    double a = 0.0;
+    tokens[0] = root_token;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i > 0) tokens[i] = tid[(dep[i] - 1) * k + ranks[i]];
+        a = i > 0 ? a + scores[i] : scores[0];
+        a_hat[i] = a;
+        c_hat[i] = dp + v[i];
+        s_hat[i] = (base + a) * ar / c_hat[i];
+    }
+    int done_growing = n < budget || budget >= n_max;
+    int status = STATUS_GROW;
+    Py_ssize_t chosen = n;
+    if (rule == RULE_FIRST_DECREASE) {
+        Py_ssize_t stop = 0;
+        for (Py_ssize_t i = 0; i + 1 < n; i++)
+            if (s_hat[i + 1] < s_hat[i]) {
+                stop = i + 1;
+                break;
+            }
+        if (stop || done_growing) {
+            status = STATUS_STOP;
+            chosen = stop ? stop : n;
+        }
+    } else {
+        Py_ssize_t best = 0; /* argmax: the first maximum */
+        for (Py_ssize_t i = 1; i < n; i++)
+            if (s_hat[i] > s_hat[best]) best = i;
+        chosen = best + 1;
+        if (done_growing) {
+            status = STATUS_STOP;
+        } else if (monotone) {
+            /* the bound of choose_tree: Â(N') ≤ min(Â(n) + (N' − n)·ρ_n, depth + 1) */
+            double rho = scores[n - 1], a_n = a_hat[n - 1], bound = 0.0;
+            for (Py_ssize_t j = n + 1; j <= ahead; j++) {
+                double an = a_n + (double)(j - n) * rho;
+                if (an > a_ceiling) an = a_ceiling;
+                double q = (base + an) / (dp + v[j - 1]);
+                if (q > bound) bound = q;
+            }
+            double a_far = a_n + (double)(n_max - n) * rho;
+            if (a_ceiling < a_far) a_far = a_ceiling;
+            double far = (base + a_far) / (dp + v[ahead - 1]);
+            if (far > bound) bound = far;
+            if (bound * ar <= s_hat[best]) status = STATUS_STOP;
+        }
+    }
+    *n_out = n;
+    *chosen_out = chosen;
+    return status;
+}
+
 PyObject *bf_chunk(PyObject *self, PyObject *args) {
     Py_buffer probs, ids, verify, ints, floats;
     Py_ssize_t depth, k, budget, ahead, n_max;
@@ -45,81 +122,17 @@ PyObject *bf_chunk(PyObject *self, PyObject *args) {
         goto done;
     }
     {
-        const double *v = (const double *)verify.buf;
-        /* validate_cost_curve: scalars finite (ar > 0, the others >= 0), every Ĉ(N) = dp + v
-           for N <= ahead finite and > 0; and whether Ĉ is non-decreasing on that range */
-        int ok = isfinite(draft) && draft >= 0 && isfinite(prep) && prep >= 0 && isfinite(ar) &&
-                 ar > 0;
-        int monotone = 1;
-        for (Py_ssize_t i = 0; ok && i < ahead; i++) {
-            double c = dp + v[i];
-            ok = isfinite(c) && c > 0.0;
-            if (i > 0 && !(c - (dp + v[i - 1]) >= 0.0)) monotone = 0;
-        }
-        if (!ok) {
-            result = Py_BuildValue("(inn)", STATUS_BAD_CURVE, (Py_ssize_t)0, (Py_ssize_t)0);
-            goto done;
-        }
-        int64_t *parents = (int64_t *)ints.buf, *dep = parents + budget, *ranks = dep + budget,
-                *tokens = ranks + budget;
-        double *scores = (double *)floats.buf, *a_hat = scores + budget, *c_hat = a_hat + budget,
-               *s_hat = c_hat + budget;
-        const int64_t *tid = (const int64_t *)ids.buf;
         entry *heap = PyMem_Malloc(sizeof(entry) * (size_t)(2 * budget + 2));
         if (!heap) {
             PyErr_NoMemory();
             goto done;
         }
-        Py_ssize_t n = bf_build_one((const double *)probs.buf, depth, k, budget, heap, parents, dep,
-                                    ranks, scores);
+        Py_ssize_t n = 0, chosen = 0;
+        int status = bf_size_round(
+            (const double *)probs.buf, (const int64_t *)ids.buf, depth, k, budget, ahead, n_max,
+            rule, (int64_t)root_token, (const double *)verify.buf, draft, prep, dp, ar, base,
+            a_ceiling, (int64_t *)ints.buf, (double *)floats.buf, heap, &n, &chosen);
         PyMem_Free(heap);
-        /* tokens (tree_from_arrays), Â = cumsum(ρ), Ĉ, Ŝ = (A_o + Â)·L_AR / Ĉ */
-        double a = 0.0;
-        tokens[0] = (int64_t)root_token;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (i > 0) tokens[i] = tid[(dep[i] - 1) * k + ranks[i]];
-            a = i > 0 ? a + scores[i] : scores[0];
-            a_hat[i] = a;
-            c_hat[i] = dp + v[i];
-            s_hat[i] = (base + a) * ar / c_hat[i];
-        }
-        int done_growing = n < budget || budget >= n_max;
-        int status = STATUS_GROW;
-        Py_ssize_t chosen = n;
-        if (rule == RULE_FIRST_DECREASE) {
-            Py_ssize_t stop = 0;
-            for (Py_ssize_t i = 0; i + 1 < n; i++)
-                if (s_hat[i + 1] < s_hat[i]) {
-                    stop = i + 1;
-                    break;
-                }
-            if (stop || done_growing) {
-                status = STATUS_STOP;
-                chosen = stop ? stop : n;
-            }
-        } else {
-            Py_ssize_t best = 0; /* argmax: the first maximum */
-            for (Py_ssize_t i = 1; i < n; i++)
-                if (s_hat[i] > s_hat[best]) best = i;
-            chosen = best + 1;
-            if (done_growing) {
-                status = STATUS_STOP;
-            } else if (monotone) {
-                /* the bound of choose_tree: Â(N') ≤ min(Â(n) + (N' − n)·ρ_n, depth + 1) */
-                double rho = scores[n - 1], a_n = a_hat[n - 1], bound = 0.0;
-                for (Py_ssize_t j = n + 1; j <= ahead; j++) {
-                    double an = a_n + (double)(j - n) * rho;
-                    if (an > a_ceiling) an = a_ceiling;
-                    double q = (base + an) / (dp + v[j - 1]);
-                    if (q > bound) bound = q;
-                }
-                double a_far = a_n + (double)(n_max - n) * rho;
-                if (a_ceiling < a_far) a_far = a_ceiling;
-                double far = (base + a_far) / (dp + v[ahead - 1]);
-                if (far > bound) bound = far;
-                if (bound * ar <= s_hat[best]) status = STATUS_STOP;
-            }
-        }
         result = Py_BuildValue("(inn)", status, n, chosen);
     }
 done:

@@ -209,11 +209,8 @@ class GenerationResult:
 # --------------------------------------------------------------------------------------------
 
 
-def batch_loads(requests: StepRequests) -> list[RequestLoad]:
-    """Each request's share of the pass, from last step's tree sizes and Â.
-
-    A request on its first step has none yet: it is assumed to take the batch's typical tree
-    (the mean over the others, or 1 when no request has one)."""
+def load_arrays(requests: StepRequests) -> tuple[np.ndarray, np.ndarray]:
+    """(tree sizes, Â) of :func:`batch_loads`, as arrays over the batch."""
     sizes = requests.previous_tree_sizes
     expected = requests.previous_expected
     known = sizes > 0
@@ -222,6 +219,15 @@ def batch_loads(requests: StepRequests) -> list[RequestLoad]:
         typical = float(expected[known].mean()) if np.any(known) else 1.0
         sizes = np.where(known, sizes, guess)
         expected = np.where(known, expected, typical)
+    return sizes, expected
+
+
+def batch_loads(requests: StepRequests) -> list[RequestLoad]:
+    """Each request's share of the pass, from last step's tree sizes and Â.
+
+    A request on its first step has none yet: it is assumed to take the batch's typical tree
+    (the mean over the others, or 1 when no request has one)."""
+    sizes, expected = load_arrays(requests)
     return [
         RequestLoad(s, c, a)
         for s, c, a in zip(

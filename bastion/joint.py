@@ -56,6 +56,7 @@ import numpy.typing as npt
 from bastion.batch import BatchMarginals, TreeBatch
 from bastion.bestfirst import best_first_forest
 from bastion.budget import ControllerMode, Rule, first_decrease
+from bastion.cost.jointcurve import joint_pricing
 from bastion.errors import BudgetError, CostModelError
 from bastion.guard import array, each, public
 from bastion.interfaces import CostCurve, CostModel, RequestLoad, StepLoad
@@ -372,6 +373,91 @@ def choose_joint_batch(
         marginals, request[keep], parents[keep], depths[keep], ranks[keep], scores[keep], alloc
     )
     trees.tokens[trees.offsets[:-1]] = roots
+    return trees, diag
+
+
+def choose_joint_priced(
+    marginals: BatchMarginals,
+    cost_model: JointCostModel,
+    contexts: IntArray,
+    n_max: int,
+    mode: ControllerMode = "auto",
+    initial_budget: int = 64,
+) -> tuple[TreeBatch, JointDiagnostics]:
+    """``choose_joint_batch(marginals, lambda grow: cost_model.joint_cost_curve(contexts,
+    grow), n_max, mode, initial_budget)``: in one compiled call (``paper()``,
+    ``_bestfirst_paper.c``, which prices the curve itself) where the kernel applies — mode
+    auto, a calibrated roofline of a dense target (:func:`bastion.cost.jointcurve.joint_pricing`)
+    — with the same answer, else as written."""
+    fast = None
+    if mode == "auto" and getattr(_compiled, "paper", None) is not None:
+        fast = _choose_paper_compiled(marginals, cost_model, contexts, n_max, initial_budget)
+    if fast is not None:
+        return fast
+    return choose_joint_batch(
+        marginals, lambda grow: cost_model.joint_cost_curve(contexts, grow), n_max, mode,
+        initial_budget,
+    )  # fmt: skip
+
+
+def _choose_paper_compiled(
+    marginals: BatchMarginals,
+    cost_model: object,
+    contexts: IntArray,
+    n_max: int,
+    initial_budget: int,
+) -> tuple[TreeBatch, JointDiagnostics] | None:
+    """:func:`choose_joint_priced`'s compiled call, or None where it does not answer."""
+    ctx = np.asarray(contexts)
+    probs = marginals.probs
+    if ctx.ndim != 1 or ctx.dtype.kind not in "iu" or probs.ndim != 3 or not probs.size:
+        return None
+    b, depth, k = probs.shape
+    n_max = _check_int(n_max, "n_max")
+    initial = _check_int(initial_budget, "initial_budget")
+    price = joint_pricing(cost_model, ctx) if ctx.shape == (b,) and ctx.min() >= 0 else None
+    if price is None:
+        return None
+    step = cost_model.context_bucket  # type: ignore[attr-defined]
+    buckets = (-(-ctx.astype(np.int64) // step) * step).astype(np.float64)
+    most = b * (n_max - 1)
+    out = _compiled.paper(
+        np.ascontiguousarray(probs, np.float64),
+        np.ascontiguousarray(marginals.token_ids, np.int64),
+        depth,
+        k,
+        n_max,
+        min(b * (min(initial, n_max) - 1), most),
+        most,
+        b"",  # the lattice masses: computed by the kernel
+        buckets,
+        price,
+    )
+    status, chosen, _more, exhausted, par, dep, rnk, sco, tok, off, a_hat, c_hat, s_hat, ar = out
+    if status != 0:
+        return None
+    frombuffer = np.frombuffer
+    offsets = frombuffer(off, np.int64)
+    trees = TreeBatch(
+        offsets,
+        frombuffer(par, np.int64),
+        frombuffer(tok, np.int64),
+        frombuffer(dep, np.int64),
+        frombuffer(sco, np.float64),
+        frombuffer(rnk, np.int64),
+    )
+    alloc = np.diff(offsets)
+    diag = JointDiagnostics(
+        tree_sizes=tuple(alloc.tolist()),
+        total_size=b + int(chosen),
+        mode="bounded",
+        a_hat_total=frombuffer(a_hat, np.float64),
+        c_hat=frombuffer(c_hat, np.float64),
+        s_hat=frombuffer(s_hat, np.float64),
+        ar_step_s=float(ar),
+        exhausted=bool(exhausted),
+        capped=bool((alloc == n_max).any()),
+    )
     return trees, diag
 
 

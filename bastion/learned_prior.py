@@ -64,6 +64,9 @@ class PricedPrior:
         self._lerped: dict[tuple[tuple[Any, ...], int], FloatArray] = {}
         self._anchors: dict[tuple[tuple[Any, ...], int], FloatArray] = {}
         self._ar_memo: dict[tuple[int, int], float] = {}  # the AR prior (see ar)
+        # the prior's own store for its anchors, shared by every PricedPrior of that prior
+        # object (RooflineCostModel.prior_memo), or None
+        self._memo = getattr(prior, "prior_memo", None)
 
     def cycle(self, contexts: IntArray, sizes: IntArray | None, n: int) -> PriorCycle:
         """The prior's cycle as the batch grows: B = 1 along N = 1 … n; B > 1 along an even
@@ -214,10 +217,25 @@ class PricedPrior:
     def _anchor(self, key: tuple[Any, ...], index: int, b: int, price: PriceFn) -> FloatArray:
         hit = self._anchors.get((key, index))
         if hit is None:
-            hit = np.asarray(price(np.full(b, index * ANCHOR_STEP, np.int64)), dtype=np.float64)
+            hit = self._shared_anchor(key, index, b, price)
             if len(self._anchors) > 256:
                 self._anchors.clear()
             self._anchors[(key, index)] = hit
+        return hit
+
+    def _shared_anchor(
+        self, key: tuple[Any, ...], index: int, b: int, price: PriceFn
+    ) -> FloatArray:
+        """The prior at one anchor: priced, or read from the prior's own store where it keeps
+        one (the same value: a pure function of the prior's correction and the anchor)."""
+        if self._memo is None:
+            return np.asarray(price(np.full(b, index * ANCHOR_STEP, np.int64)), dtype=np.float64)
+        stamp, memo = self._memo()
+        memo_key = (stamp, key, index)
+        hit: FloatArray | None = memo.get(memo_key)
+        if hit is None:
+            value = price(np.full(b, index * ANCHOR_STEP, np.int64))
+            hit = memo.put(memo_key, np.array(value, dtype=np.float64))
         return hit
 
 

@@ -17,12 +17,12 @@ an order where parents precede children.
                        budget for the whole step (:mod:`bastion.joint`).
 - ``bastion:per-request``  the paper's controller run for each request alone (the paper's rule).
 
-Every policy has the single-request ``choose``; ``ar``, ``chain``, ``fixed`` and ``bastion`` also
-choose a whole step's trees at once (``choose_batch``, vectorised over the batch); the engine
-adapts the others. Policies declare what they need by attributes, never by class:
-``uses_drafter`` (False: never drafted for), ``uses_cost_model`` (True: needs a cost model and the
-batched load), ``uses_topk`` (False: only the drafter's top-1 is needed, so the host skips the
-top-K normalisation and the tree mask).
+Every policy has the single-request ``choose``; ``ar``, ``chain``, ``fixed``, ``beam``, ``eagle``
+and ``bastion`` also choose a whole step's trees at once (``choose_batch``, vectorised or
+compiled over the batch); the engine adapts the others. Policies declare what they need by
+attributes, never by class: ``uses_drafter`` (False: never drafted for), ``uses_cost_model``
+(True: needs a cost model and the batched load), ``uses_topk`` (False: only the drafter's top-1
+is needed, so the host skips the top-K normalisation and the tree mask).
 
 :func:`make_policy` parses the short spec strings the CLI uses (``fixed:64``, ``beam:4x15``,
 ``eagle:10,7,60``, ``bastion``, ``chain``) and loads a researcher's own policy by import path
@@ -56,6 +56,8 @@ from bastion.interfaces import (
     TreeChoice,
     TreePolicy,
 )
+from bastion.per_request import choose_per_request
+from bastion.shaped import beam_batch, eagle_batch
 from bastion.tree import DraftMarginals, DraftTree, best_first_tree
 
 __all__ = [
@@ -257,6 +259,14 @@ class BeamPolicy:
             beam_scores = cand[order]
         return TreeChoice(_tree_from_nodes(marginals, parents, depths, ranks, scores))
 
+    def choose_batch(self, marginals: BatchMarginals, context: BatchPolicyContext) -> BatchChoice:
+        """Every request's tree in one compiled call (:mod:`bastion.shaped`; the same trees
+        as :meth:`choose`, which builds them one by one without the kernel)."""
+        trees = beam_batch(marginals, self.width, self.depth)
+        if trees is None:
+            return PerRequestPolicy(self).choose_batch(marginals, context)
+        return BatchChoice(trees)
+
 
 @dataclass(frozen=True)
 class EaglePolicy:
@@ -310,6 +320,13 @@ class EaglePolicy:
         )
         return TreeChoice(_tree_from_nodes(marginals, *arrays))
 
+    def choose_batch(self, marginals: BatchMarginals, context: BatchPolicyContext) -> BatchChoice:
+        """Every request's tree in one compiled call, as :meth:`BeamPolicy.choose_batch`."""
+        trees = eagle_batch(marginals, self.top_k, self.depth, self.total)
+        if trees is None:
+            return PerRequestPolicy(self).choose_batch(marginals, context)
+        return BatchChoice(trees)
+
 
 @dataclass(frozen=True)
 class AdaptivePolicy:
@@ -360,16 +377,21 @@ class AdaptivePolicy:
             raise BudgetError(f"the {self.name} policy needs a cost model in its context")
         joint_curve = getattr(cost_model, "joint_cost_curve", None)
         if req.size == 1 or not self.joint or joint_curve is None:
-            return PerRequestPolicy(self).choose_batch(marginals, context)
-        from bastion.joint import choose_joint_batch
+            fast = choose_per_request(self, marginals, context) if req.size > 1 else None
+            return fast or PerRequestPolicy(self).choose_batch(marginals, context)
+        from bastion.joint import choose_joint_priced
 
-        contexts = req.context_lens
         start = self.initial_budget
         known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
         if known.size:  # begin near the last choices (per request): fewer growth rounds
             start = max(8, 4 * int(known.mean()))
-        trees, diag = choose_joint_batch(
-            marginals, lambda grow: joint_curve(contexts, grow), self.n_max, self.mode, start
+        trees, diag = choose_joint_priced(
+            marginals,
+            cost_model,  # type: ignore[arg-type]  # it has joint_cost_curve (checked above)
+            req.context_lens,
+            self.n_max,
+            self.mode,
+            start,
         )
         return BatchChoice(trees, diag)
 

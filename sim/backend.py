@@ -119,6 +119,7 @@ class SimBatch:
         self._free: list[int] = []
         self._target: IntArray | None = None  # target tokens of the open step
         self._drafted_for: StepRequests | None = None  # the step they belong to
+        self._drafted_slots: IntArray = np.zeros(0, np.int64)  # … and its slots
 
     def admit(self, request_id: int, prompt_len: int, output_len: int) -> int:
         """Start a request whose prompt is prefilled (its first token generated); its slot."""
@@ -150,13 +151,14 @@ class SimBatch:
     def draft_batch(self, requests: StepRequests) -> BatchMarginals:
         slots = self.slot_of[requests.request_ids]
         marginals, self._target = self.source.draft(slots, self.context_len[slots])
-        self._drafted_for = requests
+        self._drafted_for, self._drafted_slots = requests, slots
         return marginals
 
     def verify_batch(self, requests: StepRequests, trees: TreeBatch) -> BatchVerifyResult:
-        slots = self.slot_of[requests.request_ids]
         target = self._target
-        if target is None or requests is not self._drafted_for:
+        drafted = target is not None and requests is self._drafted_for
+        slots = self._drafted_slots if drafted else self.slot_of[requests.request_ids]
+        if target is None or not drafted:
             if trees.total_nodes != trees.size:
                 raise ConfigError("verify_batch needs the same step's draft_batch first")
             # undrafted root-only trees (target-only AR): one token each, identity unknown

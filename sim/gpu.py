@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -73,8 +74,57 @@ __all__ = [
 ]
 
 Array = npt.NDArray[np.float64]
+T = TypeVar("T")
 
 _NOISE_BLOCK = 1024  # standard normals drawn per numpy call for the pass noise
+
+
+class _Shared:
+    """What every simulated GPU of one (profile, model, drafter, roofline truth, N_max) shares:
+    its pricer and host preparation, pure functions of those, and the noise-free truths it
+    caches (batch-1 tree and causal curves, AR and drafter passes, per context bucket) — so a
+    sweep's second run, or a policy's after AR's, does not price them again."""
+
+    ENTRIES = 4096  # cached truths of one kind (cleared when full)
+
+    def __init__(
+        self, hardware: HardwareProfile, model: ModelSpec, drafter: DrafterSpec, t: GroundTruth
+    ) -> None:
+        self.pricer = PassPricer(hardware, model, drafter, t)
+        self.prep = HostPrep(
+            t, model, drafter, self.pricer.device, self.pricer.options, self.pricer.byte_rate
+        )
+        self.verify: dict[int, Array] = {}
+        self.causal: dict[int, Array] = {}
+        self.ar: dict[int, float] = {}
+        self.draft: dict[int, float] = {}
+
+
+_SHARED: dict[tuple[str, ...], _Shared] = {}  # by the reprs of what defines them
+_SHARED_CONFIGS = 8  # configurations kept (the oldest dropped)
+
+
+def _shared(
+    hardware: HardwareProfile, model: ModelSpec, drafter: DrafterSpec, t: GroundTruth, n: int
+) -> _Shared:
+    """The shared part of a simulated GPU (a measured truth's is its own)."""
+    if t.measured is not None:
+        return _Shared(hardware, model, drafter, t)
+    key = (repr(hardware), repr(model), repr(drafter), repr(t), str(n))
+    hit = _SHARED.get(key)
+    if hit is None:
+        if len(_SHARED) >= _SHARED_CONFIGS:
+            del _SHARED[next(iter(_SHARED))]
+        hit = _SHARED[key] = _Shared(hardware, model, drafter, t)
+    return hit
+
+
+def _remember(cache: dict[int, T], key: int, value: T) -> T:
+    """``cache[key] = value``, the cache cleared first when full."""
+    if len(cache) >= _Shared.ENTRIES:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 @public(seed=integer(0, INT64_LIMIT - 1), max_tree_size=integer(1, MAX_TREE_SIZE))
@@ -91,19 +141,15 @@ class SimulatedGPU:
 
     def __post_init__(self) -> None:
         t = self.truth
-        self.pricer = PassPricer(self.hardware, self.model, self.drafter, t)
+        shared = _shared(self.hardware, self.model, self.drafter, t, self.max_tree_size)
+        self.pricer, self.prep = shared.pricer, shared.prep
         self.device, self.options = self.pricer.device, self.pricer.options
         self.rng = np.random.default_rng([self.seed, 0x6775])
         self._noise_block: list[float] = []
         self._noise_next = 0
         self.sums = BatchSums(t.context_quantum)
-        self.prep = HostPrep(
-            t, self.model, self.drafter, self.device, self.options, self.pricer.byte_rate
-        )
-        self._verify_cache: dict[int, Array] = {}
-        self._causal_cache: dict[int, Array] = {}
-        self._ar_cache: dict[int, float] = {}
-        self._draft_cache: dict[int, float] = {}
+        self._verify_cache, self._causal_cache = shared.verify, shared.causal
+        self._ar_cache, self._draft_cache = shared.ar, shared.draft
         self._measured = t.measured
         # seconds of the last step_s that a real engine's clock does not show its cost model
         # (a measured truth's decode-loop time after the pass); 0 under a roofline truth
@@ -126,7 +172,7 @@ class SimulatedGPU:
         if key not in cache:
             if c < 0:
                 raise ConfigError("every request needs s ≥ 1 tokens and a context c ≥ 0")
-            cache[key] = self.pricer.price_curve(c, tree, self.max_tree_size)
+            return _remember(cache, key, self.pricer.price_curve(c, tree, self.max_tree_size))
         return cache[key]
 
     def verify_curve(self, context_len: int) -> Array:
@@ -207,8 +253,8 @@ class SimulatedGPU:
             hit = self._ar_cache.get(key)
             if hit is None:
                 b, tokens, pairs, kv = self.sums.ar_sums(c)
-                hit = self._ar_cache[key] = self.pricer.price_pass(
-                    b, tokens, pairs, kv, False, pairs
+                hit = _remember(
+                    self._ar_cache, key, self.pricer.price_pass(b, tokens, pairs, kv, False, pairs)
                 )
             return hit
         b, tokens, pairs, kv = self.sums.ar_sums(c)
@@ -238,7 +284,9 @@ class SimulatedGPU:
             key = int(self.sums.quantise_one(float(c.reshape(-1)[0])))
             hit = self._draft_cache.get(key)
             if hit is None:
-                hit = self._draft_cache[key] = self.pricer.price_draft(self.sums.buckets(c))
+                hit = _remember(
+                    self._draft_cache, key, self.pricer.price_draft(self.sums.buckets(c))
+                )
             return hit
         return self.pricer.price_draft(self.sums.buckets(c))
 

@@ -10,6 +10,7 @@ truth"). A measured truth's preparation is :mod:`bastion.sim.measured_truth`'s.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -20,6 +21,22 @@ from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.opcounts import RooflineOptions
 from bastion.sim.batching import quantise
 from bastion.sim.ground_truth import GroundTruth
+
+
+def _tree_sums(
+    s: npt.NDArray[np.float64], contexts: npt.ArrayLike | None, quantum: int
+) -> tuple[float, float, float]:
+    """(Σ s, Σ s², Σ s·c + Σ s²) of a step's trees, contexts quantised (Σ s² without them):
+    whole numbers, so exact however they are summed; one request's in plain floats."""
+    if s.shape[0] == 1 and contexts is not None:  # batch 1: no numpy call
+        n = float(s[0])
+        c = np.asarray(contexts).reshape(-1)
+        if c.shape[0] == 1:
+            square = n * n
+            return n, square, n * float(math.ceil(float(c[0]) / quantum) * quantum) + square
+    square = float(np.dot(s, s))
+    pairs = square if contexts is None else float(np.dot(s, quantise(contexts, quantum))) + square
+    return float(np.add.reduce(s)), square, pairs
 
 
 class HostPrep:
@@ -69,13 +86,7 @@ class HostPrep:
             elif controller and topk:
                 seconds += self._decision_s(b)
         else:
-            nodes = float(np.add.reduce(s))
-            square = float(np.dot(s, s))
-            if contexts is None:
-                pairs = square
-            else:
-                c = quantise(contexts, t.context_quantum)
-                pairs = float(np.dot(s, c)) + square
+            nodes, square, pairs = _tree_sums(s, contexts, t.context_quantum)
             layers = self.model.layers
             moved = min(self.depth + 1.0, nodes / max(b, 1)) * b  # tokens compacted, at most
             # read + write K and V, each element bytes_per_act (2 unless the truth says)

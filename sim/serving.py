@@ -529,7 +529,7 @@ def serve(
             if history:
                 prev_size[ids] = sizes
                 prev_expected[ids] = rec.trees.expected_tokens()
-            done = pool.generated[slots] >= pool.output_len[slots]
+            done = committed >= wanted  # the pool's count reached the output length
             if done.any():
                 for index in ids[done].tolist():
                     decoding.remove(index)

@@ -42,7 +42,15 @@ from bastion.errors import ConfigError
 from bastion.guard import public
 from bastion.sim.workloads import Workload
 
+try:  # the optional compiled kernel (setup.py): a block's arithmetic in one call
+    from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised where no compiler is available
+    _kernel = None
+_draws = getattr(_kernel, "draws", None)
+
 __all__ = ["SyntheticSource"]
+
+_DRAWS_MAX_K = 1024  # the compiled kernel's widest row
 
 IntArray = npt.NDArray[np.int64]
 
@@ -92,6 +100,7 @@ class SyntheticSource:
         self.block_steps = block_steps
         self.temperature = temperature
         self._law = w.rank_alignment(temperature)[None, :, :]  # [1, D, K]: c_r · a_k at T
+        self._law_rows = np.ascontiguousarray(self._law[0], dtype=np.float64)  # [D, K]
         head = np.clip(w.head_curve(), 1e-12, 1.0 - 1e-12)
         self._base_logit = np.log(head / (1.0 - head))
         self._upper = np.triu(np.ones((w.k, w.k)))  # x @ upper: cumulative sums of x's rows
@@ -111,14 +120,16 @@ class SyntheticSource:
     # -- slots ----------------------------------------------------------------------------------
 
     def _grow(self, slots: int) -> None:
-        w, extra = self.workload, slots - self._slots
-        self._probs = np.concatenate((self._probs, np.empty((extra, *self._probs.shape[1:]))))
-        self._target = np.concatenate(
-            (self._target, np.empty((extra, *self._target.shape[1:]), np.int64))
-        )
-        self._cursor = np.concatenate((self._cursor, np.zeros(extra, np.int64)))
-        self._top1 = np.concatenate((self._top1, np.empty((extra, w.depth))))
-        self._rngs.extend([None] * extra)
+        """Room for ``slots`` requests in flight: the blocks of the slots in use are kept, the
+        new ones left unwritten (a block is written whole before it is read)."""
+        w, old = self.workload, self._slots
+        probs = np.empty((slots, *self._probs.shape[1:]))
+        target = np.empty((slots, *self._target.shape[1:]), np.int64)
+        probs[:old], target[:old] = self._probs, self._target  # (nothing to copy at first)
+        self._probs, self._target = probs, target
+        self._cursor = np.concatenate((self._cursor, np.zeros(slots - old, np.int64)))
+        self._top1 = np.concatenate((self._top1, np.empty((slots - old, w.depth))))
+        self._rngs.extend([None] * (slots - old))
         self._slots = slots
 
     def lengths(self, index: int, requested: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -167,11 +178,47 @@ class SyntheticSource:
         head = np.minimum(1.0 / (1.0 + np.exp(-logit)), 1.0 - 1e-12)[:, :, None]  # [S, D, 1]
         u = rng.random((steps, 2 * depth + 5))  # branch: 5 per step; forks: 2 per position
         pick = rng.integers(0, self._bank_size, size=(steps, depth))
+        target_u = rng.random((steps, depth, 1))  # the target's uniforms (used last)
+        length = 1.0 + np.floor(np.log(u[:, 2:3]) / np.log(self._branch_stay))
+        self._cursor[slot] = 0
+        if _draws is not None and w.k <= _DRAWS_MAX_K:  # the rest in one compiled call
+            _draws(
+                self._bank,
+                pick,
+                np.ascontiguousarray(head[:, :, 0]),
+                u,
+                np.ascontiguousarray(length[:, 0]),
+                self._law_rows,
+                np.ascontiguousarray(target_u[:, :, 0]),
+                steps,
+                depth,
+                w.k,
+                self._bank_size,
+                float(w.branch_rate),
+                float(w.fork_rate),
+                float(w.fork_ratio_min),
+                self._probs[slot],
+                self._target[slot],
+            )
+            return
+        self._refill_numpy(slot, head, u, pick, target_u, length)
+
+    def _refill_numpy(
+        self,
+        slot: int,
+        head: npt.NDArray[np.float64],
+        u: npt.NDArray[np.float64],
+        pick: IntArray,
+        target_u: npt.NDArray[np.float64],
+        length: npt.NDArray[np.float64],
+    ) -> None:
+        """:meth:`_refill` from its draws in numpy (the reference of the compiled kernel)."""
+        w = self.workload
+        steps, depth = self.block_steps, w.depth
         cols = np.arange(depth)[None, :]
         # a branch: from depth j0 for L positions, two continuations the drafter cannot tell
         # apart; the target follows one of them (the second with probability v/(1+v))
         start = np.floor(u[:, 1:2] * depth)
-        length = 1.0 + np.floor(np.log(u[:, 2:3]) / np.log(self._branch_stay))
         branch = (u[:, :1] < w.branch_rate) & (cols >= start) & (cols < start + length)
         ratio = w.fork_ratio_min + (1.0 - w.fork_ratio_min) * np.concatenate(
             (np.broadcast_to(u[:, 3:4], (steps, depth)), u[:, 5 + depth :]), axis=1
@@ -222,11 +269,9 @@ class SyntheticSource:
         k = w.k
         cdf = (weights.reshape(-1, k) @ self._upper).reshape(steps, depth, k)
         cdf /= np.maximum(cdf[:, :, -1:], 1.0)
-        target_u = rng.random((steps, depth, 1))
         below = (target_u > cdf).reshape(-1, k).astype(np.float64) @ self._ones
         self._target[slot, :, :depth] = below.reshape(steps, depth)
         self._target[slot, :, depth] = -1
-        self._cursor[slot] = 0
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -236,6 +281,17 @@ class SyntheticSource:
         The second array is ``[B, depth + 1]``: the target's token at positions 1 … depth and
         after them (−1: not drafted, never matched)."""
         del context_lens  # synthetic streams are indexed by step, not by position
+        if slots.shape[0] == 1:  # batch 1: the slot's row, without index arrays
+            slot = int(slots[0])
+            step = int(self._cursor[slot])
+            if step >= self.block_steps:
+                self._refill(slot)
+                step = 0
+            self._cursor[slot] = step + 1
+            probs = self._probs[slot, step][None].copy()
+            if 1 not in self._id_views:
+                self._id_views[1] = np.broadcast_to(self._ids, probs.shape)
+            return BatchMarginals(self._id_views[1], probs), self._target[slot, step][None].copy()
         cursor = self._cursor[slots]
         spent = cursor >= self.block_steps
         if spent.any():

@@ -25,7 +25,18 @@ from bastion.sim.backend import accepted_counts, accepted_counts_numpy
 from bastion.tree import DraftMarginals, DraftTree, best_first_tree
 from tests.strategies import marginals
 
-BATCHED = ["ar", "chain", "chain:3", "fixed:1", "fixed:7", "fixed:40"]
+BATCHED = [
+    "ar",
+    "chain",
+    "chain:3",
+    "fixed:1",
+    "fixed:7",
+    "fixed:40",
+    "beam:1x3",
+    "beam:4x15",
+    "eagle",
+    "eagle:3,4,9",
+]
 
 
 @st.composite

@@ -34,7 +34,7 @@ import numpy.typing as npt
 from bastion.bestfirst import MAX_TREE_SIZE
 from bastion.cost.breakdown import PassShape, RooflineBreakdown
 from bastion.cost.calibration import CalibrationRecord, EmaCorrection, LinearCalibration
-from bastion.cost.curvecache import PricedCurve, cached_entry, check_seconds
+from bastion.cost.curvecache import Memo, PricedCurve, cached_entry, check_seconds, memo_of
 from bastion.cost.drafterpass import DrafterPricer, drafter_pass
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.jointcurve import growth_bound, joint_seconds, joint_shapes
@@ -277,6 +277,10 @@ class RooflineCostModel:
             self._base(np.ones(1), load, masked=False),
             self.draft_s(load),
         )
+
+    def prior_memo(self) -> tuple[tuple[object, ...], Memo]:
+        """(its correction stamp, as ``cost_curve``'s, and this model's memo: see Memo)."""
+        return (self.mode, self.ema.gamma, self.prep_s), memo_of(self)
 
     @public(error=BudgetError, own=("tree_size",))
     def step_cost(self, tree_size: int, load: StepLoad) -> StepCost:

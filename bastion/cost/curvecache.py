@@ -1,5 +1,7 @@
 """A cost-curve cache entry: one situation priced once, corrected and checked once per correction.
 
+Also :class:`Memo`, the store a cost model keeps for prices derived from it alone.
+
 :meth:`bastion.cost.costmodel.RooflineCostModel.cost_curve` keeps one :class:`PricedCurve` per
 situation (context bucket, co-batched load); the entry holds the uncorrected prices, applies the
 model's current correction to them (:meth:`PricedCurve.correct`) and hands out the read-only
@@ -110,3 +112,38 @@ def cached_entry(
     else:
         cache.move_to_end(key)
     return entry
+
+
+class Memo:
+    """Read-only arrays under hashable keys, kept on a cost model (:func:`memo_of`) for prices
+    derived from that model alone: the learning controller's prior at its context anchors
+    (:class:`bastion.learned_prior.PricedPrior`), keyed with the model's correction stamp, so
+    the runs that wrap one model price each anchor once. Emptied beyond ``limit`` bytes."""
+
+    def __init__(self, limit: int = 64 << 20) -> None:
+        self.limit = limit
+        self._store: dict[Hashable, Array] = {}
+        self._bytes = 0
+
+    def get(self, key: Hashable) -> Array | None:
+        return self._store.get(key)
+
+    def put(self, key: Hashable, value: Array) -> Array:
+        """Keep ``value`` (made read-only) under ``key``; returns it."""
+        if self._bytes + value.nbytes > self.limit:
+            self._store.clear()
+            self._bytes = 0
+        value.flags.writeable = False
+        self._store[key] = value
+        self._bytes += value.nbytes
+        return value
+
+
+def memo_of(model: object) -> Memo:
+    """``model``'s :class:`Memo`, made on first use (a model whose inputs other than its
+    correction change after use must be a new model, as for ``cost_curve``'s cache)."""
+    memo: Memo | None = getattr(model, "_memo", None)
+    if memo is None:
+        memo = Memo()
+        model._memo = memo  # type: ignore[attr-defined]
+    return memo

@@ -1,5 +1,8 @@
 """Ĉ of a whole batch along a joint allocation: its pass shapes, their seconds, a growth bound.
 
+Also :func:`joint_pricing`: the coefficients with which the compiled joint budget
+(``paper()``, ``_bestfirst_paper.c``) prices the same curve itself.
+
 :meth:`bastion.cost.costmodel.RooflineCostModel.joint_cost_curve` prices a batch whose trees
 grow one node at a time (:class:`bastion.joint.JointCostModel`). Adding a node to a request that
 has n raises T by 1, the attention pairs (and mask elements) by c_i + 2n + 1 and the KV tokens
@@ -11,12 +14,14 @@ affine pricers' coefficients (:func:`joint_seconds`), and :func:`growth_bound` p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from bastion.cost.breakdown import PassShape
 from bastion.cost.calibration import LinearCalibration
+from bastion.cost.curvecache import memo_of
 from bastion.cost.roofline import LinearPricer
 from bastion.errors import BudgetError
 
@@ -172,3 +177,57 @@ def growth_bound(
     if gamma is not None:
         step *= gamma
     return max(step, 0.0)
+
+
+def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> Array | None:
+    """The 25 numbers ``paper()`` prices a :class:`~bastion.cost.costmodel.RooflineCostModel`'s
+    joint curve from (see ``_bestfirst_paper.c``), for a step of requests with ``contexts``:
+    what :func:`joint_seconds` and :func:`growth_bound` read in the calibrated modes (static,
+    ema+calib) of a dense target, where every count is a whole number. None where the model is
+    not such a model (the caller prices the curve as the model does)."""
+    mode = getattr(model, "mode", None)
+    cal = getattr(model, "calibration", None)
+    if mode not in ("static", "ema+calib") or not isinstance(cal, LinearCalibration):
+        return None
+    if getattr(model, "model", None) is None or model.model.is_moe:
+        return None
+    stamp = (mode, model.ema.gamma, model.prep_s)
+    memo = memo_of(model)
+    fixed = memo.get(("joint-pricing", stamp))
+    if fixed is None:
+        bare = model._pricer(True, tiled=False)
+        tiled = model._pricer(True, tiled=True) if model._tiled is not None else None
+        compute = tiled if tiled is not None else bare
+        (f0, f), (b0, b) = compute.flops, bare.nbytes
+        sums = np.array([f0.sum(), *f.sum(axis=1), b0.sum(), *b.sum(axis=1)], np.float64)
+        if not np.array_equal(sums, np.floor(sums)) or np.any(sums < 0):
+            return None  # counts that are not whole non-negative numbers: numpy's order matters
+        rates = [compute.flop_rate, compute.options.tile_tokens]
+        memory = [bare.byte_rate, bare.options.tile_tokens]
+        coefficients = np.concatenate((sums[:7], rates, sums[7:], memory))
+        no_growth = (
+            bool(np.any(bare.flops[1] < 0) or np.any(b < 0))
+            or (tiled is not None and bool(np.any(f < 0)))
+            or cal.compute.alpha < 0
+            or cal.memory.alpha < 0
+        )
+        gamma = model.ema.gamma if mode == "ema+calib" else 0.0
+        fixed = np.concatenate(
+            (
+                coefficients,
+                [cal.compute.alpha, cal.compute.beta, cal.memory.alpha, cal.memory.beta, gamma],
+                [0.0, 1.0 if no_growth else 0.0],
+            )
+        ).astype(np.float64)
+        fixed = memo.put(("joint-pricing", stamp), fixed)
+    draft = 0.0
+    if model.drafter is not None:  # as joint_cost_curve
+        step = model.context_bucket
+        context_sum = float((-(-contexts.astype(np.int64) // step) * step).sum())
+        draft = model._drafter_pricer().total_s(contexts.shape[0], context_sum)
+    prep = model.prep_s
+    if not (np.isfinite(draft) and draft >= 0 and np.isfinite(prep) and prep >= 0):
+        return None
+    price = fixed.copy()
+    price[23] = draft + prep
+    return price

@@ -1,0 +1,362 @@
+/*
+ * The paper controller's joint budget in one call: paper(), on forest()'s merged chain, its
+ * cost priced here from a calibrated roofline.
+ *
+ * paper(probs, token_ids, depth, k, n_max, total, most, mass, contexts, price)
+ *     -> (status, chosen, more, exhausted, parents, depths, ranks, scores, tokens, offsets,
+ *         a_hat, c_hat, s_hat, L_AR)   (as joint()'s, _bestfirst_joint.c, and the L_AR priced)
+ *
+ * bastion.joint.choose_joint_batch in mode "auto" with the curve
+ * RooflineCostModel.joint_cost_curve prices in its calibrated modes (static, ema+calib) for a
+ * dense target: bastion.cost.jointcurve's joint_shapes, joint_seconds and growth_bound, the
+ * stop rule's bounds and regrowth, node for node and operation for operation. The passes'
+ * features (tokens, padded tokens, attention pairs, KV tokens, mask elements) are whole
+ * numbers and so are the summed per-operator coefficients, so each branch's count is exact
+ * whatever the order numpy's matrix-vector product adds in; a count that would reach 2^53
+ * (not exact) stops the call (status -3). The numpy sums that are not exact (a request's
+ * built mass, the unseen mass over the batch) are numpy's pairwise sums (bf_pairwise).
+ *   mass: B lattice masses (bastion.joint._lattice_mass), or empty: computed here with
+ *     numpy's sums and products in numpy's order; contexts: B bucketed contexts;
+ *   price: 22 doubles: Σ f0, Σ f per feature (6) of the compute branch's pricer (tiled where
+ *     the calibration pads), its FLOP rate and tile; Σ b0, Σ b (6) of the memory branch's
+ *     (bare) pricer, its byte rate and tile; the calibration's α, β of compute then memory;
+ *     γ (0: static mode, no factor); T_draft + T_aux; whether the growth bound applies (1.0:
+ *     no coefficient or α below 0).
+ * status 0: done; -1: a price or bound is not finite and > 0 (the caller prices the chain in
+ * Python, which raises); -3: a count is not exact (the caller runs the Python loop).
+ */
+#include "_bestfirst.h"
+
+#define EXACT 9007199254740992.0 /* 2^53: whole numbers below it add and multiply exactly */
+
+/* numpy's add.reduce of a contiguous float64 array: pairwise, 8 accumulators per block */
+static double bf_pairwise(const double *a, Py_ssize_t n) {
+    if (n < 8) {
+        double res = -0.0;
+        for (Py_ssize_t i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        Py_ssize_t i;
+        for (i = 0; i < 8; i++) r[i] = a[i];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return bf_pairwise(a, n2) + bf_pairwise(a + n2, n - n2);
+}
+
+static double nmax(double a, double b) { return a != a || b != b ? NAN : (a >= b ? a : b); }
+static double nmin(double a, double b) { return a != a || b != b ? NAN : (a <= b ? a : b); }
+
+/* const + features . coefficients (T, padded T, pairs, KV, mask; experts 0). Exact where the
+   caller checked it (exact()): whole numbers whose every partial sum stays below 2^53. */
+static inline double branch(const double *co, double t, double tile, double pairs, double kv,
+                            double mask) {
+    double padded = tile > 0.0 ? ceil(t / tile) * tile : t;
+    return co[0] + t * co[1] + padded * co[2] + pairs * co[3] + kv * co[4] + mask * co[5];
+}
+
+/* whether every pass up to these features (the largest of the chain: each feature grows with
+   it, and the coefficients are whole numbers >= 0) is counted exactly */
+static int exact(const double *pr, double t, double pairs, double kv) {
+    double x[4] = {t, pairs, kv, pr[8] > pr[17] ? pr[8] : pr[17]};
+    for (int i = 0; i < 4; i++)
+        if (!(x[i] >= 0.0 && x[i] < EXACT && x[i] == floor(x[i]))) return 0;
+    double padded = x[3] > 0.0 ? ceil(t / x[3]) * x[3] + x[3] : t; /* >= each padded T */
+    return branch(pr, t, 0.0, pairs, kv, pairs) + padded * pr[2] < EXACT &&
+           branch(pr + 9, t, 0.0, pairs, kv, pairs) + padded * pr[11] < EXACT;
+}
+
+/* a pass's calibrated (compute, memory) seconds */
+static inline void seconds(const double *pr, double t, double pairs, double kv, double mask,
+                           double *compute, double *memory) {
+    *compute = branch(pr, t, pr[8], pairs, kv, mask) / pr[7];
+    *memory = branch(pr + 9, t, pr[17], pairs, kv, mask) / pr[16];
+}
+
+static double calibrated(const double *pr, double compute, double memory) {
+    double v = nmax(pr[18] * compute + pr[19], pr[20] * memory + pr[21]);
+    return pr[22] != 0.0 ? pr[22] * v : v;
+}
+
+/* growth_bound at the chain's end (its seconds given): the rise of the attaining branches per
+   node, at least 0; NaN where neither attains (the caller's max() of nothing raises) */
+static double rise(const double *pr, double c_min, double compute, double memory) {
+    if (pr[24] != 0.0) return 0.0;
+    double inc[6] = {1.0, 0.0, c_min + 3.0, 1.0, c_min + 3.0, 0.0}, dc = 0.0, dm = 0.0;
+    for (int i = 0; i < 5; i++) { /* whole numbers well below 2^53: exact in any order */
+        dc += inc[i] * pr[1 + i];
+        dm += inc[i] * pr[10 + i];
+    }
+    double rise_c = dc / pr[7], rise_m = dm / pr[16];
+    double bc = pr[18] * compute + pr[19], bm = pr[20] * memory + pr[21], step;
+    int up_c = bc >= bm, up_m = bm >= bc;
+    if (up_c && up_m) {
+        double a = pr[18] * rise_c, b = pr[20] * rise_m;
+        step = b > a ? b : a;
+    } else if (up_c) {
+        step = pr[18] * rise_c;
+    } else if (up_m) {
+        step = pr[20] * rise_m;
+    } else {
+        return NAN;
+    }
+    if (pr[22] != 0.0) step *= pr[22];
+    return 0.0 > step ? 0.0 : step;
+}
+
+PyObject *bf_paper(PyObject *self, PyObject *args) {
+    Py_buffer probs, ids, massb, ctxb, priceb;
+    Py_ssize_t depth, k, n_max, total, most;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*nnnnny*y*y*", &probs, &ids, &depth, &k, &n_max, &total,
+                          &most, &massb, &ctxb, &priceb))
+        return NULL;
+    Py_ssize_t b = depth > 0 && k > 0 ? probs.len / (Py_ssize_t)sizeof(double) / depth / k : 0;
+    fentry *heap = NULL;
+    int64_t *count = NULL, *g_req = NULL, *g_pos = NULL, *g_par = NULL, *g_dep = NULL,
+            *g_rnk = NULL, *cap = NULL, *alloc = NULL, *held = NULL, *start = NULL;
+    double *g_sco = NULL, *a_hat = NULL, *c_hat = NULL, *s_hat = NULL, *built = NULL,
+           *own = NULL, *own_mass = NULL;
+    if (depth < 1 || k < 1 || b < 1 || n_max < 1 || total < 0 || most < 0 || depth > INT32_MAX ||
+        k > INT32_MAX || b > INT32_MAX ||
+        !bf_holds_exactly(probs.len, sizeof(double), b, depth, k) ||
+        !bf_holds_exactly(ids.len, sizeof(int64_t), b, depth, k) || most > b * (n_max - 1) ||
+        (massb.len != 0 && massb.len != b * (Py_ssize_t)sizeof(double)) ||
+        ctxb.len != b * (Py_ssize_t)sizeof(double) || priceb.len != 25 * sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "paper: inconsistent sizes");
+        goto done;
+    }
+    if (total > most) total = most;
+    {
+        const double *p = (const double *)probs.buf, *mass = (const double *)massb.buf;
+        const double *c = (const double *)ctxb.buf, *pr = (const double *)priceb.buf;
+        if (massb.len == 0) { /* _lattice_mass: (1 + Σ_d Π_{e<=d} Σ_j p[e, j]) (1 + 1e-9) */
+            own_mass = malloc((size_t)(b + depth) * sizeof(double));
+            if (!own_mass) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            double *rows = own_mass + b;
+            for (Py_ssize_t r = 0; r < b; r++) {
+                for (Py_ssize_t d = 0; d < depth; d++) {
+                    double level = bf_pairwise(p + (r * depth + d) * k, k);
+                    rows[d] = d ? rows[d - 1] * level : level;
+                }
+                own_mass[r] = (1.0 + bf_pairwise(rows, depth)) * (1.0 + 1e-9);
+            }
+            mass = own_mass;
+        }
+        const int64_t *tid = (const int64_t *)ids.buf;
+        size_t cap_nodes = 0;
+        count = calloc((size_t)b, sizeof(int64_t));
+        cap = malloc((size_t)b * sizeof(int64_t));
+        alloc = calloc((size_t)b, sizeof(int64_t));
+        held = malloc((size_t)b * sizeof(int64_t));
+        start = malloc((size_t)(b + 1) * sizeof(int64_t));
+        built = malloc((size_t)b * sizeof(double));
+        if (!count || !cap || !alloc || !held || !start || !built) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        /* joint_shapes: the roots' pairs Σ (c + 1), the smallest context */
+        double pairs0 = 0.0, c_min = c[0];
+        for (Py_ssize_t r = 0; r < b; r++) {
+            pairs0 += c[r] + 1.0; /* whole numbers: exact in numpy's order too */
+            if (c[r] < c_min) c_min = c[r];
+            cap[r] = n_max;
+        }
+        double fixed = pr[23], ar = 0.0, compute, memory;
+        int status = 0, more = 0;
+        Py_ssize_t m = 0, chosen = 0;
+        for (Py_ssize_t r = 0; r < b; r++)
+            if (!(c[r] >= 0.0 && c[r] == floor(c[r]))) status = -3;
+        if (status || !exact(pr, (double)b, pairs0, pairs0)) {
+            status = -3;
+            goto answer;
+        }
+        seconds(pr, (double)b, pairs0, pairs0, 0.0, &compute, &memory);
+        ar = calibrated(pr, compute, memory); /* L_AR: B tokens, unmasked */
+        if (!(isfinite(ar) && ar > 0.0 && isfinite(fixed) && fixed >= 0.0)) {
+            status = -1;
+            goto answer;
+        }
+        for (;;) {
+            if ((size_t)total + 1 > cap_nodes) {
+                cap_nodes = (size_t)total + 1;
+#define GROW(ptr, n)                                          \
+    do {                                                      \
+        void *grown_ = realloc((ptr), (n) * sizeof(*(ptr)));  \
+        if (!grown_) {                                        \
+            PyErr_NoMemory();                                 \
+            goto done;                                        \
+        }                                                     \
+        (ptr) = grown_;                                       \
+    } while (0)
+                GROW(heap, (size_t)b + cap_nodes);
+                GROW(g_req, cap_nodes);
+                GROW(g_pos, cap_nodes);
+                GROW(g_par, cap_nodes);
+                GROW(g_dep, cap_nodes);
+                GROW(g_rnk, cap_nodes);
+                GROW(g_sco, cap_nodes);
+                GROW(a_hat, cap_nodes);
+                GROW(c_hat, cap_nodes);
+                GROW(s_hat, cap_nodes);
+                GROW(own, cap_nodes);
+#undef GROW
+            }
+            m = bf_forest_grow(p, b, depth, k, cap, total, heap, count, g_req, g_pos, g_par, g_dep,
+                               g_rnk, g_sco, &more);
+            /* the chain's passes: a node added to a request holding n raises the pairs by
+               c + 2n + 1 (joint_shapes), priced as joint_seconds, checked as _chain_costs */
+            double pairs = pairs0;
+            for (Py_ssize_t r = 0; r < b; r++) held[r] = 1;
+            for (Py_ssize_t j = 0; j < m; j++) { /* the last pass's features, checked first */
+                Py_ssize_t r = g_req[j];
+                pairs += c[r] + 2.0 * (double)held[r]++ + 1.0;
+            }
+            if (!exact(pr, (double)(b + m), pairs, pairs0 + (double)m)) {
+                status = -3;
+                goto answer;
+            }
+            pairs = pairs0;
+            for (Py_ssize_t r = 0; r < b; r++) held[r] = 1;
+            for (Py_ssize_t j = 0; j <= m; j++) {
+                if (j > 0) {
+                    Py_ssize_t r = g_req[j - 1];
+                    pairs += c[r] + 2.0 * (double)held[r]++ + 1.0;
+                }
+                seconds(pr, (double)(b + j), pairs, pairs0 + (double)j, pairs, &compute, &memory);
+                double verify = calibrated(pr, compute, memory);
+                c_hat[j] = fixed + verify;
+                if (!(isfinite(verify) && verify > 0.0 && isfinite(c_hat[j]) && c_hat[j] > 0.0)) {
+                    status = -1;
+                    goto answer;
+                }
+            }
+            double growth_s = rise(pr, c_min, compute, memory); /* at the chain's end */
+            if (!(isfinite(growth_s) && growth_s >= 0.0)) {
+                status = -1;
+                goto answer;
+            }
+            a_hat[0] = (double)b;
+            for (Py_ssize_t j = 0; j < m; j++) a_hat[j + 1] = a_hat[j] + g_sco[j];
+            chosen = 0;
+            for (Py_ssize_t j = 0; j <= m; j++) {
+                s_hat[j] = a_hat[j] * ar / c_hat[j];
+                if (s_hat[j] > s_hat[chosen]) chosen = j;
+            }
+            if (!more) break;
+            Py_ssize_t growth = 2;
+            int monotone = m > 0;
+            for (Py_ssize_t j = 1; j <= m && monotone; j++) monotone = c_hat[j] >= c_hat[j - 1];
+            if (monotone) {
+                /* each request's built mass: its root, then its nodes in their order (numpy's
+                   reduceat: the first element plus the pairwise sum of the rest) */
+                start[0] = 0;
+                for (Py_ssize_t r = 0; r < b; r++) start[r + 1] = start[r] + count[r] - 1;
+                for (Py_ssize_t r = 0; r < b; r++) held[r] = start[r];
+                for (Py_ssize_t j = 0; j < m; j++) own[held[g_req[j]]++] = g_sco[j];
+                double rho = g_sco[m - 1];
+                for (Py_ssize_t r = 0; r < b; r++) {
+                    double mine = 1.0 + bf_pairwise(own + start[r], start[r + 1] - start[r]);
+                    built[r] = nmin((double)(n_max - count[r]) * rho, nmax(mass[r] - mine, 0.0));
+                }
+                double a_end = a_hat[m], c_end = c_hat[m], s_best = s_hat[chosen];
+                double a_far = (a_end + bf_pairwise(built, b)) * (1.0 + 1e-12);
+                double c_needed = a_far * ar / s_best;
+                if (c_needed <= c_end) break;
+                if (growth_s > 0.0) { /* S(M + k) <= L min(A + k rho, A_far) / (C + k delta) */
+                    double rate = rho * (1.0 + 1e-12), step = growth_s;
+                    double k_star = 1.0;
+                    if (rate > 0.0) {
+                        k_star = (a_far - a_end) / rate;
+                        if (!(k_star > 1.0)) k_star = 1.0; /* max(1.0, x) */
+                    }
+                    double near = (a_end + rate) / (c_end + step);
+                    double reach = a_end + k_star * rate;
+                    double far = (a_far < reach ? a_far : reach) / (c_end + k_star * step);
+                    double best = far > near ? far : near;
+                    if (best * ar <= s_best) break;
+                }
+                Py_ssize_t v = m; /* bastion.joint._growth */
+                if (v >= 2) {
+                    double slope = (c_hat[m] - c_hat[v / 2]) / (double)(v - v / 2);
+                    if (slope <= 0.0) {
+                        growth = 8;
+                    } else {
+                        double target = (double)v + (c_needed - c_hat[m]) / slope;
+                        double g = ceil(target / (double)v);
+                        growth = (Py_ssize_t)(g > 8.0 ? 8.0 : (g < 2.0 ? 2.0 : g));
+                    }
+                }
+            }
+            Py_ssize_t next = growth * total > total + b ? growth * total : total + b;
+            total = next < most ? next : most;
+        }
+    answer:
+        if (status != 0) {
+            result = Py_BuildValue("(innnOOOOOOOOOd)", status, (Py_ssize_t)0, (Py_ssize_t)0,
+                                   (Py_ssize_t)0, Py_None, Py_None, Py_None, Py_None, Py_None,
+                                   Py_None, Py_None, Py_None, Py_None, 0.0);
+            goto done;
+        }
+        int exhausted = !more;
+        for (Py_ssize_t r = 0; r < b; r++) {
+            alloc[r] = 1;
+            if (count[r] >= n_max) exhausted = 0;
+        }
+        for (Py_ssize_t j = 0; j < chosen; j++) alloc[g_req[j]]++;
+        Py_ssize_t n = b + chosen, i8 = sizeof(int64_t), f8 = sizeof(double);
+        PyObject *o[6] = {PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, n * f8),
+                          PyBytes_FromStringAndSize(NULL, n * i8),
+                          PyBytes_FromStringAndSize(NULL, (b + 1) * i8)};
+        if (!o[0] || !o[1] || !o[2] || !o[3] || !o[4] || !o[5]) {
+            for (int i = 0; i < 6; i++) Py_XDECREF(o[i]);
+            goto done;
+        }
+        bf_forest_scatter(b, m, alloc, g_req, g_pos, g_par, g_dep, g_rnk, g_sco, tid, depth, k,
+                          (int64_t *)PyBytes_AS_STRING(o[5]), (int64_t *)PyBytes_AS_STRING(o[0]),
+                          (int64_t *)PyBytes_AS_STRING(o[1]), (int64_t *)PyBytes_AS_STRING(o[2]),
+                          (double *)PyBytes_AS_STRING(o[3]), (int64_t *)PyBytes_AS_STRING(o[4]));
+        result = Py_BuildValue("(innnNNNNNNy#y#y#d)", 0, chosen, (Py_ssize_t)more,
+                               (Py_ssize_t)exhausted, o[0], o[1], o[2], o[3], o[4], o[5],
+                               (char *)a_hat, (m + 1) * f8, (char *)c_hat, (m + 1) * f8,
+                               (char *)s_hat, (m + 1) * f8, ar);
+    }
+done:
+    free(own_mass);
+    free(heap);
+    free(count);
+    free(cap);
+    free(alloc);
+    free(held);
+    free(start);
+    free(built);
+    free(own);
+    free(g_req);
+    free(g_pos);
+    free(g_par);
+    free(g_dep);
+    free(g_rnk);
+    free(g_sco);
+    free(a_hat);
+    free(c_hat);
+    free(s_hat);
+    PyBuffer_Release(&probs);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&massb);
+    PyBuffer_Release(&ctxb);
+    PyBuffer_Release(&priceb);
+    return result;
+}

@@ -1,0 +1,434 @@
+/*
+ * The paper's per-request rule at batch > 1 in one call: request(), each request's
+ * bastion.budget.choose_tree against the batched pass as a calibrated roofline prices it, the
+ * requests in order, each seeing the others' trees as already chosen (the earlier requests)
+ * or as last step's (the later ones) - bastion.engine.PerRequestPolicy running
+ * bastion.policies.AdaptivePolicy.choose (mode auto) on RooflineCostModel.cost_curve.
+ *
+ * request(probs, token_ids, depth, k, n_max, starts, sizes, expected, own, co, price, ops)
+ *     -> (status, parents, depths, ranks, scores, tokens, offsets, built, budgets, diag, ar)
+ *
+ * probs, token_ids: B * depth * k; starts: each request's first budget; sizes, expected: the
+ * requests' loads (bastion.engine.batch_loads); own: each request's bucketed context as its
+ * own (an integer bucket), co: as a co-batched request's (numpy's ceil); price: four branches
+ * - the masked pass's compute (the tiled pricer where the calibration pads) and memory (bare)
+ * branches, then the unmasked pass's (L_AR) - each as 7 rows of `ops` columns (the constant,
+ * then per feature: T, padded T, attention pairs, KV tokens, mask elements, experts), its
+ * distinct non-zero operator columns first; then each branch's operator -> column map (`ops`
+ * numbers, -1: a zero column) and its count of distinct columns; then 11 numbers: the FLOP
+ * and byte rates, the compute and memory tiles, the calibration's alpha and beta of compute
+ * then memory, gamma (0: static), T_draft, T_aux.
+ * A row of the curve is RooflineCostModel._base's calibrated branch: per operator
+ * (const + features . coefficients) / rate - whole numbers below 2^53 (checked at the
+ * largest row: status -3 where not), so exact in any order - summed over the operators as
+ * numpy sums a row (bf_pairwise), then the calibration's max and gamma.
+ * Outputs: the chosen trees concatenated (tokens: the roots' -1) with B + 1 offsets; per
+ * request the nodes built and the budget of its last round, its a_hat, c_hat, s_hat (built
+ * entries each, concatenated in diag request after request) and L_AR. status 0: done; -1: a
+ * price is not finite and > 0 (the caller's Python loop raises); -3: not exact.
+ */
+#include "_bestfirst.h"
+
+#include <string.h>
+
+#define EXACT 9007199254740992.0 /* 2^53 */
+#define RULE_BOUNDED 2
+
+/* numpy's add.reduce of a contiguous float64 array (as bf_pairwise in _bestfirst_paper.c):
+   pairwise, 8 accumulators per block of at most 128 */
+static inline double pairwise_block(const double *a, Py_ssize_t n) {
+    if (n < 8) {
+        double res = -0.0;
+        for (Py_ssize_t i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    double r0 = a[0], r1 = a[1], r2 = a[2], r3 = a[3], r4 = a[4], r5 = a[5], r6 = a[6],
+           r7 = a[7];
+    Py_ssize_t i;
+    for (i = 8; i < n - (n % 8); i += 8) {
+        r0 += a[i];
+        r1 += a[i + 1];
+        r2 += a[i + 2];
+        r3 += a[i + 3];
+        r4 += a[i + 4];
+        r5 += a[i + 5];
+        r6 += a[i + 6];
+        r7 += a[i + 7];
+    }
+    double res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7));
+    for (; i < n; i++) res += a[i];
+    return res;
+}
+
+static double pairwise(const double *a, Py_ssize_t n) {
+    if (n <= 128) return pairwise_block(a, n);
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pairwise(a, n2) + pairwise(a + n2, n - n2);
+}
+
+typedef struct {
+    const double *branch[4]; /* masked compute, masked memory, unmasked compute, memory */
+    const int32_t *map[4];   /* operator -> distinct column (-1: zero) */
+    Py_ssize_t unique[4];    /* distinct columns */
+    Py_ssize_t ops;
+    double rate[2], tile[2], ac, bc, am, bm, gamma;
+} pricing;
+
+#if defined(__GNUC__) || defined(__clang__)
+typedef double v2d __attribute__((vector_size(16))); /* two lanes: SSE2 / NEON */
+#define V2 1
+#else
+#define V2 0
+#endif
+/* the quotients (const + x . coefficients) / rate of the distinct columns j < u: each
+   numerator a whole number (exact), each quotient the IEEE one, one lane or several alike */
+static void quotients(const double *co, Py_ssize_t u, Py_ssize_t ops, const double *x,
+                      double rate, double *q) {
+    Py_ssize_t j = 0;
+#if V2
+    v2d x0 = {x[0], x[0]}, x1 = {x[1], x[1]}, x2 = {x[2], x[2]}, x3 = {x[3], x[3]};
+    v2d x4 = {x[4], x[4]}, r = {rate, rate};
+    for (; j + 2 <= u; j += 2) {
+        v2d c[6], quotient;
+        for (int f = 0; f < 6; f++) memcpy(&c[f], co + f * ops + j, sizeof(v2d));
+        quotient = (c[0] + x0 * c[1] + x1 * c[2] + x2 * c[3] + x3 * c[4] + x4 * c[5]) / r;
+        memcpy(q + j, &quotient, sizeof(v2d));
+    }
+#endif
+    for (; j < u; j++)
+        q[j] = (co[j] + x[0] * co[ops + j] + x[1] * co[2 * ops + j] + x[2] * co[3 * ops + j] +
+                x[3] * co[4 * ops + j] + x[4] * co[5 * ops + j]) /
+               rate;
+}
+
+/* Σ_op of a branch's quotients as numpy sums a row (operators with one column share its
+   quotient; a zero column's is 0.0) */
+static double branch_s(const double *co, const int32_t *map, Py_ssize_t u, Py_ssize_t ops,
+                       const double *x, double rate, double *q, double *tmp) {
+    quotients(co, u, ops, x, rate, q);
+    for (Py_ssize_t op = 0; op < ops; op++) tmp[op] = map[op] >= 0 ? q[map[op]] : 0.0;
+    return ops <= 128 ? pairwise_block(tmp, ops) : pairwise(tmp, ops);
+}
+
+/* whether a pass's every operator count is below 2^53 in both branches (a whole number then:
+   the features are); the counts grow with every feature, so the largest pass decides */
+static int exact_pass(const pricing *pr, int masked, double t, double pairs, double kv,
+                      double mask) {
+    for (int b = 0; b < 2; b++) {
+        const double *co = pr->branch[(masked ? 0 : 2) + b];
+        double tile = pr->tile[b], x[5] = {t, tile > 0.0 ? ceil(t / tile) * tile : t, pairs,
+                                           kv, mask};
+        if (!(t < EXACT && pairs < EXACT && kv < EXACT && mask < EXACT)) return 0;
+        for (Py_ssize_t op = 0; op < pr->unique[(masked ? 0 : 2) + b]; op++) {
+            double num = co[op];
+            for (int f = 0; f < 5; f++) num += x[f] * co[(f + 1) * pr->ops + op];
+            if (!(num < EXACT)) return 0;
+        }
+    }
+    return 1;
+}
+
+/* one pass's calibrated (and corrected) seconds: T tokens, pairs, KV tokens, mask elements;
+   `masked` picks the branches */
+static double pass_s(const pricing *pr, int masked, double t, double pairs, double kv,
+                     double mask, double *tmp) {
+    double s[2];
+    for (int b = 0; b < 2; b++) {
+        double tile = pr->tile[b];
+        double x[5] = {t, tile > 0.0 ? ceil(t / tile) * tile : t, pairs, kv, mask};
+        int at = (masked ? 0 : 2) + b;
+        s[b] = branch_s(pr->branch[at], pr->map[at], pr->unique[at], pr->ops, x, pr->rate[b],
+                        tmp + pr->ops, tmp);
+    }
+    double cc = pr->ac * s[0] + pr->bc, mm = pr->am * s[1] + pr->bm;
+    double v = cc != cc || mm != mm ? NAN : (cc >= mm ? cc : mm); /* np.maximum */
+    return pr->gamma != 0.0 ? pr->gamma * v : v;
+}
+
+static int whole(double x) { return x >= 0.0 && x < EXACT && x == floor(x); }
+
+/* the request's curve, rows [*priced, upto) priced into v (row N at v[N - 1]) */
+typedef struct {
+    double c, s_o, p_o, kv_o;
+} situation;
+
+static double row_s(const pricing *pr, const situation *st, Py_ssize_t row, double *tm) {
+    double nn = (double)row, pairs = nn * (st->c + nn) + st->p_o;
+    return pass_s(pr, 1, nn + st->s_o, pairs, st->c + nn + st->kv_o, pairs, tm);
+}
+
+static void price_to(const pricing *pr, const situation *st, double *v, Py_ssize_t *priced,
+                     Py_ssize_t upto, double *tm) {
+    for (Py_ssize_t row = *priced + 1; row <= upto; row++) v[row - 1] = row_s(pr, st, row, tm);
+    if (upto > *priced) *priced = upto;
+}
+
+/* One growth round of choose_tree (bf_size_round, rule bounded) where the curve is proved
+   non-decreasing and positive beyond its priced rows (every count and coefficient >= 0, both
+   alphas and gamma >= 0, and the first `budget` rows valid): the rows past the tree are priced
+   only as far as the stop test needs them: the bound is at least its last term (the far
+   one, one row) and its other terms are at most (A_o + A_top) / (T + v[n - 1]), A_top the
+   most their Â reaches, so these settle the test unless the exact bound lies between (then
+   the rows are priced). The same status, tree and curves as bf_size_round on the whole
+   curve. */
+static int lazy_round(const pricing *pr, const situation *st, const double *p,
+                      const int64_t *tid, Py_ssize_t depth, Py_ssize_t k, Py_ssize_t budget,
+                      Py_ssize_t ahead, Py_ssize_t n_max, double draft, double prep, double dp,
+                      double ar, double base, double a_ceiling, double *v, Py_ssize_t *priced,
+                      int64_t *ints, double *floats, entry *heap, double *tm, Py_ssize_t *n_out,
+                      Py_ssize_t *chosen_out) {
+    price_to(pr, st, v, priced, budget, tm);
+    int ok = isfinite(draft) && draft >= 0 && isfinite(prep) && prep >= 0 && isfinite(ar) &&
+             ar > 0;
+    int monotone = 1;
+    for (Py_ssize_t i = 0; ok && i < budget; i++) {
+        double c = dp + v[i];
+        ok = isfinite(c) && c > 0.0;
+        if (i > 0 && !(c - (dp + v[i - 1]) >= 0.0)) monotone = 0;
+    }
+    *n_out = *chosen_out = 0;
+    if (!ok) return -1;
+    int64_t *parents = ints, *dep = parents + budget, *ranks = dep + budget,
+            *tokens = ranks + budget;
+    double *scores = floats, *a_hat = scores + budget, *c_hat = a_hat + budget,
+           *s_hat = c_hat + budget;
+    Py_ssize_t n = bf_build_one(p, depth, k, budget, heap, parents, dep, ranks, scores);
+    double a = 0.0;
+    tokens[0] = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i > 0) tokens[i] = tid[(dep[i] - 1) * k + ranks[i]];
+        a = i > 0 ? a + scores[i] : scores[0];
+        a_hat[i] = a;
+        c_hat[i] = dp + v[i];
+        s_hat[i] = (base + a) * ar / c_hat[i];
+    }
+    Py_ssize_t best = 0;
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (s_hat[i] > s_hat[best]) best = i;
+    *n_out = n;
+    *chosen_out = best + 1;
+    if (n < budget || budget >= n_max) return 1;
+    if (!monotone) return 0;
+    double rho = scores[n - 1], a_n = a_hat[n - 1];
+    double a_far = a_n + (double)(n_max - n) * rho, a_top = a_n + (double)(ahead - n) * rho;
+    if (a_ceiling < a_far) a_far = a_ceiling;
+    if (a_ceiling < a_top) a_top = a_ceiling;
+    double far = (base + a_far) / (dp + (ahead > *priced ? row_s(pr, st, ahead, tm)
+                                                         : v[ahead - 1]));
+    if (far * ar > s_hat[best]) return 0; /* the bound is at least its last term */
+    double near = (base + a_top) / (dp + v[n - 1]); /* and every other term at most this */
+    if ((near > far ? near : far) * ar <= s_hat[best]) return 1;
+    price_to(pr, st, v, priced, ahead, tm);
+    double bound = 0.0;
+    for (Py_ssize_t j = n + 1; j <= ahead; j++) {
+        double an = a_n + (double)(j - n) * rho;
+        if (an > a_ceiling) an = a_ceiling;
+        double q = (base + an) / (dp + v[j - 1]);
+        if (q > bound) bound = q;
+    }
+    if (far > bound) bound = far;
+    return bound * ar <= s_hat[best];
+}
+
+/* a growable buffer of n elements of `size` bytes */
+static int reserve(void **buf, size_t *cap, size_t n, size_t size) {
+    if (n <= *cap) return 1;
+    size_t want = *cap ? *cap : 64;
+    while (want < n) want *= 2;
+    void *grown = realloc(*buf, want * size);
+    if (!grown) return 0;
+    *buf = grown;
+    *cap = want;
+    return 1;
+}
+
+PyObject *bf_request(PyObject *self, PyObject *args) {
+    Py_buffer probs, ids, startb, sizeb, expb, ownb, cob, priceb;
+    Py_ssize_t depth, k, n_max, ops;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*nnny*y*y*y*y*y*n", &probs, &ids, &depth, &k, &n_max,
+                          &startb, &sizeb, &expb, &ownb, &cob, &priceb, &ops))
+        return NULL;
+    Py_ssize_t b = depth > 0 && k > 0 ? probs.len / (Py_ssize_t)sizeof(double) / depth / k : 0;
+    Py_ssize_t f8 = sizeof(double), i8 = sizeof(int64_t);
+    void *v = NULL, *tmp = NULL, *ints = NULL, *floats = NULL, *heap = NULL;
+    void *o_int[4] = {NULL, NULL, NULL, NULL}, *o_sco = NULL, *o_diag = NULL;
+    size_t cap_v = 0, cap_t = 0, cap_i = 0, cap_f = 0, cap_h = 0, cap_o = 0, cap_d = 0;
+    size_t cap_o1 = 0, cap_o2 = 0, cap_o3 = 0, cap_s = 0;
+    int64_t *offsets = NULL, *built = NULL, *budgets = NULL, *sizes = NULL;
+    double *expected = NULL, *ars = NULL;
+    if (depth < 1 || k < 1 || b < 2 || n_max < 1 || n_max > INT32_MAX / 4 || ops < 1 ||
+        !bf_holds_exactly(probs.len, f8, b, depth, k) ||
+        !bf_holds_exactly(ids.len, i8, b, depth, k) || startb.len != b * i8 ||
+        sizeb.len != b * i8 || expb.len != b * f8 || ownb.len != b * f8 || cob.len != b * f8 ||
+        priceb.len != (32 * ops + 15) * f8) {
+        PyErr_SetString(PyExc_ValueError, "request: inconsistent sizes");
+        goto done;
+    }
+    offsets = malloc((size_t)(b + 1) * sizeof(int64_t));
+    built = malloc((size_t)b * sizeof(int64_t));
+    budgets = malloc((size_t)b * sizeof(int64_t));
+    sizes = malloc((size_t)b * sizeof(int64_t));
+    expected = malloc((size_t)b * sizeof(double));
+    ars = malloc((size_t)b * sizeof(double));
+    if (!offsets || !built || !budgets || !sizes || !expected || !ars ||
+        !reserve(&tmp, &cap_t, (size_t)(4 * ops), sizeof(double))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    {
+        const double *p = (const double *)probs.buf, *own = (const double *)ownb.buf;
+        const double *co = (const double *)cob.buf, *pc = (const double *)priceb.buf;
+        const int64_t *tid = (const int64_t *)ids.buf, *starts = (const int64_t *)startb.buf;
+        const double *maps = pc + 28 * ops, *counts = maps + 4 * ops, *sc = counts + 4;
+        int32_t *imap = (int32_t *)((double *)tmp + 2 * ops); /* after pass_s's 2 ops */
+        pricing pr = {{pc, pc + 7 * ops, pc + 14 * ops, pc + 21 * ops},
+                      {imap, imap + ops, imap + 2 * ops, imap + 3 * ops},
+                      {(Py_ssize_t)counts[0], (Py_ssize_t)counts[1], (Py_ssize_t)counts[2],
+                       (Py_ssize_t)counts[3]},
+                      ops,
+                      {sc[0], sc[1]},
+                      {sc[2], sc[3]},
+                      sc[4], sc[5], sc[6], sc[7], sc[8]};
+        for (int f = 0; f < 4; f++) {
+            if (pr.unique[f] < 0 || pr.unique[f] > ops) {
+                PyErr_SetString(PyExc_ValueError, "request: bad column counts");
+                goto done;
+            }
+            for (Py_ssize_t op = 0; op < ops; op++) {
+                double m = maps[f * ops + op];
+                if (!(m >= -1.0 && m < (double)pr.unique[f] && m == floor(m))) {
+                    PyErr_SetString(PyExc_ValueError, "request: bad operator map");
+                    goto done;
+                }
+                imap[f * ops + op] = (int32_t)m;
+            }
+        }
+        double draft = sc[9], prep = sc[10], dp = draft + prep, a_ceiling = depth + 1.0;
+        /* the curve never falls and stays positive beyond its priced rows (see lazy_round) */
+        int proof = pr.ac >= 0.0 && pr.am >= 0.0 && pr.gamma >= 0.0 && pr.rate[0] > 0.0 &&
+                    pr.rate[1] > 0.0;
+        int status = 0, exact = 1;
+        memcpy(sizes, sizeb.buf, (size_t)b * sizeof(int64_t));
+        memcpy(expected, expb.buf, (size_t)b * sizeof(double));
+        for (Py_ssize_t i = 0; i < b; i++)
+            if (!whole(own[i]) || !whole(co[i]) || sizes[i] < 1 || starts[i] < 1) exact = 0;
+        Py_ssize_t at = 0, at_diag = 0;
+        offsets[0] = 0;
+        for (Py_ssize_t j = 0; j < b && exact && !status; j++) {
+            /* the co-batched loads (RooflineCostModel._shape: whole numbers) and their Â in
+               order (StepLoad.co_batched_tokens) */
+            double s_o = 0.0, p_o = 0.0, kv_o = 0.0, base = 0.0, c = own[j];
+            for (Py_ssize_t i = 0; i < b; i++) {
+                if (i == j) continue;
+                double si = (double)sizes[i];
+                s_o += si;
+                p_o += si * (co[i] + si);
+                kv_o += co[i] + si;
+                base += expected[i];
+            }
+            double *tm = (double *)tmp;
+            situation here = {c, s_o, p_o, kv_o};
+            exact = exact_pass(&pr, 0, 1.0 + s_o, 1.0 * (c + 1.0) + p_o, c + 1.0 + kv_o, 0.0);
+            double ar = pass_s(&pr, 0, 1.0 + s_o, 1.0 * (c + 1.0) + p_o, c + 1.0 + kv_o, 0.0, tm);
+            if (!(isfinite(ar) && ar > 0.0)) status = -1;
+            Py_ssize_t budget = starts[j] < n_max ? starts[j] : n_max, priced = 0, n = 0;
+            Py_ssize_t chosen = 0;
+            while (exact && !status) {
+                Py_ssize_t ahead = 2 * budget < n_max ? 2 * budget : n_max;
+                if (!reserve(&v, &cap_v, (size_t)ahead, sizeof(double)) ||
+                    !reserve(&ints, &cap_i, (size_t)(4 * budget), sizeof(int64_t)) ||
+                    !reserve(&floats, &cap_f, (size_t)(4 * budget), sizeof(double)) ||
+                    !reserve(&heap, &cap_h, (size_t)(2 * budget + 2), sizeof(entry))) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                double top = (double)ahead, top_pairs = top * (c + top) + p_o;
+                if (ahead > priced && !exact_pass(&pr, 1, top + s_o, top_pairs, c + top + kv_o,
+                                                  top_pairs)) {
+                    exact = 0;
+                    break;
+                }
+                int st;
+                if (proof) {
+                    st = lazy_round(&pr, &here, p + j * depth * k, tid + j * depth * k, depth, k,
+                                    budget, ahead, n_max, draft, prep, dp, ar, base, a_ceiling,
+                                    (double *)v, &priced, (int64_t *)ints, (double *)floats,
+                                    (entry *)heap, tm, &n, &chosen);
+                } else {
+                    price_to(&pr, &here, (double *)v, &priced, ahead, tm);
+                    st = bf_size_round(p + j * depth * k, tid + j * depth * k, depth, k, budget,
+                                       ahead, n_max, RULE_BOUNDED, -1, (const double *)v, draft,
+                                       prep, dp, ar, base, a_ceiling, (int64_t *)ints,
+                                       (double *)floats, (entry *)heap, &n, &chosen);
+                }
+                if (st < 0) status = -1;
+                if (st != 0) break;
+                budget = 2 * budget < n_max ? 2 * budget : n_max;
+            }
+            if (!exact) status = -3;
+            if (status) break;
+            /* the chosen tree and the round's curves, out; this request's load updated */
+            int64_t *in = (int64_t *)ints;
+            double *fl = (double *)floats;
+            if (!reserve(&o_int[0], &cap_o, (size_t)(at + chosen), sizeof(int64_t)) ||
+                !reserve(&o_int[1], &cap_o1, (size_t)(at + chosen), sizeof(int64_t)) ||
+                !reserve(&o_int[2], &cap_o2, (size_t)(at + chosen), sizeof(int64_t)) ||
+                !reserve(&o_int[3], &cap_o3, (size_t)(at + chosen), sizeof(int64_t)) ||
+                !reserve(&o_sco, &cap_s, (size_t)(at + chosen), sizeof(double)) ||
+                !reserve(&o_diag, &cap_d, (size_t)(at_diag + 3 * n), sizeof(double))) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (int f = 0; f < 4; f++) /* parents, depths, ranks, tokens */
+                memcpy((int64_t *)o_int[f] + at, in + f * budget, (size_t)chosen * sizeof(int64_t));
+            memcpy((double *)o_sco + at, fl, (size_t)chosen * sizeof(double));
+            for (int f = 0; f < 3; f++) /* a_hat, c_hat, s_hat */
+                memcpy((double *)o_diag + at_diag + f * n, fl + (f + 1) * budget,
+                       (size_t)n * sizeof(double));
+            sizes[j] = chosen;
+            expected[j] = pairwise(fl, chosen); /* float(tree.scores.sum()) */
+            built[j] = n;
+            budgets[j] = budget;
+            ars[j] = ar;
+            at += chosen;
+            at_diag += 3 * n;
+            offsets[j + 1] = at;
+        }
+        if (status) {
+            result = Py_BuildValue("(iOOOOOOOOOO)", status, Py_None, Py_None, Py_None, Py_None,
+                                   Py_None, Py_None, Py_None, Py_None, Py_None, Py_None);
+            goto done;
+        }
+        result = Py_BuildValue(
+            "(iy#y#y#y#y#y#y#y#y#y#)", 0, (char *)o_int[0], at * i8, (char *)o_int[1], at * i8,
+            (char *)o_int[2], at * i8, (char *)o_sco, at * f8, (char *)o_int[3], at * i8,
+            (char *)offsets, (b + 1) * i8, (char *)built, b * i8, (char *)budgets, b * i8,
+            (char *)o_diag, at_diag * f8, (char *)ars, b * f8);
+    }
+done:
+    free(v);
+    free(tmp);
+    free(ints);
+    free(floats);
+    free(heap);
+    for (int f = 0; f < 4; f++) free(o_int[f]);
+    free(o_sco);
+    free(o_diag);
+    free(offsets);
+    free(built);
+    free(budgets);
+    free(sizes);
+    free(expected);
+    free(ars);
+    PyBuffer_Release(&probs);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&startb);
+    PyBuffer_Release(&sizeb);
+    PyBuffer_Release(&expb);
+    PyBuffer_Release(&ownb);
+    PyBuffer_Release(&cob);
+    PyBuffer_Release(&priceb);
+    return result;
+}

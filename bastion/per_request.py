@@ -1,0 +1,119 @@
+"""The paper's per-request rule at batch > 1 in one compiled call (``bastion:per-request``).
+
+:class:`bastion.policies.AdaptivePolicy` with ``joint=False`` runs its single-request
+controller (:func:`bastion.budget.choose_tree`) once per request of a batched step, in order,
+each against the whole pass: the others' trees as already chosen this step, or as last step's
+(:class:`bastion.engine.PerRequestPolicy`). With B requests that is B cost curves priced and B
+controller loops per step. ``request()`` (``_bestfirst_request.c``) does all of it in one call
+where the cost model is a calibrated roofline of a dense target
+(:func:`bastion.cost.requestprice.request_pricing`), pricing each curve itself — the same trees
+and diagnostics, bit for bit (``tests/test_per_request_compiled.py``); elsewhere
+:func:`choose_per_request` returns None and the policy runs the rule in Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bastion.batch import BatchMarginals, TreeBatch
+from bastion.bestfirst import MAX_TREE_SIZE
+from bastion.budget import BudgetDiagnostics
+from bastion.cost.requestprice import request_pricing
+from bastion.engine import load_arrays
+from bastion.interfaces import BatchChoice, BatchPolicyContext
+
+try:  # the optional compiled kernel (setup.py)
+    from bastion import _bestfirst as _compiled  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised where no compiler is available
+    _compiled = None
+
+__all__ = ["choose_per_request"]
+
+
+def choose_per_request(
+    policy: Any, marginals: BatchMarginals, context: BatchPolicyContext
+) -> BatchChoice | None:
+    """``PerRequestPolicy(policy).choose_batch(marginals, context)`` for an
+    :class:`~bastion.policies.AdaptivePolicy` in one compiled call, or None where it does not
+    apply (then run that)."""
+    kernel = getattr(_compiled, "request", None)
+    req, model = context.requests, context.cost_model
+    probs = marginals.probs
+    if kernel is None or policy.mode != "auto" or req.size < 2 or probs.ndim != 3:
+        return None
+    n_max = int(policy.n_max)
+    if not 1 <= n_max <= MAX_TREE_SIZE or probs.shape[0] != req.size or not probs.size:
+        return None
+    priced = request_pricing(model)
+    if priced is None:
+        return None
+    fixed, ops = priced
+    contexts = req.context_lens
+    sizes, expected = load_arrays(req)
+    if (
+        contexts.dtype.kind not in "iu"
+        or contexts.min() < 0
+        or sizes.min() < 1
+        or not np.all(np.isfinite(expected) & (expected >= 0))
+    ):
+        return None  # the Python rule refuses these loads with its own error
+    step = model.context_bucket  # type: ignore[union-attr]
+    own = (-(-contexts.astype(np.int64) // step) * step).astype(np.float64)
+    draft = 0.0
+    if model.drafter is not None:  # type: ignore[union-attr]  # as RooflineCostModel.draft_s
+        draft = model._drafter_pricer().total_s(req.size, int(own.sum()))  # type: ignore[union-attr]
+    previous = req.previous_tree_sizes
+    starts = np.where(previous > 0, np.maximum(64, 2 * previous), policy.initial_budget)
+    depth, k = probs.shape[1:]
+    out = kernel(
+        np.ascontiguousarray(probs, np.float64),
+        np.ascontiguousarray(marginals.token_ids, np.int64),
+        depth,
+        k,
+        n_max,
+        np.ascontiguousarray(starts, np.int64),
+        np.ascontiguousarray(sizes, np.int64),
+        np.ascontiguousarray(expected, np.float64),
+        own,
+        np.ceil(contexts.astype(np.float64) / step) * step,
+        np.concatenate((fixed, [draft, model.prep_s])),  # type: ignore[union-attr]
+        ops,
+    )
+    if out[0] != 0:
+        return None
+    frombuffer = np.frombuffer
+    par, dep, rnk, sco, tok, off, built, budgets, diag, ar = out[1:]
+    offsets = frombuffer(off, np.int64)
+    trees = TreeBatch(
+        offsets,
+        frombuffer(par, np.int64),
+        frombuffer(tok, np.int64),
+        frombuffer(dep, np.int64),
+        frombuffer(sco, np.float64),
+        frombuffer(rnk, np.int64),
+    )
+    curves = frombuffer(diag, np.float64)
+    diagnostics, at = [], 0
+    for n, budget, c, ar_s in zip(
+        frombuffer(built, np.int64).tolist(),
+        frombuffer(budgets, np.int64).tolist(),
+        np.diff(offsets).tolist(),
+        frombuffer(ar, np.float64).tolist(),
+        strict=True,
+    ):
+        diag = object.__new__(BudgetDiagnostics)  # the dataclass's fields, set as its __init__
+        diag.__dict__.update(  # would (a frozen dataclass: its __setattr__ refuses them)
+            tree_size=c,
+            mode="bounded",
+            a_hat=curves[at : at + n],
+            c_hat=curves[at + n : at + 2 * n],
+            s_hat=curves[at + 2 * n : at + 3 * n],
+            ar_step_s=ar_s,
+            exhausted=n < budget,
+            capped=(c == n == n_max),
+        )
+        diagnostics.append(diag)
+        at += 3 * n
+    return BatchChoice(trees, diagnostics)
