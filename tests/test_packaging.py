@@ -15,8 +15,10 @@ PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isol
 
 
 def _big(directory: str, names: list[str]) -> set[str]:
-    """Results and caches are not needed to build the wheel."""
-    skip = {"docs": {"experiments", "figures"}, ROOT.name: {"out", ".mypy_cache", ".ruff_cache"}}
+    """Results and caches are not needed to build the wheel (and the tests' own caches change
+    while other test processes run)."""
+    caches = {"out", ".mypy_cache", ".ruff_cache", ".hypothesis", ".pytest_cache"}
+    skip = {"docs": {"experiments", "figures"}, ROOT.name: caches}
     return set(names) & skip.get(Path(directory).name, set())
 
 

@@ -38,7 +38,7 @@ def simulated(rows: list[dict]) -> list[dict]:  # type: ignore[type-arg]
 
 
 def test_two_node_cluster_runs_plugins_from_the_users_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_ray: None
 ) -> None:
     user = tmp_path / "user"
     (user / "plugins").mkdir(parents=True)

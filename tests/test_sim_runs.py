@@ -223,7 +223,7 @@ def test_interrupted_experiment_resumes_without_recomputing(
     assert simulated(rows) == simulated(reference)
 
 
-def test_ray_executor_matches_serial(tmp_path: Path) -> None:
+def test_ray_executor_matches_serial(tmp_path: Path, local_ray: None) -> None:
     pytest.importorskip("ray")
     runs = tiny_runs(True)[:2]
     serial = experiments.run_all(runs, RunStore(tmp_path / "s"), "serial")
