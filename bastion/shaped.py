@@ -22,9 +22,7 @@ try:  # the optional compiled kernel (setup.py); None without a C compiler
 except ImportError:  # pragma: no cover - exercised where no compiler is available
     _compiled = None
 
-__all__: list[
-    str
-] = []  # a part of the beam and EAGLE policies' choose_batch (bastion.policies), public there
+__all__: list[str] = []  # a part of BeamPolicy's and EaglePolicy's choose_batch, public there
 
 
 _WIDEST = 1 << 20  # the kernel's limit on a beam's width or EAGLE's top-k
