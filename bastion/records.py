@@ -111,7 +111,12 @@ FIELDS: dict[str, Field] = {
     "arrival_s": Field(_S, _N, "when the request reached the server, from the run's start"),
     "first_token_s": Field(_S, _N, "when its first output token was produced"),
     "finish_s": Field(_S, _N, "when its last output token was produced"),
-    "prompt_len": Field("tokens", _I, "prompt tokens"),
+    "prompt_len": Field(
+        "tokens",
+        _I,
+        "prompt tokens of a request (a run's spec: the override for every request; null: the "
+        "workload's)",
+    ),
     "output_len": Field(
         "tokens",
         _I,

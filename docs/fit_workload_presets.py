@@ -15,6 +15,10 @@ which the qwen3-8b presets share.
   Nothing of the paper is left to hold out for this family.
 - qwen3-8b-chat: not fitted to the paper (it gives no chat acceptance in its text): the
   qwen3-8b fork rate, and a level giving chain τ 3.5 (the earlier preset's value).
+- llama-3.1-8b-long: nothing fitted. Long-document prompts (median 16k tokens, log-normal
+  σ 0.7, clipped to 128k: the model's context) with short answers (median 256); its acceptance
+  is the chat preset's, as read from workloads/qwen3-8b-chat.toml (an assumption: no published
+  acceptance of a DFlash drafter on long inputs). ``--only long`` writes just this file.
 
 Each file gets a ``[fit]`` table and ``[[fit.check]]`` rows: τ as the preset gives it
 (2048 requests × 32 steps, seed 0), which tests/test_workloads.py holds it to.
@@ -29,7 +33,7 @@ import math
 from pathlib import Path
 
 from bastion.sim.workload_fit import Target, fit_to_targets, synthetic_tau
-from bastion.sim.workloads import Workload, write_workload
+from bastion.sim.workloads import Workload, read_workload_file, write_workload
 
 SHAPE = {
     "decay": 1.0,
@@ -103,7 +107,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("workloads"))
     parser.add_argument("--requests", type=int, default=1024, help="synthetic requests per fit")
+    parser.add_argument(
+        "--only", choices=("long",), help="write only this preset (it fits nothing: seconds)"
+    )
     args = parser.parse_args()
+    if args.only == "long":
+        _long_context(args.out)
+        return
     shape_note = "shape parameters are assumptions shared by every preset (docs/workloads.md)"
 
     # Qwen3-Coder-30B-A3B on HumanEval / LiveCodeBench / MBPP
@@ -232,6 +242,45 @@ def main() -> None:
         },
     )
     print("chat", chat.top1)
+    _long_context(args.out)
+
+
+def _long_context(out: Path) -> None:
+    """llama-3.1-8b-long: the chat preset's acceptance (read from ``out``) with long prompts."""
+    chat = read_workload_file(out / "qwen3-8b-chat.toml").workload
+    long_w = chat.with_(
+        name="llama-3.1-8b-long",
+        description=(
+            "Llama-3.1-8B + DFlash b16 drafter, long-document QA (median 16k-token prompts, up "
+            "to 128k); acceptance assumed equal to the chat preset's (not fitted)"
+        ),
+        prompt_len=16_384,
+        prompt_len_sigma=0.7,
+        prompt_len_max=131_072,
+        output_len=256,
+        output_len_sigma=0.8,
+        output_len_max=4096,
+    )
+    write_workload(
+        out / f"{long_w.name}.toml",
+        long_w,
+        ("long",),
+        {
+            "source": "none: no published DFlash acceptance on long inputs",
+            "fitted": "nothing",
+            "held_out": "none",
+            "assumed": (
+                "acceptance (drafter and target tables) copied from qwen3-8b-chat; lengths "
+                "(16k median prompt, σ 0.7, 128k cap = Llama-3.1's context; 256-token answers, "
+                "σ 0.8) chosen to resemble long-document QA, not measured on a dataset"
+            ),
+            "command": "python docs/fit_workload_presets.py --only long",
+            "check": _checks(
+                long_w, [("chain", None, "model"), (16, None, "model"), (64, None, "model")]
+            ),
+        },
+    )
+    print("long", long_w.prompt_len)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ SPEC_COLUMNS = (
     "arrivals",  # open loop: arrivals file (empty: none)
     "requests",  # requests per policy
     "output_len",  # tokens per request (empty: the workload's distribution)
+    "prompt_len",  # every request's prompt tokens (empty: the workload's distribution)
     "prefill_chunk",  # prompt tokens prefilled per step (0: no prefill)
     "seed",
     "cost_mode",  # the controller's cost model: bare, static, ema, ema+calib

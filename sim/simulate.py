@@ -86,6 +86,8 @@ class SimSpec:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens prefilled per step (0: none)
     seed: int = 0
     output_len: int | None = None  # override the workload's tokens per request
+    # override the workload's prompt: every request's prompt exactly this many tokens
+    prompt_len: int | None = None
     # the controller's belief: bare | static | ema | ema+calib, or profiled:[FORMAT:]FILE (a
     # measured per-operator table, bastion.cost.profiled; the roofline beyond it is calibrated)
     cost_mode: str = "static"
@@ -148,6 +150,16 @@ class SimSpec:
             )
         if self.output_len is not None and self.output_len < 2:
             raise ConfigError(f"output_len must be ≥ 2; got {self.output_len}")
+        if self.prompt_len is not None and not 1 <= self.prompt_len <= Workload.MAX_TOKENS:
+            raise ConfigError(
+                f"prompt_len must be an integer in 1 … {Workload.MAX_TOKENS}; "
+                f"got {self.prompt_len!r}"
+            )
+        if self.prompt_len is not None and (self.arrivals is not None or _is_trace(self.workload)):
+            raise ConfigError(
+                "prompt_len sets a synthetic workload's prompts; an arrivals file or a replayed "
+                "trace brings its own prompt lengths"
+            )
         if not self.policies:
             raise ConfigError("at least one policy is needed")
         object.__setattr__(self, "policies", tuple(self.policies))
@@ -430,22 +442,36 @@ def calibrated_cost_model(
     return model, record
 
 
-def _fixed_output(workload: Workload, output_len: int) -> Workload:
-    """The workload with every request generating exactly ``output_len`` tokens."""
-    top = max(workload.output_len_max, output_len)
-    return workload.with_(output_len=output_len, output_len_sigma=0.0, output_len_max=top)
+def _fixed_lengths(workload: Workload, spec: SimSpec) -> Workload:
+    """The workload with every request's prompt and output exactly ``spec.prompt_len`` and
+    ``spec.output_len`` tokens, where given."""
+    if spec.output_len is not None:
+        top = max(workload.output_len_max, spec.output_len)
+        workload = workload.with_(
+            output_len=spec.output_len, output_len_sigma=0.0, output_len_max=top
+        )
+    if spec.prompt_len is not None:
+        top = max(workload.prompt_len_max, spec.prompt_len)
+        workload = workload.with_(
+            prompt_len=spec.prompt_len, prompt_len_sigma=0.0, prompt_len_max=top
+        )
+    return workload
+
+
+def _is_trace(workload: str) -> bool:
+    """Whether ``workload`` names recorded traces (a .json file or a directory)."""
+    path = Path(workload)
+    return path.suffix == ".json" or path.is_dir()
 
 
 def request_source(spec: SimSpec) -> LengthSource:
     """The drafter–target streams of ``spec``: a synthetic preset or recorded traces."""
     path = Path(spec.workload)
-    if path.suffix == ".json" or path.is_dir():
+    if _is_trace(spec.workload):
         from bastion.sim.replay import trace_source
 
         return trace_source(path)
-    workload = get_workload(spec.workload)
-    if spec.output_len is not None:
-        workload = _fixed_output(workload, spec.output_len)
+    workload = _fixed_lengths(get_workload(spec.workload), spec)
     return SyntheticSource(workload, spec.seed, spec.temperature)
 
 
@@ -459,9 +485,7 @@ def arrivals_of(spec: SimSpec) -> list[Arrival] | None:
     if path.suffix == ".json" or path.is_dir():  # replayed requests keep their own lengths
         workload = get_workload("math")
     else:
-        workload = get_workload(spec.workload)
-        if spec.output_len is not None:
-            workload = _fixed_output(workload, spec.output_len)
+        workload = _fixed_lengths(get_workload(spec.workload), spec)
     rng = np.random.default_rng([spec.seed, 0x61727276])
     return poisson_arrivals(spec.arrival_rate, spec.requests, workload, rng)
 

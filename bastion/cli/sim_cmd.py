@@ -107,6 +107,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk,
         seed=args.seed,
         output_len=args.output_len,
+        prompt_len=args.prompt_len,
         cost_mode=args.cost_mode,
         n_max=args.n_max,
         truth=args.truth,
@@ -307,6 +308,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--requests", type=int, default=8, help="requests per policy")
     p.add_argument("--output-len", type=int, help="tokens per request (default: workload's)")
+    p.add_argument(
+        "--prompt-len",
+        type=int,
+        help="every request's prompt, in tokens (default: the workload's lengths)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--cost-model",

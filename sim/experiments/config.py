@@ -74,6 +74,7 @@ GRID_KEYS: dict[str, _Key] = {
     "requests": _Key("int", 1, what="an integer ≥ 1"),
     "min_requests_per_client": _Key("int", 0, what="an integer ≥ 0"),
     "output_len": _Key("int", 2, what="an integer ≥ 2"),
+    "prompt_len": _Key("int", 1, what="an integer ≥ 1 (every request's prompt, in tokens)"),
     "prefill_chunk": _Key("int", 0, what="an integer ≥ 0"),
     "seed": _Key("int", 0, what="an integer ≥ 0"),
     "cost_mode": _Key(
