@@ -106,8 +106,8 @@ def check_tp(model: ModelSpec, tp: int, hardware: HardwareProfile | None = None)
             )
         if tp > link.max_gpus:
             raise ConfigError(
-                f"--tp {tp} exceeds profile {hardware.name!r}'s interconnect: its {link.kind} "
-                f"links at most {link.max_gpus} GPUs ([interconnect].max_gpus)"
+                f"--tp {tp} exceeds the interconnect of profile {hardware.name!r}: its "
+                f"{link.kind} links at most {link.max_gpus} GPUs ([interconnect].max_gpus)"
             )
     return tp
 
