@@ -74,8 +74,8 @@ class RooflineOptions:
         if self.wave_tile_n < 1:
             raise ConfigError(f"wave_tile_n must be ≥ 1, got {self.wave_tile_n}")
         tp = self.tensor_parallel
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-            raise ConfigError(f"tensor_parallel must be an integer ≥ 1, got {tp!r}")
+        if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 1 << 16:
+            raise ConfigError(f"tensor_parallel must be an integer in [1, 65536], got {tp!r:.40}")
 
 
 @public(

@@ -50,14 +50,28 @@ from bastion.cost.breakdown import OperatorCost
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.errors import ConfigError
-from bastion.guard import number, public
+from bastion.guard import array, number, public
 
-__all__ = ["all_reduce_s", "check_tp", "comm_line", "comm_op", "kv_heads_per_gpu", "tp_shard"]
+__all__ = [
+    "MAX_TP",
+    "all_reduce_s",
+    "check_tp",
+    "comm_line",
+    "comm_op",
+    "kv_heads_per_gpu",
+    "tp_shard",
+]
+
+
+MAX_TP = 1 << 16
+"""The largest tensor parallelism accepted (a bound, so that every count stays a float)."""
 
 
 def _tp_value(tp: object) -> int:
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ConfigError(f"tp (tensor parallelism) must be an integer ≥ 1; got {tp!r}")
+    if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= MAX_TP:
+        raise ConfigError(
+            f"tp (tensor parallelism) must be an integer ≥ 1 (at most {MAX_TP}); got {tp!r:.40}"
+        )
     return tp
 
 
@@ -145,12 +159,13 @@ def all_reduce_s(nbytes: float, tp: int, hardware: HardwareProfile) -> float:
     return steps / tp * float(nbytes) / link.bandwidth + steps * link.latency_s
 
 
+@public(error=ConfigError, bytes_per_act=number(positive=True))
 def comm_line(
     model: ModelSpec, hardware: HardwareProfile, tp: int, bytes_per_act: float
 ) -> tuple[float, float]:
     """(c₀, c₁): a pass of T tokens of ``model`` (unsharded) spends c₀ + c₁·T seconds in its
     2L all-reduces, each of T · h · ``bytes_per_act`` bytes; (0, 0) for tp = 1."""
-    if tp == 1:
+    if _tp_value(tp) == 1:
         return 0.0, 0.0
     per_pass = 2.0 * model.layers
     const = per_pass * all_reduce_s(0.0, tp, hardware)  # the latency part
@@ -161,6 +176,7 @@ def comm_line(
     return const, slope
 
 
+@public(error=ConfigError, bytes_per_act=number(positive=True), tokens=array(lo=0))
 def comm_op(
     model: ModelSpec,
     hardware: HardwareProfile,
