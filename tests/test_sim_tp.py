@@ -282,3 +282,20 @@ def test_the_belief_has_the_same_structure_and_tracks_the_truth() -> None:
         predicted = model.cost_curve(64, StepLoad(context_len=c)).verify_s[n - 1]
         truth = gpu.verify_truth([n], [c])
         assert math.isclose(predicted, truth, rel_tol=0.1), (n, c, predicted, truth)
+
+
+def test_a_single_device_profile_round_trips_with_kind_none(tmp_path: Path) -> None:
+    """What `bastion hw probe` writes: kind "none", one GPU, no numbers; tp > 1 refused."""
+    from bastion.cost.hardware import Interconnect, profile_to_toml
+
+    sources = {**H100.sources, "interconnect_kind": "one device", "interconnect_max_gpus": "1"}
+    lone = replace(H100, interconnect=Interconnect(kind="none", max_gpus=1), sources=sources)
+    path = tmp_path / "lone.toml"
+    path.write_text(profile_to_toml(lone))
+    loaded = load_profile(path)
+    assert loaded.interconnect == Interconnect(kind="none", max_gpus=1)
+    with pytest.raises(ConfigError, match='interconnect kind "none"'):
+        check_tp(LLAMA_8B, 2, loaded)
+    path.write_text(profile_to_toml(lone).replace("max_gpus = 1", "max_gpus = 2"))
+    with pytest.raises(ConfigError, match='max_gpus must be 1 for kind "none"'):
+        load_profile(path)
