@@ -96,6 +96,12 @@ FIELDS: dict[str, Field] = {
         "the server's share of the GPU's memory (weights, activations, KV cache); null: memory "
         "does not limit the run",
     ),
+    "tp": Field(
+        "1",
+        _I,
+        "tensor parallelism: GPUs the model is split over (heads, FFN, vocabulary, KV cache), "
+        "linked by the profile's interconnect",
+    ),
     "slo_ttft_s": Field(_S, _N, "the TTFT service-level objective (null: none)"),
     "slo_tpot_s": Field(_S, _N, "the TPOT service-level objective (null: none)"),
     "batch_size": Field("1", _I, "real backend: most requests decoded together"),

@@ -88,9 +88,14 @@ class _Shared:
     ENTRIES = 4096  # cached truths of one kind (cleared when full)
 
     def __init__(
-        self, hardware: HardwareProfile, model: ModelSpec, drafter: DrafterSpec, t: GroundTruth
+        self,
+        hardware: HardwareProfile,
+        model: ModelSpec,
+        drafter: DrafterSpec,
+        t: GroundTruth,
+        tp: int = 1,
     ) -> None:
-        self.pricer = PassPricer(hardware, model, drafter, t)
+        self.pricer = PassPricer(hardware, model, drafter, t, tp)
         self.prep = HostPrep(
             t, model, drafter, self.pricer.device, self.pricer.options, self.pricer.byte_rate
         )
@@ -105,17 +110,30 @@ _SHARED_CONFIGS = 8  # configurations kept (the oldest dropped)
 
 
 def _shared(
-    hardware: HardwareProfile, model: ModelSpec, drafter: DrafterSpec, t: GroundTruth, n: int
+    hardware: HardwareProfile,
+    model: ModelSpec,
+    drafter: DrafterSpec,
+    t: GroundTruth,
+    n: int,
+    tp: int = 1,
 ) -> _Shared:
     """The shared part of a simulated GPU (a measured truth's is its own)."""
     if t.measured is not None:
+        if tp != 1:
+            raise ConfigError(
+                f"truth {t.name!r} is measured on one machine's device; tensor parallelism "
+                f"(tp {tp}) needs a roofline truth (hf-eager, cudagraph, builtin or a file "
+                "without [measured])"
+            )
         return _Shared(hardware, model, drafter, t)
-    key = (repr(hardware), repr(model), repr(drafter), repr(t), str(n))
+    key: tuple[str, ...] = (repr(hardware), repr(model), repr(drafter), repr(t), str(n))
+    if tp != 1:
+        key += (f"tp{tp}",)
     hit = _SHARED.get(key)
     if hit is None:
         if len(_SHARED) >= _SHARED_CONFIGS:
             del _SHARED[next(iter(_SHARED))]
-        hit = _SHARED[key] = _Shared(hardware, model, drafter, t)
+        hit = _SHARED[key] = _Shared(hardware, model, drafter, t, tp)
     return hit
 
 
@@ -127,7 +145,11 @@ def _remember(cache: dict[int, T], key: int, value: T) -> T:
     return value
 
 
-@public(seed=integer(0, INT64_LIMIT - 1), max_tree_size=integer(1, MAX_TREE_SIZE))
+@public(
+    seed=integer(0, INT64_LIMIT - 1),
+    max_tree_size=integer(1, MAX_TREE_SIZE),
+    tp=integer(1, 1 << 16),
+)
 @dataclass
 class SimulatedGPU:
     """Ground-truth pass latencies for one target (and its DFlash drafter) on one device."""
@@ -138,10 +160,13 @@ class SimulatedGPU:
     truth: GroundTruth = field(default_factory=GroundTruth)
     seed: int = 0
     max_tree_size: int = 1024
+    # tensor parallelism: the model split over this many GPUs of the profile, linked by its
+    # [interconnect] (bastion.cost.parallel); every pass is one GPU's share + its all-reduces
+    tp: int = 1
 
     def __post_init__(self) -> None:
         t = self.truth
-        shared = _shared(self.hardware, self.model, self.drafter, t, self.max_tree_size)
+        shared = _shared(self.hardware, self.model, self.drafter, t, self.max_tree_size, self.tp)
         self.pricer, self.prep = shared.pricer, shared.prep
         self.device, self.options = self.pricer.device, self.pricer.options
         self.rng = np.random.default_rng([self.seed, 0x6775])

@@ -64,6 +64,9 @@ class GroundTruth:
     launch_scale: float = 1.5  # truth GPU-side gap per kernel = profile's launch overhead × this
     tile_tokens: int = 64  # GEMM token counts padded to a multiple of this (0: no steps)
     tile_step_s: float = 3e-6  # per layer and per extra tile: kernel/wave switches (steps)
+    # truth link bandwidth between GPUs = the profile's [interconnect] bandwidth × this (the
+    # all-reduces of tensor parallelism; unused on one GPU)
+    interconnect_scale: float = 1.0
     # bytes per weight and per activation / KV-cache element (0: the roofline's 2, bf16;
     # 4: an fp32 model); FLOPs still run at the profile's bf16_flops
     weight_bytes: float = 0.0
@@ -128,6 +131,7 @@ class GroundTruth:
             "compute_scale": self.compute_scale,
             "memory_scale": self.memory_scale,
             "launch_scale": self.launch_scale,
+            "interconnect_scale": self.interconnect_scale,
             "context_quantum": self.context_quantum,
             "h2d_bandwidth": self.h2d_bandwidth,
         }

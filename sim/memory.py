@@ -23,6 +23,14 @@ A fraction ``utilization`` of the profile's ``memory_bytes`` is the server's (vL
 the capacity is 16 · blocks tokens. A model whose weights and activations leave no block is
 refused with a :class:`bastion.errors.MemoryLimitError` that names what it needs.
 
+With tensor parallelism N (``tp``), the server has N GPUs of the profile, N · memory_bytes in
+all, and every term above is one GPU's share (:func:`bastion.cost.parallel.tp_shard`): its
+1/N of the attention and FFN weights and of the embedding and LM head (norms replicated), its
+activations (the residual stream whole, q/k/v and the FFN split; the logits whole, gathered on
+one GPU), and its KV heads per token (n_kv / N, or one replicated head when n_kv < N, as vLLM
+does). Every GPU holds its heads of every cached token, so the blocks of one GPU are the
+group's: the capacity is that of one GPU's share.
+
 :class:`KVCache` is the server's count of blocks (:mod:`bastion.sim.serving` says when it
 allocates, preempts and admits); :func:`lookahead_tokens` is the tree a policy may verify per
 request, which the server reserves before the step (vLLM's lookahead slots) unless the policy
@@ -33,7 +41,7 @@ What this module does not do: price anything, or schedule (the serving loop does
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +49,7 @@ import numpy.typing as npt
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.opcounts import RooflineOptions
+from bastion.cost.parallel import check_tp, tp_shard
 from bastion.errors import ConfigError, MemoryLimitError
 from bastion.guard import integer, number, public
 from bastion.policies import BeamPolicy, ChainPolicy, EaglePolicy, FixedPolicy
@@ -105,6 +114,7 @@ def drafter_weight_params(drafter: DrafterSpec) -> int:
     kv_token_bytes=number(positive=True),
     blocks=integer(lo=1),
     block_tokens=integer(1, 1 << 20),
+    gpus=integer(1, 1 << 16),
 )
 @dataclass(frozen=True)
 class MemoryPlan:
@@ -117,6 +127,7 @@ class MemoryPlan:
     kv_token_bytes: float  # K and V of one token: the target's, and the drafter's cache
     blocks: int  # KV-cache blocks
     block_tokens: int = BLOCK_TOKENS
+    gpus: int = 1  # tensor parallelism: GPUs of the group; the bytes above are one GPU's
 
     @property
     def usable_bytes(self) -> float:
@@ -132,7 +143,8 @@ class MemoryPlan:
         return self.blocks * self.block_tokens
 
     def describe(self) -> str:
-        return (
+        group = f"per GPU of {self.gpus} (tensor parallelism): " if self.gpus > 1 else ""
+        return group + (
             f"{self.usable_bytes / _GB:.2f} GB usable ({self.utilization:g} of "
             f"{self.memory_bytes / _GB:.2f} GB): weights {self.weight_bytes / _GB:.2f} GB, "
             f"activations {self.activation_bytes / _GB:.2f} GB, KV cache {self.blocks} blocks of "
@@ -161,19 +173,26 @@ def plan_memory(
     lookahead: int = 1,
     bytes_per_param: float = 2.0,
     bytes_per_act: float = 2.0,
+    tp: int = 1,
 ) -> MemoryPlan:
     """The memory plan of ``model`` (with ``drafter``, when the policy drafts) on ``hardware``
-    (see the module doc); a :class:`MemoryLimitError` naming the memory needed when the weights
-    and activations leave no KV block."""
-    params = model.param_count() + (drafter_weight_params(drafter) if drafter else 0)
+    (see the module doc), one GPU's share of ``tp`` with tensor parallelism; a
+    :class:`MemoryLimitError` naming the memory needed when the weights and activations leave
+    no KV block."""
+    tp = check_tp(model, tp)
+    part = tp_shard(model, tp)  # one GPU's share (the model itself at tp 1)
+    draft = None
+    if drafter is not None:
+        draft = replace(drafter, model=tp_shard(drafter.model, tp)) if tp > 1 else drafter
+    params = part.param_count() + (drafter_weight_params(draft) if draft else 0)
     weights = float(params) * bytes_per_param
     rows = concurrency * lookahead + (1 if prefill_chunk else 0)
-    per_token = activation_token_bytes(model, bytes_per_act)
+    per_token = activation_token_bytes(part, bytes_per_act)
     activations = (prefill_chunk + concurrency * lookahead) * per_token
-    activations += rows * _LOGIT_BYTES * model.vocab
-    per_kv = kv_token_bytes(model, bytes_per_act)
-    if drafter is not None:
-        per_kv += kv_token_bytes(drafter.model, bytes_per_act)
+    activations += rows * _LOGIT_BYTES * model.vocab  # whole: gathered on one GPU
+    per_kv = kv_token_bytes(part, bytes_per_act)
+    if draft is not None:
+        per_kv += kv_token_bytes(draft.model, bytes_per_act)
     usable = utilization * hardware.memory_bytes
     left = usable - weights - activations
     block = BLOCK_TOKENS * per_kv
@@ -181,13 +200,16 @@ def plan_memory(
     if blocks < 1:
         need = weights + activations + block
         what = model.name + (" with its drafter" if drafter is not None else "")
+        where = hardware.name if tp == 1 else f"{tp} × {hardware.name} (tensor parallelism)"
+        each = "" if tp == 1 else " per GPU"
+        total = "" if tp == 1 else f", {tp * need / _GB:.2f} GB over the {tp} GPUs"
         raise MemoryLimitError(
-            f"{what} does not fit on {hardware.name}: it needs {need / _GB:.2f} GB (weights "
-            f"{weights / _GB:.2f} GB + activations {activations / _GB:.2f} GB at concurrency "
-            f"{concurrency} + one {BLOCK_TOKENS}-token KV block {block / 1e6:.2f} MB) of "
-            f"{usable / _GB:.2f} GB usable ({utilization:g} × {hardware.memory_bytes / _GB:.2f} "
-            "GB); raise --gpu-memory-utilization, lower --concurrency or --prefill-chunk, or use "
-            "a larger GPU"
+            f"{what} does not fit on {where}: it needs {need / _GB:.2f} GB{each} ({need:.0f} "
+            f"bytes: weights {weights / _GB:.2f} GB + activations {activations / _GB:.2f} GB at "
+            f"concurrency {concurrency} + one {BLOCK_TOKENS}-token KV block {block / 1e6:.2f} "
+            f"MB{total}) of {usable / _GB:.2f} GB usable{each} ({utilization:g} × "
+            f"{hardware.memory_bytes / _GB:.2f} GB); raise --gpu-memory-utilization or --tp, "
+            "lower --concurrency or --prefill-chunk, or use a larger GPU"
         )
     return MemoryPlan(
         memory_bytes=float(hardware.memory_bytes),
@@ -196,6 +218,7 @@ def plan_memory(
         activation_bytes=activations,
         kv_token_bytes=per_kv,
         blocks=blocks,
+        gpus=tp,
     )
 
 
@@ -213,10 +236,11 @@ def memory_of(
     utilization: float,
     concurrency: int,
     prefill_chunk: int,
+    tp: int = 1,
 ) -> MemoryPlan:
     """:func:`plan_memory` for a simulation: element sizes from ``truth`` (its ``weight_bytes``
     and ``activation_bytes``; 0: bf16's 2), a drafting policy's pass planned with the drafter's
-    block per request, AR's with one token."""
+    block per request, AR's with one token; ``tp`` GPUs (tensor parallelism)."""
     plain = RooflineOptions()
     return plan_memory(
         hardware,
@@ -228,6 +252,7 @@ def memory_of(
         lookahead=drafter.block_size if drafter is not None else 1,
         bytes_per_param=float(truth.weight_bytes or plain.bytes_per_param),
         bytes_per_act=float(truth.activation_bytes or plain.bytes_per_act),
+        tp=tp,
     )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +34,7 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.kernels import step_factors
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.opcounts import RooflineOptions
+from bastion.cost.parallel import check_tp, tp_shard
 from bastion.cost.roofline import LinearPricer
 from bastion.errors import ConfigError
 from bastion.sim.ground_truth import GroundTruth
@@ -103,7 +105,12 @@ class PassPricer:
     """The truth's price of target and drafter passes on one device, from their features."""
 
     def __init__(
-        self, hardware: HardwareProfile, model: ModelSpec, drafter: DrafterSpec, truth: GroundTruth
+        self,
+        hardware: HardwareProfile,
+        model: ModelSpec,
+        drafter: DrafterSpec,
+        truth: GroundTruth,
+        tp: int = 1,
     ) -> None:
         self.model, self.drafter, self.truth = model, drafter, truth
         t = truth
@@ -111,11 +118,18 @@ class PassPricer:
         eff_c = min(1.0, hw.compute_efficiency * t.compute_scale)
         eff_m = min(1.0, hw.memory_efficiency * t.memory_scale)
         self.device = hw.with_efficiency(eff_c, eff_m, hw.launch_overhead_s * t.launch_scale)
+        if tp > 1:  # the truth's link: the profile's bandwidth × interconnect_scale
+            check_tp(model, tp, hw)
+            link = hw.interconnect
+            assert link is not None  # check_tp
+            scaled = replace(link, bandwidth=link.bandwidth * t.interconnect_scale)
+            self.device = replace(self.device, interconnect=scaled)
         plain = RooflineOptions()  # 0 widths: the roofline's (2 bytes)
         self.options = RooflineOptions(
             tile_tokens=t.tile_tokens,
             bytes_per_param=float(t.weight_bytes or plain.bytes_per_param),
             bytes_per_act=float(t.activation_bytes or plain.bytes_per_act),
+            tensor_parallel=tp,
         )
         # The target's per-operator counts, read off the masked LinearPricer (the unmasked one
         # differs only by a zero mask column, and an unmasked pass has a zero mask feature).
@@ -136,6 +150,9 @@ class PassPricer:
         self._expert_idx = np.array([i for i, n in enumerate(names) if n in _EXPERT_OPS], int)
         self._lm = names.index("lm_head")
         self._launch = np.asarray(pricer.launch_s, dtype=np.float64)
+        # tensor parallelism: each pass's all-reduces, comm_const + comm_slope · T seconds
+        self._comm = pricer.has_comm
+        self._comm_const, self._comm_slope = pricer.comm_const, pricer.comm_slope
         self._launch_plain = float(self._launch.sum())
         self._launch_attention = float(np.dot(self._launch, self._attention))
         self._tile = t.tile_tokens
@@ -150,7 +167,9 @@ class PassPricer:
         if t.gemm_shape_model == "kernel" and _kernel_model_applies(hw):
             phi_key = (repr(self.model), repr(hw), repr(self.options))
             if phi_key not in _STEP_FACTORS:
-                phi_names, table = step_factors(self.model, hw, self.options)
+                # one GPU's GEMMs: the split model's shapes (the all-reduces are no GEMMs)
+                one = replace(self.options, tensor_parallel=1)
+                phi_names, table = step_factors(tp_shard(self.model, tp), hw, one)
                 if phi_names != names:
                     raise ConfigError("internal: kernel step factors out of operator order")
                 _STEP_FACTORS[phi_key] = table
@@ -231,6 +250,8 @@ class PassPricer:
                 lm = lm * self.phi[self.phi_rows(ht), self._lm]
             total = total - per_op[:, self._lm] + lm
         total = total + self._launch_plain + pen * self._launch_attention
+        if self._comm:  # the all-reduces of tensor parallelism, after the device's time
+            total = total + (self._comm_const + self._comm_slope * tokens)
         if self._step_s:
             total = total + self._step_s * (np.ceil(tokens / self._tile) - 1.0)
         return self._with_host(total, touched)

@@ -19,6 +19,7 @@ import numpy.typing as npt
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.opcounts import RooflineOptions
+from bastion.cost.parallel import tp_shard
 from bastion.sim.batching import quantise
 from bastion.sim.ground_truth import GroundTruth
 
@@ -54,6 +55,9 @@ class HostPrep:
         self.truth, self.model, self.device, self.options = truth, model, device, options
         self.depth = float(drafter.block_size - 1)  # draft positions per request
         self.byte_rate = byte_rate  # the truth device's achievable bytes/s
+        # the KV width one GPU compacts (its share of the KV heads under tensor parallelism);
+        # the logits are the whole vocabulary's (gathered before the top-K)
+        self.h_kv = tp_shard(model, options.tensor_parallel).h_kv
 
     def seconds(
         self,
@@ -90,7 +94,7 @@ class HostPrep:
             layers = self.model.layers
             moved = min(self.depth + 1.0, nodes / max(b, 1)) * b  # tokens compacted, at most
             # read + write K and V, each element bytes_per_act (2 unless the truth says)
-            kv_bytes = 4.0 * layers * moved * self.model.h_kv * self.options.bytes_per_act
+            kv_bytes = 4.0 * layers * moved * self.h_kv * self.options.bytes_per_act
             kernels = t.prep_tree_kernels + t.mask_kernels + t.compaction_kernels_per_layer * layers
             seconds = (logits * t.prep_topk_bytes + pairs * t.mask_bytes + kv_bytes) / bw
             seconds += kernels * (t.host_kernel_s + self.device.launch_overhead_s)

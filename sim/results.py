@@ -77,6 +77,7 @@ SPEC_COLUMNS = (
     "gpu_memory_utilization",  # the server's share of GPU memory (empty: memory not limited)
     "slo_ttft_s",  # the TTFT SLO (empty: none)
     "slo_tpot_s",  # the TPOT SLO (empty: none)
+    "tp",  # tensor parallelism: GPUs the model is split over
 )
 """The run's spec (:class:`sim.simulate.SimSpec`), one column per field, policies excluded."""
 

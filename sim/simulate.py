@@ -34,6 +34,8 @@ from bastion.cost.calibration import (
 from bastion.cost.costmodel import CostMode, RooflineCostModel
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
+from bastion.cost.opcounts import RooflineOptions
+from bastion.cost.parallel import check_tp
 from bastion.cost.profiled import cost_model_from_spec, split_profiled
 from bastion.errors import ConfigError
 from bastion.guard import number, public
@@ -108,6 +110,9 @@ class SimSpec:
     # TPOT are at most these; records report slo_attainment and goodput_rps
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
+    # tensor parallelism: the model split over this many GPUs of ``gpu``, linked by its
+    # profile's [interconnect] (bastion.cost.parallel); the truth and the belief alike
+    tp: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or self.concurrency < 1:
@@ -178,6 +183,7 @@ class SimSpec:
             self.stored_calibration()  # unreadable, not a record, another device or model
         check_slo("slo_ttft_s", self.slo_ttft_s)
         check_slo("slo_tpot_s", self.slo_tpot_s)
+        self._check_tp()
         u = self.gpu_memory_utilization
         if u is not None and (
             isinstance(u, bool) or not isinstance(u, int | float) or not 0 < u <= 1
@@ -189,6 +195,34 @@ class SimSpec:
         drafts = [getattr(make_policy(p), "uses_drafter", True) for p in self.compared()]
         for d in sorted(set(drafts)):
             self.memory_plan(drafts=d)  # a model too large for its GPU: MemoryLimitError
+
+    def _check_tp(self) -> None:
+        """``tp``: an integer ≥ 1 that splits the model's heads (bastion.cost.parallel.check_tp)
+        over GPUs the profile's interconnect links; with tp > 1, a belief the simulator
+        calibrates itself (a calibration record or a measured table is one GPU's)."""
+        tp = self.tp
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ConfigError(f"tp (tensor parallelism) must be an integer ≥ 1; got {tp!r}")
+        if tp == 1:
+            return
+        check_tp(get_model(self.model), tp, get_profile(self.gpu))
+        check_tp(self.drafter().model, tp)
+        if self.calibration_file is not None:
+            raise ConfigError(
+                f"--tp {tp}: a calibration record is fitted on one GPU; with tensor "
+                "parallelism the controller's belief is calibrated on the simulated GPUs (drop "
+                "--calibration)"
+            )
+        if self.cost_mode.startswith("profiled:"):
+            raise ConfigError(
+                f"--tp {tp}: a measured per-operator table ({self.cost_mode}) is one GPU's; "
+                "accepted with tensor parallelism: cost modes bare, static, ema, ema+calib"
+            )
+        if get_truth(self.truth).measured is not None:
+            raise ConfigError(
+                f"--tp {tp}: truth {self.truth!r} is measured on one machine's device; tensor "
+                "parallelism needs a roofline truth (hf-eager, cudagraph, builtin)"
+            )
 
     def memory_plan(self, drafts: bool) -> MemoryPlan | None:
         """The GPU's memory for a run of a policy that drafts (weights and cache of the drafter
@@ -204,6 +238,7 @@ class SimSpec:
             float(self.gpu_memory_utilization),
             self.concurrency,
             self.prefill_chunk,
+            self.tp,
         )
 
     def stored_calibration(self) -> tuple[CalibrationRecord, bool] | None:
@@ -417,13 +452,22 @@ def calibrated_cost_model(
     the record's ``prep_s``, as the real backend builds its cost model from a cached record;
     the drafter is priced on the roofline of ``gpu.drafter``."""
     _check_cost_mode(mode)
+    # tensor parallelism: the belief prices one GPU's share and the all-reduces, as the truth
+    options = RooflineOptions(tensor_parallel=gpu.tp) if gpu.tp > 1 else None
     if record is not None:
         prep_s = record.prep_s
     else:
-        probe = SimulatedGPU(gpu.hardware, gpu.model, gpu.drafter, gpu.truth, seed=seed + 7919)
+        probe = SimulatedGPU(
+            gpu.hardware, gpu.model, gpu.drafter, gpu.truth, seed=seed + 7919, tp=gpu.tp
+        )
         points = profile_sweep(lambda s, c: probe.verify_s([s], [c]), repeats=3, warmup=0)
         record = calibrate(
-            gpu.model, gpu.hardware, points, backend="sim", tile_candidates=(0, 64, 128)
+            gpu.model,
+            gpu.hardware,
+            points,
+            backend="sim",
+            tile_candidates=(0, 64, 128),
+            options=options,
         )
         prep_s = float(np.median([probe.prep_truth([64])]))
     if mode.startswith("profiled:"):
@@ -438,6 +482,7 @@ def calibrated_cost_model(
         calibration=record if mode != "bare" and mode != "ema" else None,
         mode=mode,  # type: ignore[arg-type]
         prep_s=prep_s,
+        options=options,
     )
     return model, record
 
@@ -521,7 +566,9 @@ def simulate(
         )
 
     def gpu() -> SimulatedGPU:
-        return SimulatedGPU(hw, model, drafter, truth, seed=spec.seed, max_tree_size=spec.n_max)
+        return SimulatedGPU(
+            hw, model, drafter, truth, seed=spec.seed, max_tree_size=spec.n_max, tp=spec.tp
+        )
 
     calibrated, record = calibrated_cost_model(gpu(), spec.cost_mode, spec.seed, belief)
     learned: LearnedCostModel | None = None  # the learning controller's, calibrated once

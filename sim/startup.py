@@ -53,7 +53,9 @@ def learned_cost_model(
 ) -> LearnedCostModel:
     """A :class:`LearnedCostModel` around ``prior``, its table filled by timing cycles of
     every kind at every lattice size on a probe copy of ``gpu``."""
-    probe = SimulatedGPU(gpu.hardware, gpu.model, gpu.drafter, gpu.truth, seed=seed + 104729)
+    probe = SimulatedGPU(
+        gpu.hardware, gpu.model, gpu.drafter, gpu.truth, seed=seed + 104729, tp=gpu.tp
+    )
     depth = int(gpu.drafter.block_size) - 1 if gpu.drafter is not None else 15
 
     def measure(kind: CycleKind, contexts: np.ndarray, sizes: np.ndarray) -> float:

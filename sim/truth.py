@@ -75,6 +75,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "tile_step_s",
         "weight_bytes",
         "activation_bytes",
+        "interconnect_scale",
     ),
     "gemm_shape": ("model", "tokens", "factor"),
     "attention": ("tree_attention_penalty", "causal_reads_mask"),

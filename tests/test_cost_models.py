@@ -30,7 +30,80 @@ def test_bundled_names() -> None:
         "qwen3-32b",
         "qwen3-coder-30b-a3b",
         "llama-3.1-8b",
+        "llama-3.1-70b",
     }
+
+
+# The published Hugging Face config.json values of the bundled targets used at scale
+# (meta-llama/Llama-3.1-8B, meta-llama/Llama-3.1-70B, Qwen/Qwen3-32B), as their model cards'
+# config.json files give them.
+PUBLISHED = {
+    "llama-3.1-8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "rope_theta": 500000,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    },
+    "llama-3.1-70b": {
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "rope_theta": 500000,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    },
+    "qwen3-32b": {
+        "hidden_size": 5120,
+        "intermediate_size": 25600,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "rope_theta": 1000000,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_bundled_configs_hold_the_published_values(name: str) -> None:
+    from importlib import resources
+
+    text = (resources.files("bastion.cost") / "configs" / f"{name}.json").read_text()
+    shipped = json.loads(text)
+    for key, value in PUBLISHED[name].items():
+        assert shipped[key] == value, f"{name}: {key}"
+    m = get_model(name)
+    published = PUBLISHED[name]
+    assert (m.hidden, m.ffn, m.layers) == (
+        published["hidden_size"],
+        published["intermediate_size"],
+        published["num_hidden_layers"],
+    )
+    assert (m.q_heads, m.kv_heads, m.vocab) == (
+        published["num_attention_heads"],
+        published["num_key_value_heads"],
+        published["vocab_size"],
+    )
+
+
+def test_llama_70b_has_70b_parameters() -> None:
+    m = get_model("llama-3.1-70b")
+    assert m.head_dim == 128 and not m.tied_embeddings and not m.qk_norm
+    assert m.param_count() == pytest.approx(70.6e9, rel=0.01)
 
 
 def test_qwen3_4b_has_wider_queries_than_hidden() -> None:

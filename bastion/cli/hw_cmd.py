@@ -7,7 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bastion.cost.hardware import get_profile, known_profiles, profile_dirs, profile_to_toml
+from bastion.cost.hardware import (
+    HardwareProfile,
+    get_profile,
+    known_profiles,
+    profile_dirs,
+    profile_to_toml,
+)
 from bastion.errors import ConfigError
 from bastion.files import check_output_file, write_text_atomic
 
@@ -58,6 +64,7 @@ def _show(args: argparse.Namespace) -> int:
         ("SMs", str(prof.sm_count)),
         ("efficiency (compute, memory)", f"{prof.compute_efficiency}, {prof.memory_efficiency}"),
         ("launch overhead", f"{prof.launch_overhead_s * 1e6:.2f} µs"),
+        ("interconnect", _link(prof)),
         ("file", prof.path or "-"),
     ]
     for key, value in rows:
@@ -66,6 +73,18 @@ def _show(args: argparse.Namespace) -> int:
     for key, src in prof.sources.items():
         print(f"  {key}: {src}")
     return 0
+
+
+def _link(prof: HardwareProfile) -> str:
+    link = prof.interconnect
+    if link is None:
+        return "- (not given: --tp 1 only)"
+    if link.kind == "none":
+        return "none (one device)"
+    return (
+        f"{link.kind}, {link.bandwidth / 1e9:g} GB/s per GPU each way, "
+        f"{link.latency_s * 1e6:g} µs per ring step, up to {link.max_gpus} GPUs"
+    )
 
 
 def _probe(args: argparse.Namespace) -> int:

@@ -117,6 +117,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         gpu_memory_utilization=utilization,
         slo_ttft_s=args.slo_ttft,
         slo_tpot_s=args.slo_tpot,
+        tp=args.tp,
     )
     show = args.progress if args.progress is not None else (sys.stderr.isatty() and not args.json)
     out = Path(args.out) if args.out else None
@@ -140,8 +141,9 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_json_safe({"spec": spec.to_dict(), "records": rows}), indent=2))
         return 0
+    gpus = spec.gpu if spec.tp == 1 else f"{spec.tp} × {spec.gpu} (tensor parallelism)"
     print(
-        f"{spec.model} on {spec.gpu}, workload {spec.workload}, T = {spec.temperature:g}, "
+        f"{spec.model} on {gpus}, workload {spec.workload}, T = {spec.temperature:g}, "
         f"concurrency {spec.concurrency}, {spec.requests} requests, seed {spec.seed}, "
         f"truth {spec.truth}"
     )
@@ -359,6 +361,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "paged KV cache (16-token blocks): requests are admitted when their blocks fit and "
         "preempted when they cannot grow; a model that does not fit is refused. A number in "
         "(0, 1] (default 0.9, vLLM's), or off (memory does not limit the run)",
+    )
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor parallelism: split the model over N GPUs of --gpu (heads, FFN, vocabulary "
+        "and KV cache N ways; two all-reduces per layer over the profile's [interconnect]); N "
+        "must divide the attention heads, and the KV heads or be a multiple of them (default 1)",
     )
     p.add_argument(
         "--slo-ttft",

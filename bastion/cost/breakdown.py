@@ -106,6 +106,9 @@ class OperatorCost:
     memory_s: Array  # bytes / (η_m · bandwidth)
     launch_s: float  # kernels · launch overhead
     l2_s: Array | float = 0.0  # the part of memory_s spent on L2-resident bytes (l2_resident)
+    # seconds on the link between GPUs (tensor parallelism's all-reduces), added to the max of
+    # compute and memory (not overlapped); 0 on one GPU
+    comm_s: Array | float = 0.0
 
     @property
     def bytes(self) -> Array:
@@ -113,7 +116,9 @@ class OperatorCost:
 
     @property
     def time_s(self) -> Array:
-        return np.maximum(self.compute_s, self.memory_s) + self.launch_s
+        t = np.maximum(self.compute_s, self.memory_s) + self.launch_s
+        c = self.comm_s
+        return t if isinstance(c, float) and c == 0.0 else t + c
 
     def at(self, index: int) -> OperatorCost:
         def pick(a: Array) -> Array:
@@ -129,6 +134,7 @@ class OperatorCost:
             compute_s=pick(self.compute_s),
             memory_s=pick(self.memory_s),
             l2_s=pick(np.asarray(self.l2_s)),
+            comm_s=pick(np.asarray(self.comm_s)),
         )
 
 
@@ -159,6 +165,11 @@ class RooflineBreakdown:
         return float(sum(op.launch_s for op in self.operators))
 
     @property
+    def comm_s(self) -> Array:
+        """Seconds on the link between GPUs (tensor parallelism's all-reduces; 0 on one)."""
+        return sum((np.asarray(op.comm_s) for op in self.operators), np.zeros(()))
+
+    @property
     def flops(self) -> Array:
         return sum((op.flops for op in self.operators), np.zeros(()))
 
@@ -187,6 +198,9 @@ class RooflineBreakdown:
         out["branch.compute"] = float(self.compute_s)
         out["branch.memory"] = float(self.memory_s)
         out["branch.launch"] = self.launch_s
+        comm = float(self.comm_s)
+        if comm:
+            out["branch.comm"] = comm
         return out
 
     def to_records(self) -> list[dict[str, float | str]]:

@@ -43,6 +43,7 @@ from bastion.cost.fitting import fit_max_affine, loo_errors
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
 from bastion.cost.opcounts import RooflineOptions
+from bastion.cost.parallel import comm_line
 from bastion.cost.roofline import verify_pass
 from bastion.errors import ArgumentError, ConfigError
 from bastion.files import read_json_file, write_json_atomic, write_text_atomic
@@ -473,11 +474,19 @@ def calibrate(
         raise ConfigError("calibration points need tokens ≥ 1 and context ≥ 0")
     best: tuple[float, float, float, LinearCalibration] | None = None
     bare = np.zeros_like(y)
+    # tensor parallelism: the all-reduces' seconds are the profile's link's, added to the
+    # device's time (bastion.cost.parallel); the fit corrects the device's branches alone
+    opt = options or RooflineOptions()
+    c0, c1 = comm_line(model, hw, opt.tensor_parallel, opt.bytes_per_act)
+    comm = c0 + c1 * s if opt.tensor_parallel > 1 else None
+    device_y = y - comm if comm is not None else y
     for tile in tile_candidates:
         rc, rm, bare = raw_branches(model, hw, s, c, options, tile_tokens=tile)
-        cal = fit_linear(rc, rm, y, weighting=weighting, tile_tokens=tile)
-        cv = _loo(rc, rm, y, weighting) if y.size > MIN_POINTS else np.full(1, np.nan)
-        score = float(np.mean(cv)) if np.all(np.isfinite(cv)) else rmse(cal.predict(rc, rm), y)
+        cal = fit_linear(rc, rm, device_y, weighting=weighting, tile_tokens=tile)
+        cv = _loo(rc, rm, device_y, weighting) if y.size > MIN_POINTS else np.full(1, np.nan)
+        score = (
+            float(np.mean(cv)) if np.all(np.isfinite(cv)) else rmse(cal.predict(rc, rm), device_y)
+        )
         if best is None or score < best[0]:
             best = (score, float(np.mean(cv)), float(np.max(cv)), cal)
     assert best is not None
@@ -490,7 +499,7 @@ def calibrate(
         calibration=best[3],
         prep_s=prep_s,
         rmse_bare_s=rmse(bare, y),
-        rmse_calibrated_s=rmse(best[3].predict(rc, rm), y),
+        rmse_calibrated_s=rmse(best[3].predict(rc, rm) + (comm if comm is not None else 0.0), y),
         cv_mape=best[1],
         cv_max_error=best[2],
         points=pts,

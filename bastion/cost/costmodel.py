@@ -8,6 +8,11 @@ hardware profile and a model spec, corrected in one of four modes:
 - ``ema``: γ·bare, γ tracked online from ``observe``;
 - ``ema+calib``: γ·static, the EMA as a residual on the calibrated curve.
 
+With tensor parallelism (``options.tensor_parallel`` > 1) every pass is one GPU's share of the
+model plus its all-reduces over the profile's interconnect (:mod:`bastion.cost.parallel`),
+added outside the calibration: the calibration corrects the device's compute and memory
+branches, the link's seconds are the profile's.
+
 For a batched load, T_verify is the time of the whole batched pass (this request's tree plus the
 co-batched requests' trees). T_draft is the DFlash drafter's bare roofline over the batch (0 when
 no drafter is given); T_aux is a constant (``prep_s``, or the calibration record's). L_AR is the
@@ -187,11 +192,16 @@ class RooflineCostModel:
         bare = self._pricer(masked, tiled=False)
         compute, memory = bare.branches(shape)
         bare_s = (np.maximum(compute, memory) + bare.launch_s).sum(axis=-1)
+        comm = bare.comm_s(shape.tokens) if bare.has_comm else None
+        if comm is not None:  # tensor parallelism's all-reduces, beside the device's time
+            bare_s = bare_s + comm
         if self.calibration is None:
             return bare_s, bare_s
         if self._tiled is not None:
             compute = self._pricer(masked, tiled=True).branches(shape)[0]
         cal = self.calibration.predict(compute.sum(axis=-1), memory.sum(axis=-1))
+        if comm is not None:  # the calibration fits the device's time; the link adds to it
+            cal = cal + comm
         return bare_s, np.asarray(cal, dtype=np.float64)
 
     def _correct(self, bare_s: Array, cal_s: Array) -> Array:

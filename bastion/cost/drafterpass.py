@@ -10,6 +10,7 @@ size (what the cost model and the simulator call every step).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -17,7 +18,16 @@ import numpy.typing as npt
 from bastion.cost.breakdown import PassShape, RooflineBreakdown
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec
-from bastion.cost.opcounts import Raw, RooflineOptions, check_layers, gemm_op, layer_ops, price_raws
+from bastion.cost.opcounts import (
+    Raw,
+    RooflineOptions,
+    check_layers,
+    gemm_op,
+    layer_ops,
+    per_gpu,
+    price_raws,
+)
+from bastion.cost.parallel import comm_op
 from bastion.errors import ConfigError
 from bastion.guard import each, integer, number, public
 
@@ -42,9 +52,15 @@ def drafter_pass(
     drafter cache; then the block of ``block_size`` tokens runs through the drafter's layers,
     attending (non-causally, no mask) to the cached context and to the block; the target's LM head
     produces logits for the ``block_size − 1`` masked slots. Embedding: gathered rows only.
+
+    With ``options.tensor_parallel`` > 1 the drafter runs on the target's GPUs split the same
+    way (one GPU's share of every count), and each of its layers ends its attention and its
+    FFN with an all-reduce of the block's activations (an ``all_reduce`` entry, as the
+    target's pass; :mod:`bastion.cost.parallel`).
     """
     opt = options or RooflineOptions()
-    m = drafter.model
+    full = drafter.model
+    m = per_gpu(full, opt)
     check_layers(m)
     b = drafter.block_size
     new = b if new_context_tokens is None else new_context_tokens
@@ -66,11 +82,15 @@ def drafter_pass(
             m.layers,
         ),
     ]
-    raws += [(op, m.layers) for op in layer_ops(m, shape, opt, masked=False)]
+    plain = replace(opt, tensor_parallel=1) if opt.tensor_parallel > 1 else opt  # m is split
+    raws += [(op, m.layers) for op in layer_ops(m, shape, plain, masked=False)]
     logit_rows = np.asarray(n_req * (b - 1))
     raws.append((("final_norm", 4.0 * t * h, np.asarray(float(h)), zero, 2.0 * t * h, 1), 1))
     raws.append((gemm_op("lm_head", logit_rows, logit_rows, h, v), 1))
-    return RooflineBreakdown(price_raws(raws, hw, opt), meta={"layers": float(m.layers)})
+    priced = price_raws(raws, hw, opt)
+    if opt.tensor_parallel > 1:
+        priced = (*priced, comm_op(full, hw, opt.tensor_parallel, opt.bytes_per_act, t))
+    return RooflineBreakdown(priced, meta={"layers": float(m.layers)})
 
 
 @public
@@ -110,7 +130,9 @@ class DrafterPricer:
                 )
 
             c0 = seconds(at0)
-            line = (c0, seconds(at1) - c0, float(at0.launch_s))
+            # the all-reduces (tensor parallelism) depend on the block's tokens alone: a constant
+            fixed = float(at0.launch_s) + float(at0.comm_s)
+            line = (c0, seconds(at1) - c0, fixed)
             self._lines[requests] = line
         return line
 

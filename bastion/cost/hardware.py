@@ -2,8 +2,9 @@
 
 A profile is one TOML file in the repository's top-level ``hwprofiles/`` directory (shipped in
 the wheel as ``bastion/hwprofiles``), with peak numbers in ``[peak]``, default achievable
-fractions in ``[efficiency]`` and, in ``[sources]``, where every number comes from. Units are
-the library's: FLOP/s, bytes/s, bytes, seconds.
+fractions in ``[efficiency]``, the link between GPUs of a tensor-parallel group in
+``[interconnect]`` (:class:`Interconnect`) and, in ``[sources]``, where every number comes from.
+Units are the library's: FLOP/s, bytes/s, bytes, seconds.
 
 What this module does not do: hold any hardware number itself (they live only in the TOML files),
 or measure a machine (see :mod:`bastion.cost.probe`).
@@ -25,8 +26,10 @@ from bastion.guard import is_finite, public
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "INTERCONNECT_KINDS",
     "PROFILE_DIR_ENV",
     "HardwareProfile",
+    "Interconnect",
     "get_profile",
     "known_profiles",
     "load_profile",
@@ -40,6 +43,34 @@ PROFILE_DIR_ENV = "BASTION_HWPROFILES"
 _PEAK_REQUIRED = ("bf16_flops", "memory_bandwidth", "memory_bytes", "l2_bytes", "sm_count")
 _PEAK_OPTIONAL = ("fp8_flops", "l2_bandwidth", "sm_clock_hz", "max_threads_per_sm")
 _EFFICIENCY_REQUIRED = ("compute", "memory", "launch_overhead_s")
+
+#: ``[interconnect] kind``: NVLink (SXM boards or a bridge), PCIe, or none (a single device).
+INTERCONNECT_KINDS = ("nvlink", "pcie", "none")
+_LINK_REQUIRED = ("bandwidth", "latency_s")  # besides kind and max_gpus, unless kind = "none"
+# [sources] keys of the [interconnect] fields (its own names would clash with [peak]'s)
+_LINK_SOURCES = {
+    "kind": "interconnect_kind",
+    "bandwidth": "interconnect_bandwidth",
+    "latency_s": "interconnect_latency_s",
+    "max_gpus": "interconnect_max_gpus",
+}
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """The link between the GPUs of one tensor-parallel group (the profile's ``[interconnect]``).
+
+    ``bandwidth`` is bytes/s **per GPU, per direction** (unidirectional): what one GPU can send
+    while it receives as much — half of NVIDIA's NVLink "total bandwidth" figures, which count
+    both directions (H100 SXM: 900 GB/s total, 450 GB/s each way). ``latency_s`` is the latency
+    of one step of a ring collective (one hop). ``max_gpus`` is the most GPUs one group can span
+    over this link (a node's GPUs; two for an NVLink bridge). ``kind = "none"``: a single device
+    (``max_gpus`` 1, no bandwidth or latency)."""
+
+    kind: str  # one of INTERCONNECT_KINDS
+    max_gpus: int  # GPUs one tensor-parallel group can span over this link
+    bandwidth: float = 0.0  # bytes/s per GPU per direction (0 for kind "none")
+    latency_s: float = 0.0  # seconds per ring step (0 for kind "none")
 
 
 @dataclass(frozen=True)
@@ -60,6 +91,7 @@ class HardwareProfile:
     l2_bandwidth: float | None = None  # bytes/s, peak L2 read bandwidth where it is published
     sm_clock_hz: float | None = None  # Hz, the SM clock at which bf16_flops is reached (boost)
     max_threads_per_sm: int | None = None  # resident threads per SM (compute capability)
+    interconnect: Interconnect | None = None  # the link between GPUs (None: not given)
     sources: Mapping[str, str] = field(default_factory=dict)  # field -> where the number is from
     path: str | None = None  # file it was read from
 
@@ -165,6 +197,7 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
             f"{origin}: [peak].sm_clock_hz is in Hz and must be in [1e7, 1e11] "
             f"(e.g. 1.41e9 for 1410 MHz), got {clock!r}"
         )
+    link = _interconnect(data, sources, origin)
     return HardwareProfile(
         name=name,
         description=description,
@@ -180,8 +213,65 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
         l2_bandwidth=values.get("l2_bandwidth"),
         sm_clock_hz=values.get("sm_clock_hz"),
         max_threads_per_sm=None if threads is None else int(threads),
+        interconnect=link,
         sources={str(k): str(v) for k, v in sources.items()},
         path=None if origin.startswith("<") else origin,
+    )
+
+
+def _interconnect(
+    data: Mapping[str, Any], sources: Mapping[str, Any], origin: str
+) -> Interconnect | None:
+    """The ``[interconnect]`` table, checked (None when the profile has none): ``kind`` one of
+    :data:`INTERCONNECT_KINDS`, ``max_gpus`` a whole number ≥ 1, ``bandwidth`` and
+    ``latency_s`` positive numbers (not for kind "none", whose ``max_gpus`` is 1), every value
+    with its source in ``[sources]`` (keys ``interconnect_<field>``)."""
+    if "interconnect" not in data:
+        return None
+    table = data["interconnect"]
+    where = f"{origin}: [interconnect]"
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where} must be a table (kind, bandwidth, latency_s, max_gpus)")
+    kind = table.get("kind")
+    if kind not in INTERCONNECT_KINDS:
+        raise ConfigError(
+            f"{where}.kind is {kind!r}; accepted: {', '.join(map(repr, INTERCONNECT_KINDS))}"
+        )
+    keys = ("kind", "max_gpus") if kind == "none" else ("kind", *_LINK_REQUIRED, "max_gpus")
+    unknown = sorted(set(table) - set(_LINK_SOURCES))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)}; accepted: {', '.join(_LINK_SOURCES)}"
+        )
+    for key in keys:
+        if key not in table:
+            raise ConfigError(
+                f"{where}.{key} missing; required for kind {kind!r}: {', '.join(keys)}"
+            )
+    if kind == "none":
+        extra = [k for k in _LINK_REQUIRED if k in table]
+        if extra:
+            raise ConfigError(f'{where}: kind "none" has no {", ".join(extra)}')
+    gpus = table["max_gpus"]
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 65536:
+        raise ConfigError(f"{where}.max_gpus must be a whole number in [1, 65536], got {gpus!r}")
+    if kind == "none" and gpus != 1:
+        raise ConfigError(f'{where}.max_gpus must be 1 for kind "none" (one device), got {gpus}')
+    values = {
+        k: _positive(table[k], f"[interconnect].{k}", origin) for k in _LINK_REQUIRED if k in table
+    }
+    for key in keys:
+        src = sources.get(_LINK_SOURCES[key])
+        if not isinstance(src, str) or not src.strip():
+            raise ConfigError(
+                f"{origin}: [sources].{_LINK_SOURCES[key]} missing (the source of "
+                f"[interconnect].{key}); every number needs a source"
+            )
+    return Interconnect(
+        kind=str(kind),
+        max_gpus=int(gpus),
+        bandwidth=values.get("bandwidth", 0.0),
+        latency_s=values.get("latency_s", 0.0),
     )
 
 
@@ -202,7 +292,7 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
         peak["sm_clock_hz"] = profile.sm_clock_hz
     if profile.max_threads_per_sm is not None:
         peak["max_threads_per_sm"] = profile.max_threads_per_sm
-    return {
+    out: dict[str, Any] = {
         "name": profile.name,
         "description": profile.description,
         "peak": peak,
@@ -211,8 +301,16 @@ def profile_to_dict(profile: HardwareProfile) -> dict[str, Any]:
             "memory": profile.memory_efficiency,
             "launch_overhead_s": profile.launch_overhead_s,
         },
-        "sources": dict(profile.sources),
     }
+    link = profile.interconnect
+    if link is not None:
+        table: dict[str, Any] = {"kind": link.kind}
+        if link.kind != "none":
+            table.update(bandwidth=link.bandwidth, latency_s=link.latency_s)
+        table["max_gpus"] = link.max_gpus
+        out["interconnect"] = table
+    out["sources"] = dict(profile.sources)
+    return out
 
 
 def _toml_value(value: Any) -> str:
@@ -232,7 +330,9 @@ def profile_to_toml(profile: HardwareProfile) -> str:
         f"name = {_toml_value(data['name'])}",
         f"description = {_toml_value(data['description'])}",
     ]
-    for table in ("peak", "efficiency", "sources"):
+    for table in ("peak", "efficiency", "interconnect", "sources"):
+        if table not in data:
+            continue
         lines.append("")
         lines.append(f"[{table}]")
         lines.extend(f"{k} = {_toml_value(v)}" for k, v in data[table].items())

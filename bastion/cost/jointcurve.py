@@ -105,6 +105,8 @@ def joint_seconds(
     if calibration is None:
         compute, memory = pricer.branches(shape)
         bare_s: Array = (np.maximum(compute, memory) + pricer.launch_s).sum(axis=-1)
+        if pricer.has_comm:  # tensor parallelism's all-reduces (as the cost model's _base)
+            bare_s = bare_s + pricer.comm_s(shape.tokens)
         return bare_s
     # The calibration reads only Σ_op of each branch, affine in the features: one
     # matrix-vector product each instead of the [len, ops] per-operator matrices.
@@ -116,7 +118,10 @@ def joint_seconds(
         x = pricer.features(shape)
     f0, f = pricer.flops
     compute_s = (f0.sum() + x @ f.sum(axis=1)) / pricer.flop_rate
-    return np.asarray(calibration.predict(compute_s, memory_s), dtype=np.float64)
+    cal = calibration.predict(compute_s, memory_s)
+    if bare.has_comm:  # the link's seconds beside the calibrated device's (as _base)
+        cal = cal + bare.comm_s(shape.tokens)
+    return np.asarray(cal, dtype=np.float64)
 
 
 def growth_bound(
@@ -174,6 +179,8 @@ def growth_bound(
         if branch_m >= branch_c:
             rises.append(float(cal.memory.alpha * rise_m))
         step = max(rises)
+    if bare.has_comm:  # each node adds a token to every all-reduce
+        step += bare.comm_slope
     if gamma is not None:
         step *= gamma
     return max(step, 0.0)
@@ -184,12 +191,17 @@ def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> Array | None:
     joint curve from (see ``_bestfirst_paper.c``), for a step of requests with ``contexts``:
     what :func:`joint_seconds` and :func:`growth_bound` read in the calibrated modes (static,
     ema+calib) of a dense target, where every count is a whole number. None where the model is
-    not such a model (the caller prices the curve as the model does)."""
+    not such a model, or is split over GPUs (tensor parallelism: the kernel prices no
+    all-reduces), and the caller prices the curve as the model does."""
     mode = getattr(model, "mode", None)
     cal = getattr(model, "calibration", None)
     if mode not in ("static", "ema+calib") or not isinstance(cal, LinearCalibration):
         return None
     if getattr(model, "model", None) is None or model.model.is_moe:
+        return None
+    if (
+        getattr(getattr(model, "options", None), "tensor_parallel", 1) > 1
+    ):  # the kernel prices no all-reduces
         return None
     stamp = (mode, model.ema.gamma, model.prep_s)
     memo = memo_of(model)

@@ -29,6 +29,7 @@ import numpy.typing as npt
 from bastion.cost.breakdown import OperatorCost, PassShape
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import MAX_CONFIG_INT, ModelSpec
+from bastion.cost.parallel import tp_shard
 from bastion.errors import ConfigError
 from bastion.guard import array, integer, public
 
@@ -57,6 +58,9 @@ class RooflineOptions:
     l2_resident: bool = False  # activations of a kernel whose working set fits in L2: L2 speed
     gemm_waves: bool = False  # GEMM compute on whole waves of (tile_m × tile_n) tiles over SMs
     wave_tile_n: int = 128  # output columns per tile (tile_m: next power of two ≥ T in 16…128)
+    # tensor parallelism: the pass one GPU of a group of this many runs (bastion.cost.parallel:
+    # the model's heads, FFN and vocabulary split; its all-reduces priced apart, see roofline)
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.bytes_per_param <= 0 or self.bytes_per_act <= 0:
@@ -69,6 +73,9 @@ class RooflineOptions:
             raise ConfigError(f"tile_tokens must be ≥ 0, got {self.tile_tokens}")
         if self.wave_tile_n < 1:
             raise ConfigError(f"wave_tile_n must be ≥ 1, got {self.wave_tile_n}")
+        tp = self.tensor_parallel
+        if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 1 << 16:
+            raise ConfigError(f"tensor_parallel must be an integer in [1, 65536], got {tp!r:.40}")
 
 
 @public(
@@ -257,7 +264,9 @@ def price_raws(
 
 @public
 def gemm_dims(model: ModelSpec, opt: RooflineOptions) -> dict[str, tuple[int, int]]:
-    """(k_in, n_out) of every dense GEMM of a target pass, by operator name."""
+    """(k_in, n_out) of every dense GEMM of a target pass, by operator name (one GPU's share
+    with ``opt.tensor_parallel`` > 1)."""
+    model = per_gpu(model, opt)
     h, hq, hkv = model.hidden, model.h_q, model.h_kv
     dims = {"o_proj": (hq, h), "lm_head": (h, model.vocab)}
     if opt.fused_qkv:
@@ -274,6 +283,13 @@ def gemm_dims(model: ModelSpec, opt: RooflineOptions) -> dict[str, tuple[int, in
     return dims
 
 
+def per_gpu(model: ModelSpec, opt: RooflineOptions) -> ModelSpec:
+    """The part of ``model`` one GPU runs under ``opt.tensor_parallel`` (``model`` at 1)."""
+    if opt.tensor_parallel == 1:
+        return model
+    return tp_shard(model, opt.tensor_parallel)
+
+
 def check_layers(model: ModelSpec) -> None:
     """A :class:`ConfigError` for a model without layers (nothing to price)."""
     if model.layers < 1:
@@ -288,7 +304,9 @@ def pass_raws(
     tp: Array | None = None,
     u: Array | None = None,
 ) -> list[tuple[Raw, int]]:
-    """Raw terms of a whole target pass: embedding, the layers, final norm, LM head."""
+    """Raw terms of a whole target pass: embedding, the layers, final norm, LM head (one GPU's
+    share with ``opt.tensor_parallel`` > 1: :func:`bastion.cost.parallel.tp_shard`)."""
+    model = per_gpu(model, opt)
     t = shape.tokens
     tp = pad_tokens(t, opt.tile_tokens) if tp is None else tp
     zero = np.zeros(())

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bastion.cost.hardware import HardwareProfile
+from bastion.cost.hardware import HardwareProfile, Interconnect
 from bastion.guard import integer, public
 
 __all__ = ["measure_bandwidth", "measure_gemm", "measure_overhead", "probe_profile"]
@@ -100,6 +100,7 @@ def probe_profile(name: str = "this-machine", quick: bool = False) -> HardwarePr
         compute_efficiency=1.0,
         memory_efficiency=1.0,
         launch_overhead_s=overhead,
+        interconnect=Interconnect(kind="none", max_gpus=1),
         sources={
             "bf16_flops": f"{probe}: numpy float32 GEMM (no bf16 GEMM in numpy)",
             "memory_bandwidth": f"{probe}: numpy copy, read + write bytes",
@@ -109,5 +110,7 @@ def probe_profile(name: str = "this-machine", quick: bool = False) -> HardwarePr
             "compute": "measured throughput is already achievable: 1.0",
             "memory": "measured bandwidth is already achievable: 1.0",
             "launch_overhead_s": f"{probe}: one tiny numpy operation",
+            "interconnect_kind": f"{probe}: one device measured, no link between devices",
+            "interconnect_max_gpus": "one device: tensor parallelism (--tp > 1) is refused",
         },
     )

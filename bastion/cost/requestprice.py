@@ -33,6 +33,10 @@ def request_pricing(model: Any) -> tuple[Array, int] | None:
         return None
     if getattr(model, "model", None) is None or model.model.is_moe:
         return None
+    if (
+        getattr(getattr(model, "options", None), "tensor_parallel", 1) > 1
+    ):  # the kernel prices no all-reduces: Python's rule
+        return None
     stamp = (mode, model.ema.gamma, model.prep_s)
     memo = memo_of(model)
     fixed = memo.get(("request-pricing", stamp))

@@ -13,6 +13,12 @@ Table 11: h (hidden), h_q = n_q·d, h_kv = n_kv·d, f (FFN width, one expert's w
 V (vocabulary), E experts, K active per token, bp bytes per element. T = Σ s_i is the number of
 tokens in the pass.
 
+Tensor parallelism (``RooflineOptions.tensor_parallel`` = N > 1): every count is one GPU's
+share (:func:`bastion.cost.parallel.tp_shard`), and the pass gains an ``all_reduce`` entry: its
+2L ring all-reduces of T·h activations over the profile's interconnect
+(:func:`bastion.cost.parallel.comm_line`), whose seconds (``comm_s``) are added to the
+operators' sum, outside their max(compute, memory).
+
 Attention: a tree token sees the prefix and its ancestors, but the kernel the real backend runs
 (SDPA with a 4-D additive mask) computes every (query, key) pair of its s_i × (c_i + s_i) block
 and reads the mask, so that is what we count; the count is quadratic in s_i (Prop. 3.4's convex
@@ -48,6 +54,7 @@ from bastion.cost.opcounts import (
     pass_raws,
     price_raws,
 )
+from bastion.cost.parallel import comm_line, comm_op
 from bastion.errors import ConfigError
 from bastion.guard import public
 
@@ -102,6 +109,8 @@ def price_pass(
     raws = pass_raws(model, shape, opt, masked)
     tokens = pad_tokens(shape.tokens, opt.tile_tokens)
     priced = price_raws(raws, hw, opt, tokens, gemm_dims(model, opt))
+    if opt.tensor_parallel > 1:
+        priced = (*priced, comm_op(model, hw, opt.tensor_parallel, opt.bytes_per_act, shape.tokens))
     return RooflineBreakdown(priced, meta={"layers": float(model.layers)})
 
 
@@ -160,6 +169,20 @@ class LinearPricer:
         self._peak = hw.peak_flops(opt.dtype) * hw.compute_efficiency
         self._bw = hw.memory_bandwidth * hw.memory_efficiency
         self.launch_s = np.array(kernels, dtype=np.float64) * hw.launch_overhead_s  # [ops]
+        # tensor parallelism's all-reduces: comm_const + comm_slope · T seconds, added to the
+        # operators' sum (both 0 on one GPU)
+        self.comm_const, self.comm_slope = comm_line(
+            model, hw, opt.tensor_parallel, opt.bytes_per_act
+        )
+
+    @property
+    def has_comm(self) -> bool:
+        """Whether passes spend time on the link between GPUs (tensor parallelism > 1)."""
+        return self.options.tensor_parallel > 1
+
+    def comm_s(self, tokens: npt.ArrayLike) -> Array:
+        """Seconds of the all-reduces of passes of ``tokens`` tokens (0 on one GPU)."""
+        return self.comm_const + self.comm_slope * np.asarray(tokens, dtype=np.float64)
 
     @property
     def flops(self) -> tuple[Array, Array]:
@@ -203,12 +226,16 @@ class LinearPricer:
         return (self._f0 + x @ self._f) / self._peak, (self._b0 + x @ self._b) / self._bw
 
     def total_s(self, shape: PassShape, op_scale: Array | None = None) -> Array:
-        """Σ_op max(compute, memory) + launches; ``op_scale`` multiplies each operator's time."""
+        """Σ_op max(compute, memory) + launches (+ the all-reduces with tensor parallelism);
+        ``op_scale`` multiplies each operator's time."""
         c, mem = self.branches(shape)
         per_op = np.maximum(c, mem) + self.launch_s
         if op_scale is not None:
             per_op = per_op * op_scale
-        return np.asarray(per_op.sum(axis=-1))
+        total = np.asarray(per_op.sum(axis=-1))
+        if self.has_comm:
+            total = total + self.comm_s(shape.tokens)
+        return np.asarray(total)
 
 
 @public

@@ -94,6 +94,12 @@ GRID_KEYS: dict[str, _Key] = {
     ),
     "slo_ttft_s": _Key("float", 0.0, low_open=True, what="a number > 0 (seconds)"),
     "slo_tpot_s": _Key("float", 0.0, low_open=True, what="a number > 0 (seconds)"),
+    "tp": _Key(
+        "int",
+        1,
+        what="an integer ≥ 1 (tensor parallelism: GPUs the model is split over; it must divide "
+        "the model's attention heads)",
+    ),
     "policies": _Key("policies", what="a list of policy specs, or a list of such lists"),
 }
 """The keys of a ``[grid]`` table. Each takes one value or a list of values (an axis of the
