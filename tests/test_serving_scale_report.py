@@ -72,5 +72,5 @@ def test_the_shipped_config_expands() -> None:
         ("llama-3.1-70b", 4),
     }
     assert {s["prompt_len"] for s in specs} == {512, 16384}
-    assert len(runs) == 2 * 2 * 3 + 2 * 3
+    assert len(runs) == 2 * 2 * 3 + 2 * 3  # TP × prompt × rate (8B), prompt × rate (70B)
     assert len(cfg.runs(quick=True)) == 2 * 2 + 2

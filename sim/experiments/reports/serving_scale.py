@@ -103,7 +103,10 @@ def _long_context(rows: list[Row]) -> str:
         return ""
     return (
         "Long contexts (the simulator's prediction, all arrival rates pooled; MagicDec reports "
-        "speculation gaining at batch 32–256 once sequences pass about 1k tokens):\n\n"
+        "speculation gaining at batch 32–256 once sequences pass about 1k tokens). Prompts "
+        "are prefilled in chunks riding with the decode steps, so at long prompts a decode "
+        "step shares expensive passes and committing more tokens per pass is worth more; "
+        "docs/simulator.md separates that from the KV read's share with decode-only runs:\n\n"
         + "\n".join(lines)
     )
 
@@ -127,7 +130,10 @@ def _plot(
                 got = group(by.get((p,), []), ["arrival_rate"]) if (p,) in by else {}
                 xs = sorted(got)
                 ax.plot([x[0] for x in xs], [_mean(got[x], name, scale) for x in xs], "o-", label=p)
+            rates = sorted({float(r["arrival_rate"]) for r in rs})
             ax.set_xscale("log")
+            ax.set_xticks(rates, [f"{x:g}" for x in rates])
+            ax.minorticks_off()
             ax.set_xlabel("arrival rate (req/s)")
             ax.set_ylabel(label, fontsize=8)
             if j == 0:
