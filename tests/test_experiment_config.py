@@ -171,6 +171,7 @@ def test_shipped_configs_reproduce_the_builtin_grids() -> None:
         "latency-model": 24,
         "moe": 1,
         "multi-batch": 12,
+        "serving-scale": 18,
     }
     multi = experiments.resolve_config("multi-batch").runs(quick=True)
     assert [(r["spec"]["concurrency"], r["spec"]["requests"]) for r in multi] == [

@@ -411,7 +411,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "name",
         nargs="?",
         help="a shipped experiment (budget-sweep, best-first-vs-beam, multi-batch, moe, "
-        "latency-model; --list) or a config path",
+        "latency-model, serving-scale, …; --list) or a config path",
     )
     e.add_argument("--config", metavar="FILE.toml", help="the experiment's config file")
     e.add_argument("--list", action="store_true", help="list the shipped experiments and exit")

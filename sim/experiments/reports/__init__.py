@@ -32,6 +32,7 @@ from . import (
     latency_model,
     moe,
     multi_batch,
+    serving_scale,
 )
 
 __all__ = ["POOLS_SEEDS", "REPORTS", "Report", "summary"]
@@ -46,6 +47,7 @@ REPORTS: dict[str, Report] = {
     "moe": moe.report,
     "latency-model": latency_model.report,
     "controller-regret": controller_regret.report,
+    "serving-scale": serving_scale.report,
 }
 """Reports a config may name (``report = "…"``); without one an experiment gets ``generic``."""
 
