@@ -17,11 +17,13 @@
  * built mass, the unseen mass over the batch) are numpy's pairwise sums (bf_pairwise).
  *   mass: B lattice masses (bastion.joint._lattice_mass), or empty: computed here with
  *     numpy's sums and products in numpy's order; contexts: B bucketed contexts;
- *   price: 22 doubles: Σ f0, Σ f per feature (6) of the compute branch's pricer (tiled where
+ *   price: 28 doubles: Σ f0, Σ f per feature (6) of the compute branch's pricer (tiled where
  *     the calibration pads), its FLOP rate and tile; Σ b0, Σ b (6) of the memory branch's
  *     (bare) pricer, its byte rate and tile; the calibration's α, β of compute then memory;
  *     γ (0: static mode, no factor); T_draft + T_aux; whether the growth bound applies (1.0:
- *     no coefficient or α below 0).
+ *     no coefficient or α below 0); tensor parallelism's all-reduces: whether a pass has them
+ *     (1.0: tp > 1), their seconds c0 + c1 T per pass of T tokens (bastion.cost.parallel),
+ *     added to the calibrated seconds before γ, c1 to the growth bound's rise per node.
  * status 0: done; -1: a price or bound is not finite and > 0 (the caller prices the chain in
  * Python, which raises); -3: a count is not exact (the caller runs the Python loop).
  */
@@ -80,8 +82,11 @@ static inline void seconds(const double *pr, double t, double pairs, double kv, 
     *memory = branch(pr + 9, t, pr[17], pairs, kv, mask) / pr[16];
 }
 
-static double calibrated(const double *pr, double compute, double memory) {
+/* a pass of t tokens: the calibrated device's seconds, plus tensor parallelism's all-reduces
+   (pr[25] != 0: c0 + c1 t, as RooflineCostModel._base adds them), then gamma */
+static double calibrated(const double *pr, double t, double compute, double memory) {
     double v = nmax(pr[18] * compute + pr[19], pr[20] * memory + pr[21]);
+    if (pr[25] != 0.0) v = v + (pr[26] + pr[27] * t);
     return pr[22] != 0.0 ? pr[22] * v : v;
 }
 
@@ -107,6 +112,7 @@ static double rise(const double *pr, double c_min, double compute, double memory
     } else {
         return NAN;
     }
+    if (pr[25] != 0.0) step += pr[27]; /* each node adds a token to every all-reduce */
     if (pr[22] != 0.0) step *= pr[22];
     return 0.0 > step ? 0.0 : step;
 }
@@ -129,7 +135,7 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
         !bf_holds_exactly(probs.len, sizeof(double), b, depth, k) ||
         !bf_holds_exactly(ids.len, sizeof(int64_t), b, depth, k) || most > b * (n_max - 1) ||
         (massb.len != 0 && massb.len != b * (Py_ssize_t)sizeof(double)) ||
-        ctxb.len != b * (Py_ssize_t)sizeof(double) || priceb.len != 25 * sizeof(double)) {
+        ctxb.len != b * (Py_ssize_t)sizeof(double) || priceb.len != 28 * sizeof(double)) {
         PyErr_SetString(PyExc_ValueError, "paper: inconsistent sizes");
         goto done;
     }
@@ -182,7 +188,7 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
             goto answer;
         }
         seconds(pr, (double)b, pairs0, pairs0, 0.0, &compute, &memory);
-        ar = calibrated(pr, compute, memory); /* L_AR: B tokens, unmasked */
+        ar = calibrated(pr, (double)b, compute, memory); /* L_AR: B tokens, unmasked */
         if (!(isfinite(ar) && ar > 0.0 && isfinite(fixed) && fixed >= 0.0)) {
             status = -1;
             goto answer;
@@ -234,7 +240,7 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
                     pairs += c[r] + 2.0 * (double)held[r]++ + 1.0;
                 }
                 seconds(pr, (double)(b + j), pairs, pairs0 + (double)j, pairs, &compute, &memory);
-                double verify = calibrated(pr, compute, memory);
+                double verify = calibrated(pr, (double)(b + j), compute, memory);
                 c_hat[j] = fixed + verify;
                 if (!(isfinite(verify) && verify > 0.0 && isfinite(c_hat[j]) && c_hat[j] > 0.0)) {
                     status = -1;

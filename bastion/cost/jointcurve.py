@@ -187,21 +187,17 @@ def growth_bound(
 
 
 def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> Array | None:
-    """The 25 numbers ``paper()`` prices a :class:`~bastion.cost.costmodel.RooflineCostModel`'s
+    """The 28 numbers ``paper()`` prices a :class:`~bastion.cost.costmodel.RooflineCostModel`'s
     joint curve from (see ``_bestfirst_paper.c``), for a step of requests with ``contexts``:
     what :func:`joint_seconds` and :func:`growth_bound` read in the calibrated modes (static,
-    ema+calib) of a dense target, where every count is a whole number. None where the model is
-    not such a model, or is split over GPUs (tensor parallelism: the kernel prices no
-    all-reduces), and the caller prices the curve as the model does."""
+    ema+calib) of a dense target, where every count is a whole number, tensor parallelism's
+    all-reduces included. None where the model is not such a model, and the caller prices the
+    curve as the model does."""
     mode = getattr(model, "mode", None)
     cal = getattr(model, "calibration", None)
     if mode not in ("static", "ema+calib") or not isinstance(cal, LinearCalibration):
         return None
     if getattr(model, "model", None) is None or model.model.is_moe:
-        return None
-    if (
-        getattr(getattr(model, "options", None), "tensor_parallel", 1) > 1
-    ):  # the kernel prices no all-reduces
         return None
     stamp = (mode, model.ema.gamma, model.prep_s)
     memo = memo_of(model)
@@ -229,6 +225,8 @@ def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> Array | None:
                 coefficients,
                 [cal.compute.alpha, cal.compute.beta, cal.memory.alpha, cal.memory.beta, gamma],
                 [0.0, 1.0 if no_growth else 0.0],
+                # tensor parallelism's all-reduces (as joint_seconds and growth_bound add them)
+                [1.0 if bare.has_comm else 0.0, bare.comm_const, bare.comm_slope],
             )
         ).astype(np.float64)
         fixed = memo.put(("joint-pricing", stamp), fixed)
