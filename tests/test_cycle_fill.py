@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bastion.cycles import _NEAREST, LATTICE, CycleTable, small_median
+from bastion.cycles import _NEAREST, LATTICE, CycleKind, CycleTable, small_median
 
 
-def _reference_fill(table: CycleTable, kind: str, b: int) -> np.ndarray:
+def _reference_fill(table: CycleTable, kind: CycleKind, b: int) -> np.ndarray:
     """CycleTable._fill as it was: every bucket looked at, np.median of the tree cells."""
     med = table._median[kind]
     order = _NEAREST[b]
@@ -42,12 +42,12 @@ def test_small_median_is_numpys_median_bit_for_bit() -> None:
 def test_fill_reads_as_the_numpy_form(seed: int) -> None:
     rng = np.random.default_rng(seed)
     table = CycleTable(window=int(rng.integers(1, 10)))
-    kinds = ("tree", "ar", "chain")
+    kinds: tuple[CycleKind, ...] = ("tree", "ar", "chain")
     for step in range(400):
         kind = kinds[int(rng.choice(3, p=[0.8, 0.1, 0.1]))] if step > 40 else "tree"
         b = int(rng.choice([1, 2, 3, 5, 8, 17, 32, 64, 700]))
         tokens = int(rng.choice(LATTICE[:60])) + int(rng.integers(0, 3))
-        table.observe(kind, b, tokens, float(rng.lognormal(0.0, 0.3)))  # type: ignore[arg-type]
+        table.observe(kind, b, tokens, float(rng.lognormal(0.0, 0.3)))
         if step % 7 == 0:
             for k in kinds:
                 for bucket in range(11):

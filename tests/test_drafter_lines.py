@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bastion.cost.breakdown import RooflineBreakdown
 from bastion.cost.drafterpass import LINE_BLOCK, DrafterPricer, drafter_pass
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model, known_models
@@ -21,7 +22,7 @@ def _reference_line(pricer: DrafterPricer, requests: int) -> tuple[np.ndarray, n
     at0 = drafter_pass(pricer.drafter, pricer.hw, zero, pricer.options)
     at1 = drafter_pass(pricer.drafter, pricer.hw, [1.0, *zero[1:]], pricer.options)
 
-    def seconds(b):  # type: ignore[no-untyped-def]
+    def seconds(b: RooflineBreakdown) -> np.ndarray:
         return np.array(
             [float(op.compute_s) for op in b.operators] + [float(op.memory_s) for op in b.operators]
         )
