@@ -1,0 +1,80 @@
+"""The joint curve's fast paths read exactly as the general ones: an even spread of the added
+nodes (the learned prior's anchors) takes the nodes each request holds without a sort, and the
+tiled compute branch reuses the bare branch's features but for the padded T."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bastion.cost.jointcurve as jointcurve
+from bastion.cost.costmodel import RooflineCostModel
+from bastion.cost.hardware import get_profile
+from bastion.cost.models import DrafterSpec, get_model
+from bastion.errors import BudgetError
+from bastion.sim.gpu import SimulatedGPU
+from bastion.sim.simulate import calibrated_cost_model
+
+
+def _model(name: str, mode: str, tp: int = 1) -> RooflineCostModel:
+    model = get_model(name)
+    gpu = SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model), tp=tp)
+    cm, _ = calibrated_cost_model(gpu, mode)
+    if mode in ("ema", "ema+calib"):
+        cm.ema.gamma = 1.07
+    assert isinstance(cm, RooflineCostModel)
+    return cm
+
+
+def _grows(rng: np.random.Generator, b: int) -> list[np.ndarray]:
+    n = int(rng.integers(1, 3000))
+    even = np.arange(n, dtype=np.int64) % b
+    almost = even.copy()
+    almost[int(rng.integers(0, n))] = (almost[int(rng.integers(0, n))] + 1) % b
+    return [even, almost, rng.integers(0, b, n).astype(np.int64), even[: max(n // 2, 1)]]
+
+
+@pytest.mark.parametrize(
+    ("name", "mode", "tp"),
+    [
+        ("qwen3-8b", "static", 1),
+        ("qwen3-8b", "ema+calib", 1),
+        ("qwen3-8b", "bare", 1),
+        ("llama-3.1-70b", "static", 4),
+        ("qwen3-coder-30b-a3b", "static", 1),
+    ],
+)
+def test_fast_paths_price_as_the_general_ones(
+    name: str, mode: str, tp: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cm = _model(name, mode, tp)
+    rng = np.random.default_rng(len(name) + tp)
+    cases = []
+    for _ in range(6):
+        b = int(rng.integers(1, 70))
+        ctx = rng.integers(0, 40000, b).astype(np.int64)
+        cases += [(ctx, g) for g in _grows(rng, b)]
+    fast = [cm.joint_cost_curve(ctx, g) for ctx, g in cases]
+    monkeypatch.setattr(jointcurve, "_round_robin", lambda g, n: None)
+    monkeypatch.setattr(jointcurve, "_same_but_tile", lambda bare, tiled: False)
+    for (ctx, g), got in zip(cases, fast, strict=True):
+        want = cm.joint_cost_curve(ctx, g)
+        assert np.array_equal(got.verify_s, want.verify_s)
+        assert (got.draft_s, got.prep_s, got.ar_step_s, got.growth_s) == (
+            want.draft_s,
+            want.prep_s,
+            want.ar_step_s,
+            want.growth_s,
+        )
+
+
+def test_an_even_spread_is_still_checked() -> None:
+    cm = _model("qwen3-8b", "static")
+    ctx = np.array([10, 20, 30], np.int64)
+    with pytest.raises(BudgetError):
+        cm.joint_cost_curve(ctx, np.array([0, 1, 2, 3], np.int64))  # request 3 of 3
+    shapes = jointcurve.joint_shapes(ctx, np.arange(7, dtype=np.int64) % 3, 16)
+    held = np.array([1, 1, 1, 2, 2, 2, 3], np.float64)
+    c = np.array([16.0, 32.0, 32.0])
+    pairs = (c + 1).sum() + np.cumsum(c[np.arange(7) % 3] + 2 * held + 1)
+    assert np.array_equal(shapes.both.attn_pairs[1:-1], pairs)
