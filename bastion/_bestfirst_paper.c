@@ -366,3 +366,79 @@ done:
     PyBuffer_Release(&priceb);
     return result;
 }
+
+/* joint_price(contexts, grow, price) -> (status, seconds)
+ *
+ * RooflineCostModel.joint_cost_curve's passes priced here (growth=False): the uncorrected
+ * seconds joint_seconds gives, after the model's correction (gamma, as paper() applies it), of
+ * the B-request batch after 0 ... m additions along `grow` (m int64 request indices) and, last,
+ * L_AR's unmasked pass of the B roots: m + 2 doubles. contexts: B bucketed contexts (whole
+ * numbers >= 0); price: paper()'s 28 numbers. The passes' features are joint_shapes', whole
+ * numbers, so every count is exact (checked at the last pass, as paper() does). status 0:
+ * done; -2: a context or request index out of range (joint_shapes raises); -3: not exact
+ * (the caller prices the curve in numpy). */
+PyObject *bf_joint_price(PyObject *self, PyObject *args) {
+    Py_buffer ctxb, growb, priceb;
+    PyObject *result = NULL;
+    int64_t *held = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &ctxb, &growb, &priceb)) return NULL;
+    Py_ssize_t b = ctxb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t m = growb.len / (Py_ssize_t)sizeof(int64_t);
+    if (b < 1 || ctxb.len != b * (Py_ssize_t)sizeof(double) ||
+        growb.len != m * (Py_ssize_t)sizeof(int64_t) || priceb.len != 28 * sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "joint_price: inconsistent sizes");
+        goto done;
+    }
+    {
+        const double *c = (const double *)ctxb.buf, *pr = (const double *)priceb.buf;
+        const int64_t *g = (const int64_t *)growb.buf;
+        int status = 0;
+        double pairs0 = 0.0;
+        for (Py_ssize_t r = 0; r < b; r++) {
+            if (!(c[r] >= 0.0 && c[r] < EXACT && c[r] == floor(c[r]))) status = -2;
+            pairs0 += c[r] + 1.0; /* whole numbers: exact in numpy's order too */
+        }
+        held = malloc((size_t)b * sizeof(int64_t));
+        if (!held) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        double pairs = pairs0;
+        for (Py_ssize_t r = 0; r < b; r++) held[r] = 1;
+        for (Py_ssize_t j = 0; j < m && !status; j++) { /* the last pass's features first */
+            int64_t r = g[j];
+            if (r < 0 || r >= b) {
+                status = -2;
+                break;
+            }
+            pairs += c[r] + 2.0 * (double)held[r]++ + 1.0;
+        }
+        if (!status && !exact(pr, (double)(b + m), pairs, pairs0 + (double)m)) status = -3;
+        if (status) {
+            result = Py_BuildValue("(iy#)", status, "", (Py_ssize_t)0);
+            goto done;
+        }
+        PyObject *out = PyBytes_FromStringAndSize(NULL, (m + 2) * (Py_ssize_t)sizeof(double));
+        if (!out) goto done;
+        double *v = (double *)PyBytes_AS_STRING(out), compute, memory;
+        pairs = pairs0;
+        for (Py_ssize_t r = 0; r < b; r++) held[r] = 1;
+        for (Py_ssize_t j = 0; j <= m; j++) {
+            if (j > 0) {
+                int64_t r = g[j - 1];
+                pairs += c[r] + 2.0 * (double)held[r]++ + 1.0;
+            }
+            seconds(pr, (double)(b + j), pairs, pairs0 + (double)j, pairs, &compute, &memory);
+            v[j] = calibrated(pr, (double)(b + j), compute, memory);
+        }
+        seconds(pr, (double)b, pairs0, pairs0, 0.0, &compute, &memory);
+        v[m + 1] = calibrated(pr, (double)b, compute, memory); /* L_AR: B tokens, unmasked */
+        result = Py_BuildValue("(iN)", 0, out);
+    }
+done:
+    free(held);
+    PyBuffer_Release(&ctxb);
+    PyBuffer_Release(&growb);
+    PyBuffer_Release(&priceb);
+    return result;
+}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import bastion.cost.costmodel as costmodel
 import bastion.cost.jointcurve as jointcurve
 from bastion.cost.costmodel import RooflineCostModel
 from bastion.cost.hardware import get_profile
@@ -78,3 +79,65 @@ def test_an_even_spread_is_still_checked() -> None:
     c = np.array([16.0, 32.0, 32.0])
     pairs = (c + 1).sum() + np.cumsum(c[np.arange(7) % 3] + 2 * held + 1)
     assert np.array_equal(shapes.both.attn_pairs[1:-1], pairs)
+
+
+needs_kernel = pytest.mark.skipif(
+    getattr(getattr(jointcurve, "_compiled", None), "joint_price", None) is None,
+    reason="compiled kernel not built",
+)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("name", "mode", "tp"),
+    [
+        ("qwen3-8b", "static", 1),
+        ("qwen3-8b", "ema+calib", 1),
+        ("llama-3.1-8b", "static", 1),
+        ("llama-3.1-70b", "static", 4),
+        ("llama-3.1-70b", "ema+calib", 4),
+        ("qwen3-32b", "static", 2),
+    ],
+)
+def test_compiled_joint_price_is_numpys(
+    name: str, mode: str, tp: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """joint_cost_curve(growth=False) priced by joint_price() reads as the numpy pricing,
+    bit for bit (the learned prior's anchors are these curves)."""
+    cm = _model(name, mode, tp)
+    rng = np.random.default_rng(len(name) * 3 + tp)
+    cases = []
+    for _ in range(8):
+        b = int(rng.integers(1, 70))
+        ctx = rng.integers(0, 60000, b).astype(np.int64)
+        cases += [(ctx, g) for g in _grows(rng, b)] + [(ctx, np.zeros(0, np.int64))]
+    assert all(jointcurve.joint_priced_compiled(cm, c, g) is not None for c, g in cases)
+    fast = [cm.joint_cost_curve(c, g, growth=False) for c, g in cases]
+    monkeypatch.setattr(jointcurve, "joint_priced_compiled", lambda *a: None)
+    monkeypatch.setattr(costmodel, "joint_priced_compiled", lambda *a: None)
+    for (ctx, g), got in zip(cases, fast, strict=True):
+        want = cm.joint_cost_curve(ctx, g, growth=False)
+        assert np.array_equal(got.verify_s, want.verify_s)
+        assert (got.draft_s, got.prep_s, got.ar_step_s, got.growth_s) == (
+            want.draft_s,
+            want.prep_s,
+            want.ar_step_s,
+            want.growth_s,
+        )
+
+
+@needs_kernel
+def test_compiled_joint_price_leaves_what_it_cannot_price_to_numpy() -> None:
+    cm = _model("qwen3-8b", "static")
+    ctx = np.array([10, 20, 30], np.int64)
+    assert jointcurve.joint_priced_compiled(cm, ctx, np.array([0, 3], np.int64)) is None
+    assert jointcurve.joint_priced_compiled(cm, ctx, np.array([-1], np.int64)) is None
+    huge = np.full(3, 2**52, np.int64)  # counts beyond 2^53: not exact
+    assert jointcurve.joint_priced_compiled(cm, huge, np.array([0, 1], np.int64)) is None
+    for bad in (np.array([0, 3], np.int64), np.array([0.5])):
+        with pytest.raises(BudgetError):
+            cm.joint_cost_curve(ctx, bad, growth=False)
+    moe = _model("qwen3-coder-30b-a3b", "static")
+    assert jointcurve.joint_priced_compiled(moe, ctx, np.array([0, 1], np.int64)) is None
+    bare = _model("qwen3-8b", "bare")
+    assert jointcurve.joint_priced_compiled(bare, ctx, np.array([0, 1], np.int64)) is None

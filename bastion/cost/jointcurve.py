@@ -26,6 +26,11 @@ from bastion.cost.opcounts import pad_tokens
 from bastion.cost.roofline import LinearPricer
 from bastion.errors import BudgetError
 
+try:
+    from bastion import _bestfirst as _compiled  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - the extension is optional
+    _compiled = None
+
 Array = npt.NDArray[np.float64]
 
 
@@ -241,9 +246,34 @@ def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> Array | None:
         return None
     if getattr(model, "model", None) is None or model.model.is_moe:
         return None
+    fixed = _joint_fixed(model)
+    if fixed is None:
+        return None
+    draft = 0.0
+    if model.drafter is not None:  # as joint_cost_curve
+        step = model.context_bucket
+        context_sum = float((-(-contexts.astype(np.int64) // step) * step).sum())
+        draft = model._drafter_pricer().total_s(contexts.shape[0], context_sum)
+    prep = model.prep_s
+    if not (np.isfinite(draft) and draft >= 0 and np.isfinite(prep) and prep >= 0):
+        return None
+    price = fixed.copy()
+    price[23] = draft + prep
+    return price
+
+
+def _joint_fixed(model: Any) -> Array | None:
+    """:func:`joint_pricing`'s numbers but T_draft + T_aux (0 there), kept on the model per
+    correction, or None where the compiled pricing does not apply."""
+    mode = getattr(model, "mode", None)
+    cal = getattr(model, "calibration", None)
+    if mode not in ("static", "ema+calib") or not isinstance(cal, LinearCalibration):
+        return None
+    if getattr(model, "model", None) is None or model.model.is_moe:
+        return None
     stamp = (mode, model.ema.gamma, model.prep_s)
     memo = memo_of(model)
-    fixed = memo.get(("joint-pricing", stamp))
+    fixed: Array | None = memo.get(("joint-pricing", stamp))
     if fixed is None:
         bare = model._pricer(True, tiled=False)
         tiled = model._pricer(True, tiled=True) if model._tiled is not None else None
@@ -272,14 +302,31 @@ def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> Array | None:
             )
         ).astype(np.float64)
         fixed = memo.put(("joint-pricing", stamp), fixed)
-    draft = 0.0
-    if model.drafter is not None:  # as joint_cost_curve
-        step = model.context_bucket
-        context_sum = float((-(-contexts.astype(np.int64) // step) * step).sum())
-        draft = model._drafter_pricer().total_s(contexts.shape[0], context_sum)
-    prep = model.prep_s
-    if not (np.isfinite(draft) and draft >= 0 and np.isfinite(prep) and prep >= 0):
+    return fixed
+
+
+def joint_priced_compiled(
+    model: Any, context_lens: npt.NDArray[Any], grow: npt.NDArray[Any]
+) -> tuple[Array, float] | None:
+    """``model.joint_cost_curve``'s corrected seconds (the passes after 0 … len(grow) additions,
+    then L_AR) and its bucketed context sum, priced in one compiled call
+    (``joint_price()``, ``_bestfirst_paper.c``), or None where it does not apply (no kernel,
+    not a calibrated roofline of a dense target, counts that are not exact, inputs that
+    joint_shapes refuses): the caller then prices them in numpy."""
+    kernel = getattr(_compiled, "joint_price", None)
+    if kernel is None:
         return None
-    price = fixed.copy()
-    price[23] = draft + prep
-    return price
+    ctx, g = np.asarray(context_lens), np.asarray(grow)
+    if ctx.ndim != 1 or ctx.size == 0 or ctx.dtype.kind not in "iu" or g.ndim != 1:
+        return None
+    if g.size and g.dtype.kind not in "iu":
+        return None
+    fixed = _joint_fixed(model)
+    if fixed is None or ctx.min() < 0:
+        return None
+    step = model.context_bucket
+    buckets = -(-ctx.astype(np.int64) // step) * step
+    status, out = kernel(buckets.astype(np.float64), np.ascontiguousarray(g, np.int64), fixed)
+    if status != 0:
+        return None
+    return np.frombuffer(out, np.float64), float(buckets.sum())
