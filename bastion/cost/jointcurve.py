@@ -305,11 +305,32 @@ def _joint_fixed(model: Any) -> Array | None:
     return fixed
 
 
+Bound = tuple[PassShape, float, LinearPricer, LinearPricer | None, LinearCalibration | None]
+
+
+def joint_corrected(
+    model: Any, context_lens: npt.NDArray[Any], grow: npt.NDArray[Any]
+) -> tuple[Array, int, float, Bound | None]:
+    """``model.joint_cost_curve``'s corrected seconds (the passes after 0 … len(grow) additions,
+    then L_AR) in numpy, B, the bucketed context sum, and what its growth bound reads (the last
+    pass, the smallest context, the pricers and the calibration)."""
+    shapes = joint_shapes(context_lens, grow, model.context_bucket)
+    # the modes that read the calibrated branch (``_correct``); the tiled compute with it
+    cal = None if model.mode in ("bare", "ema") else model.calibration
+    bare = model._pricer(True, tiled=False)
+    tiled = None
+    if cal is not None and model._tiled is not None:
+        tiled = model._pricer(True, tiled=True)
+    seconds = joint_seconds(shapes.both, bare, tiled, cal)
+    priced = model._correct(seconds, seconds)  # the mode reads only the branch priced
+    bound = (shapes.end, shapes.c_min, bare, tiled, cal)
+    return priced, shapes.requests, shapes.context_sum, bound
+
+
 def joint_priced_compiled(
     model: Any, context_lens: npt.NDArray[Any], grow: npt.NDArray[Any]
-) -> tuple[Array, float] | None:
-    """``model.joint_cost_curve``'s corrected seconds (the passes after 0 … len(grow) additions,
-    then L_AR) and its bucketed context sum, priced in one compiled call
+) -> tuple[Array, int, float, None] | None:
+    """:func:`joint_corrected`'s numbers (no growth bound) priced in one compiled call
     (``joint_price()``, ``_bestfirst_paper.c``), or None where it does not apply (no kernel,
     not a calibrated roofline of a dense target, counts that are not exact, inputs that
     joint_shapes refuses): the caller then prices them in numpy."""
@@ -329,4 +350,4 @@ def joint_priced_compiled(
     status, out = kernel(buckets.astype(np.float64), np.ascontiguousarray(g, np.int64), fixed)
     if status != 0:
         return None
-    return np.frombuffer(out, np.float64), float(buckets.sum())
+    return np.frombuffer(out, np.float64), int(ctx.shape[0]), float(buckets.sum()), None
