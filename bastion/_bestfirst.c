@@ -57,6 +57,8 @@ static PyMethodDef methods[] = {
     {"eagle", bf_eagle, METH_VARARGS, "EAGLE trees for B requests (see _bestfirst_shaped.c)."},
     {"draws", bf_draws, METH_VARARGS, "A synthetic block of steps (see _bestfirst_draws.c)."},
     {"paper", bf_paper, METH_VARARGS, "The paper controller's joint budget (_bestfirst_paper.c)."},
+    {"joint_price", bf_joint_price, METH_VARARGS,
+     "A calibrated roofline's joint curve along a growth (_bestfirst_paper.c)."},
     {"request", bf_request, METH_VARARGS, "The per-request rule (_bestfirst_request.c)."},
     {NULL, NULL, 0, NULL},
 };

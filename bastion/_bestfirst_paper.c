@@ -17,11 +17,13 @@
  * built mass, the unseen mass over the batch) are numpy's pairwise sums (bf_pairwise).
  *   mass: B lattice masses (bastion.joint._lattice_mass), or empty: computed here with
  *     numpy's sums and products in numpy's order; contexts: B bucketed contexts;
- *   price: 22 doubles: Σ f0, Σ f per feature (6) of the compute branch's pricer (tiled where
+ *   price: 28 doubles: Σ f0, Σ f per feature (6) of the compute branch's pricer (tiled where
  *     the calibration pads), its FLOP rate and tile; Σ b0, Σ b (6) of the memory branch's
  *     (bare) pricer, its byte rate and tile; the calibration's α, β of compute then memory;
  *     γ (0: static mode, no factor); T_draft + T_aux; whether the growth bound applies (1.0:
- *     no coefficient or α below 0).
+ *     no coefficient or α below 0); tensor parallelism's all-reduces: whether a pass has them
+ *     (1.0: tp > 1), their seconds c0 + c1 T per pass of T tokens (bastion.cost.parallel),
+ *     added to the calibrated seconds before γ, c1 to the growth bound's rise per node.
  * status 0: done; -1: a price or bound is not finite and > 0 (the caller prices the chain in
  * Python, which raises); -3: a count is not exact (the caller runs the Python loop).
  */
@@ -80,8 +82,11 @@ static inline void seconds(const double *pr, double t, double pairs, double kv, 
     *memory = branch(pr + 9, t, pr[17], pairs, kv, mask) / pr[16];
 }
 
-static double calibrated(const double *pr, double compute, double memory) {
+/* a pass of t tokens: the calibrated device's seconds, plus tensor parallelism's all-reduces
+   (pr[25] != 0: c0 + c1 t, as RooflineCostModel._base adds them), then gamma */
+static double calibrated(const double *pr, double t, double compute, double memory) {
     double v = nmax(pr[18] * compute + pr[19], pr[20] * memory + pr[21]);
+    if (pr[25] != 0.0) v = v + (pr[26] + pr[27] * t);
     return pr[22] != 0.0 ? pr[22] * v : v;
 }
 
@@ -107,6 +112,7 @@ static double rise(const double *pr, double c_min, double compute, double memory
     } else {
         return NAN;
     }
+    if (pr[25] != 0.0) step += pr[27]; /* each node adds a token to every all-reduce */
     if (pr[22] != 0.0) step *= pr[22];
     return 0.0 > step ? 0.0 : step;
 }
@@ -129,7 +135,7 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
         !bf_holds_exactly(probs.len, sizeof(double), b, depth, k) ||
         !bf_holds_exactly(ids.len, sizeof(int64_t), b, depth, k) || most > b * (n_max - 1) ||
         (massb.len != 0 && massb.len != b * (Py_ssize_t)sizeof(double)) ||
-        ctxb.len != b * (Py_ssize_t)sizeof(double) || priceb.len != 25 * sizeof(double)) {
+        ctxb.len != b * (Py_ssize_t)sizeof(double) || priceb.len != 28 * sizeof(double)) {
         PyErr_SetString(PyExc_ValueError, "paper: inconsistent sizes");
         goto done;
     }
@@ -182,7 +188,7 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
             goto answer;
         }
         seconds(pr, (double)b, pairs0, pairs0, 0.0, &compute, &memory);
-        ar = calibrated(pr, compute, memory); /* L_AR: B tokens, unmasked */
+        ar = calibrated(pr, (double)b, compute, memory); /* L_AR: B tokens, unmasked */
         if (!(isfinite(ar) && ar > 0.0 && isfinite(fixed) && fixed >= 0.0)) {
             status = -1;
             goto answer;
@@ -234,7 +240,7 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
                     pairs += c[r] + 2.0 * (double)held[r]++ + 1.0;
                 }
                 seconds(pr, (double)(b + j), pairs, pairs0 + (double)j, pairs, &compute, &memory);
-                double verify = calibrated(pr, compute, memory);
+                double verify = calibrated(pr, (double)(b + j), compute, memory);
                 c_hat[j] = fixed + verify;
                 if (!(isfinite(verify) && verify > 0.0 && isfinite(c_hat[j]) && c_hat[j] > 0.0)) {
                     status = -1;
@@ -357,6 +363,82 @@ done:
     PyBuffer_Release(&ids);
     PyBuffer_Release(&massb);
     PyBuffer_Release(&ctxb);
+    PyBuffer_Release(&priceb);
+    return result;
+}
+
+/* joint_price(contexts, grow, price) -> (status, seconds)
+ *
+ * RooflineCostModel.joint_cost_curve's passes priced here (growth=False): the uncorrected
+ * seconds joint_seconds gives, after the model's correction (gamma, as paper() applies it), of
+ * the B-request batch after 0 ... m additions along `grow` (m int64 request indices) and, last,
+ * L_AR's unmasked pass of the B roots: m + 2 doubles. contexts: B bucketed contexts (whole
+ * numbers >= 0); price: paper()'s 28 numbers. The passes' features are joint_shapes', whole
+ * numbers, so every count is exact (checked at the last pass, as paper() does). status 0:
+ * done; -2: a context or request index out of range (joint_shapes raises); -3: not exact
+ * (the caller prices the curve in numpy). */
+PyObject *bf_joint_price(PyObject *self, PyObject *args) {
+    Py_buffer ctxb, growb, priceb;
+    PyObject *result = NULL;
+    int64_t *held = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &ctxb, &growb, &priceb)) return NULL;
+    Py_ssize_t b = ctxb.len / (Py_ssize_t)sizeof(double);
+    Py_ssize_t m = growb.len / (Py_ssize_t)sizeof(int64_t);
+    if (b < 1 || ctxb.len != b * (Py_ssize_t)sizeof(double) ||
+        growb.len != m * (Py_ssize_t)sizeof(int64_t) || priceb.len != 28 * sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "joint_price: inconsistent sizes");
+        goto done;
+    }
+    {
+        const double *c = (const double *)ctxb.buf, *pr = (const double *)priceb.buf;
+        const int64_t *g = (const int64_t *)growb.buf;
+        int status = 0;
+        double pairs0 = 0.0;
+        for (Py_ssize_t r = 0; r < b; r++) {
+            if (!(c[r] >= 0.0 && c[r] < EXACT && c[r] == floor(c[r]))) status = -2;
+            pairs0 += c[r] + 1.0; /* whole numbers: exact in numpy's order too */
+        }
+        held = malloc((size_t)b * sizeof(int64_t));
+        if (!held) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        double pairs = pairs0;
+        for (Py_ssize_t r = 0; r < b; r++) held[r] = 1;
+        for (Py_ssize_t j = 0; j < m && !status; j++) { /* the last pass's features first */
+            int64_t r = g[j];
+            if (r < 0 || r >= b) {
+                status = -2;
+                break;
+            }
+            pairs += c[r] + 2.0 * (double)held[r]++ + 1.0;
+        }
+        if (!status && !exact(pr, (double)(b + m), pairs, pairs0 + (double)m)) status = -3;
+        if (status) {
+            result = Py_BuildValue("(iy#)", status, "", (Py_ssize_t)0);
+            goto done;
+        }
+        PyObject *out = PyBytes_FromStringAndSize(NULL, (m + 2) * (Py_ssize_t)sizeof(double));
+        if (!out) goto done;
+        double *v = (double *)PyBytes_AS_STRING(out), compute, memory;
+        pairs = pairs0;
+        for (Py_ssize_t r = 0; r < b; r++) held[r] = 1;
+        for (Py_ssize_t j = 0; j <= m; j++) {
+            if (j > 0) {
+                int64_t r = g[j - 1];
+                pairs += c[r] + 2.0 * (double)held[r]++ + 1.0;
+            }
+            seconds(pr, (double)(b + j), pairs, pairs0 + (double)j, pairs, &compute, &memory);
+            v[j] = calibrated(pr, (double)(b + j), compute, memory);
+        }
+        seconds(pr, (double)b, pairs0, pairs0, 0.0, &compute, &memory);
+        v[m + 1] = calibrated(pr, (double)b, compute, memory); /* L_AR: B tokens, unmasked */
+        result = Py_BuildValue("(iN)", 0, out);
+    }
+done:
+    free(held);
+    PyBuffer_Release(&ctxb);
+    PyBuffer_Release(&growb);
     PyBuffer_Release(&priceb);
     return result;
 }

@@ -17,11 +17,13 @@
  * distinct non-zero operator columns first; then each branch's operator -> column map (`ops`
  * numbers, -1: a zero column) and its count of distinct columns; then 11 numbers: the FLOP
  * and byte rates, the compute and memory tiles, the calibration's alpha and beta of compute
- * then memory, gamma (0: static), T_draft, T_aux.
+ * then memory, gamma (0: static), whether passes have tensor parallelism's all-reduces (1: tp > 1)
+ * and their seconds c0, c1 (c0 + c1 T for a pass of T tokens, added before gamma), T_draft,
+ * T_aux.
  * A row of the curve is RooflineCostModel._base's calibrated branch: per operator
  * (const + features . coefficients) / rate - whole numbers below 2^53 (checked at the
  * largest row: status -3 where not), so exact in any order - summed over the operators as
- * numpy sums a row (bf_pairwise), then the calibration's max and gamma.
+ * numpy sums a row (bf_pairwise), then the calibration's max, the all-reduces and gamma.
  * Outputs: the chosen trees concatenated (tokens: the roots' -1) with B + 1 offsets; per
  * request the nodes built and the budget of its last round, its a_hat, c_hat, s_hat (built
  * entries each, concatenated in diag request after request) and L_AR. status 0: done; -1: a
@@ -73,6 +75,7 @@ typedef struct {
     Py_ssize_t unique[4];    /* distinct columns */
     Py_ssize_t ops;
     double rate[2], tile[2], ac, bc, am, bm, gamma;
+    double comm, c0, c1; /* tensor parallelism's all-reduces (comm != 0): c0 + c1 T */
 } pricing;
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -143,6 +146,7 @@ static double pass_s(const pricing *pr, int masked, double t, double pairs, doub
     }
     double cc = pr->ac * s[0] + pr->bc, mm = pr->am * s[1] + pr->bm;
     double v = cc != cc || mm != mm ? NAN : (cc >= mm ? cc : mm); /* np.maximum */
+    if (pr->comm != 0.0) v = v + (pr->c0 + pr->c1 * t); /* the link's, as _base adds it */
     return pr->gamma != 0.0 ? pr->gamma * v : v;
 }
 
@@ -262,7 +266,7 @@ PyObject *bf_request(PyObject *self, PyObject *args) {
         !bf_holds_exactly(probs.len, f8, b, depth, k) ||
         !bf_holds_exactly(ids.len, i8, b, depth, k) || startb.len != b * i8 ||
         sizeb.len != b * i8 || expb.len != b * f8 || ownb.len != b * f8 || cob.len != b * f8 ||
-        priceb.len != (32 * ops + 15) * f8) {
+        priceb.len != (32 * ops + 18) * f8) {
         PyErr_SetString(PyExc_ValueError, "request: inconsistent sizes");
         goto done;
     }
@@ -290,7 +294,7 @@ PyObject *bf_request(PyObject *self, PyObject *args) {
                       ops,
                       {sc[0], sc[1]},
                       {sc[2], sc[3]},
-                      sc[4], sc[5], sc[6], sc[7], sc[8]};
+                      sc[4], sc[5], sc[6], sc[7], sc[8], sc[9], sc[10], sc[11]};
         for (int f = 0; f < 4; f++) {
             if (pr.unique[f] < 0 || pr.unique[f] > ops) {
                 PyErr_SetString(PyExc_ValueError, "request: bad column counts");
@@ -305,10 +309,10 @@ PyObject *bf_request(PyObject *self, PyObject *args) {
                 imap[f * ops + op] = (int32_t)m;
             }
         }
-        double draft = sc[9], prep = sc[10], dp = draft + prep, a_ceiling = depth + 1.0;
+        double draft = sc[12], prep = sc[13], dp = draft + prep, a_ceiling = depth + 1.0;
         /* the curve never falls and stays positive beyond its priced rows (see lazy_round) */
         int proof = pr.ac >= 0.0 && pr.am >= 0.0 && pr.gamma >= 0.0 && pr.rate[0] > 0.0 &&
-                    pr.rate[1] > 0.0;
+                    pr.rate[1] > 0.0 && (pr.comm == 0.0 || (pr.c0 >= 0.0 && pr.c1 >= 0.0));
         int status = 0, exact = 1;
         memcpy(sizes, sizeb.buf, (size_t)b * sizeof(int64_t));
         memcpy(expected, expb.buf, (size_t)b * sizeof(double));

@@ -206,7 +206,12 @@ class CycleTable:
     def _fill(self, kind: CycleKind, b: int) -> FloatArray:
         med = self._median[kind]
         order = _NEAREST[b]  # this bucket, then the nearest
+        # a bucket never measured holds NaN only: skipped without looking (the lookup is what
+        # a refresh mostly did, several buckets in a row)
+        first = self._first
         for bb in order:
+            if (kind, bb) not in first:
+                continue
             row = med[bb]
             ok = np.isfinite(row)
             if ok.any():
@@ -217,7 +222,9 @@ class CycleTable:
         if kind != "tree":  # no AR or chain cycle measured yet: the tree cells' typical ratio
             tree = self._median["tree"]
             for bb in order:
+                if ("tree", bb) not in first:
+                    continue
                 vals = tree[bb][np.isfinite(tree[bb])]
-                if vals.size:
-                    return np.full(1, float(np.median(vals)))
+                if vals.size:  # np.median's value: the middle one, or the middle two's mean
+                    return np.full(1, small_median(vals.tolist()))
         return np.ones(med.shape[1])

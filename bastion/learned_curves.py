@@ -13,12 +13,20 @@ Each is cached until the table (or the size calibration) refreshes.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from bastion.cycles import LATTICE, REFRESH_SHIFT, CycleKind, CycleTable, lattice_index
+from bastion.cycles import (
+    _LATTICE_POINTS,
+    LATTICE,
+    REFRESH_SHIFT,
+    CycleKind,
+    CycleTable,
+    lattice_index,
+)
 from bastion.interfaces import CostCurve
 from bastion.learned_prior import MODE_CONTEXT_STEP, PricedPrior, mean_context
 from bastion.observed import SizeCalibration
@@ -54,7 +62,9 @@ class DecisionCurves:
             tuple[int, int], tuple[IntArray, IntArray, FloatArray, float]
         ] = {}
         self._joint_cache: dict[tuple[int, int, int], tuple[Any, ...]] = {}
-        self._cells: dict[tuple[int, int], IntArray] = {}  # lattice cell of totals B … top
+        # the decision's factor per lattice cell (the prior's cycle aside), per batch size: a
+        # cell's factor does not depend on how many cells are read, so one array serves every top
+        self._units: dict[int, tuple[Any, FloatArray]] = {}
 
     def _learned(self, totals: IntArray, cycle: FloatArray, b: int) -> FloatArray:
         return cycle * self.table.ratios("tree", b)[lattice_index(totals)]
@@ -184,13 +194,12 @@ class DecisionCurves:
             n_cells = int(lattice_index([top])[0]) + 1
             points = LATTICE[:n_cells]
             # the factors do not depend on the context: a new context step reuses them
-            units = self._joint_cache.get((b, -1, n_cells))
+            units = self._units.get(b)
             if units is None or units[0] != stamp:
-                units = self._joint_cache[(b, -1, n_cells)] = (
-                    stamp,
-                    self._deciding(points, np.ones(n_cells), b),
-                )
-            unit = units[1]
+                if len(self._units) > 64:
+                    self._units.clear()
+                units = self._units[b] = (stamp, self._deciding(LATTICE, _ONES, b))
+            unit = units[1][:n_cells]
             # a lattice point beyond ``top`` (the last cell's) is priced at ``top`` itself
             reach = np.minimum(points, top)
             ok = reach >= b
@@ -200,13 +209,7 @@ class DecisionCurves:
             if len(self._joint_cache) > 64:
                 self._joint_cache.clear()
             hit = self._joint_cache[key] = (stamp, best_above)
-        cells = self._cells.get((b, top))
-        if cells is None:
-            if len(self._cells) > 64:
-                self._cells.clear()
-            totals = np.arange(b, top + 1, dtype=np.int64)
-            cells = self._cells[(b, top)] = lattice_index(totals)
-        return cells, hit[1]
+        return _cells_of(b, top), hit[1]
 
     def joint_cycle(self, context_lens: IntArray, total: int) -> float:
         """Batch > 1: the learned cycle of the batch with ``total`` tree nodes spread evenly
@@ -215,7 +218,11 @@ class DecisionCurves:
         ctx = np.asarray(context_lens, dtype=np.int64)
         b = ctx.shape[0]
         even = self.priced.even(ctx, even_top(b, total))
-        return float(self._learned(np.array([total]), even[total - b : total - b + 1], b)[0])
+        if total < b:  # (not a batch total: as the array form, which fails)
+            return float(self._learned(np.array([total]), even[total - b : total - b + 1], b)[0])
+        # _learned of one total, as scalars (the same product; the cell by bisection)
+        cell = bisect_left(_LATTICE_POINTS, total)
+        return float(even[total - b] * self.table.ratios("tree", b)[cell])
 
     def affordable_total(
         self, context_lens: IntArray, total: int, n_max: int, factor: float
@@ -249,6 +256,21 @@ class DecisionCurves:
             self._mode_memo.clear()
         self._mode_memo[key] = (stamp, value)
         return value
+
+
+_ONES = np.ones(LATTICE.shape[0])
+_ONES.flags.writeable = False
+_CELLS = np.zeros(0, np.int64)  # the lattice cell of every total 0 … (grown on demand)
+
+
+def _cells_of(b: int, top: int) -> IntArray:
+    """The lattice cell of every total B … ``top`` (read-only): a slice of one table."""
+    global _CELLS
+    if _CELLS.shape[0] <= top:
+        cells = lattice_index(np.arange(max(top + 1, 2 * _CELLS.shape[0]), dtype=np.int64))
+        cells.flags.writeable = False
+        _CELLS = cells
+    return _CELLS[b : top + 1]
 
 
 def even_top(b: int, total: int) -> int:

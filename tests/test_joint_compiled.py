@@ -28,10 +28,10 @@ needs_kernel = pytest.mark.skipif(
 FIELDS = ("offsets", "parents", "tokens", "depths", "scores", "ranks")
 
 
-def _model(name: str, mode: str) -> RooflineCostModel:
+def _model(name: str, mode: str, tp: int = 1) -> RooflineCostModel:
     model = get_model(name)
     cm, _ = calibrated_cost_model(
-        SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model)), mode
+        SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model), tp=tp), mode
     )
     if mode == "ema+calib":
         cm.ema.gamma = 1.13
@@ -102,3 +102,23 @@ def test_a_cost_that_is_not_positive_is_refused_by_the_python_loop() -> None:
     assert joint._choose_paper_compiled(m, cm, ctx, 64, 16) is None
     with pytest.raises(CostModelError):
         joint.choose_joint_priced(m, cm, ctx, 64, "auto", 16)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("name", "tp"), [("llama-3.1-70b", 4), ("qwen3-8b", 2)])
+@pytest.mark.parametrize("mode", ["static", "ema+calib"])
+def test_compiled_joint_budget_prices_the_all_reduces_as_python(
+    name: str, tp: int, mode: str
+) -> None:
+    """Tensor parallelism: the kernel adds the all-reduces (c₀ + c₁·T per pass, c₁ to the
+    growth bound) as joint_seconds and growth_bound do, bit for bit."""
+    cm = _model(name, mode, tp)
+    assert cm._pricer(True, tiled=False).has_comm
+    rng = np.random.default_rng(tp + len(mode))
+    for _ in range(10):
+        b = int(rng.integers(2, 70))
+        m, ctx = _step(rng, b), rng.integers(0, 30000, b).astype(np.int64)
+        n_max, start = int(rng.choice([1, 3, 16, 1024])), int(rng.integers(1, 150))
+        fast = joint._choose_paper_compiled(m, cm, ctx, n_max, start)
+        assert fast is not None
+        assert _same(fast, _reference(m, cm, ctx, n_max, start))

@@ -31,10 +31,10 @@ needs_kernel = pytest.mark.skipif(
 TREE = ("offsets", "parents", "tokens", "depths", "scores", "ranks")
 
 
-def _model(name: str, mode: str) -> RooflineCostModel:
+def _model(name: str, mode: str, tp: int = 1) -> RooflineCostModel:
     model = get_model(name)
     cm, _ = calibrated_cost_model(
-        SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model)), mode
+        SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model), tp=tp), mode
     )
     if mode == "ema+calib":
         cm.ema.gamma = 0.91
@@ -110,3 +110,23 @@ def test_a_cost_that_is_not_positive_is_refused_by_the_python_rule() -> None:
     assert per_request.choose_per_request(policy, m, BatchPolicyContext(req, cm)) is None
     with pytest.raises(CostModelError):
         policy.choose_batch(m, BatchPolicyContext(req, cm))
+
+
+@needs_kernel
+@pytest.mark.parametrize(("name", "tp"), [("llama-3.1-70b", 4), ("qwen3-8b", 2)])
+@pytest.mark.parametrize("mode", ["static", "ema+calib"])
+def test_compiled_rule_prices_the_all_reduces_as_python(name: str, tp: int, mode: str) -> None:
+    """Tensor parallelism: each curve's rows and L_AR carry the all-reduces (c₀ + c₁·T, added
+    before γ) as RooflineCostModel._base adds them, bit for bit."""
+    cm = _model(name, mode, tp)
+    assert cm._pricer(True, tiled=False).has_comm
+    rng = np.random.default_rng(tp * 11 + len(mode))
+    for _ in range(8):
+        m, req = _step(rng, int(rng.integers(2, 40)))
+        policy = AdaptivePolicy(
+            int(rng.choice([16, 128, 1024])), joint=False, initial_budget=int(rng.integers(1, 200))
+        )
+        context = BatchPolicyContext(req, cm)
+        fast = per_request.choose_per_request(policy, m, context)
+        assert fast is not None
+        assert _same(fast, PerRequestPolicy(policy).choose_batch(m, context))

@@ -42,7 +42,7 @@ from bastion.cost.calibration import CalibrationRecord, EmaCorrection, LinearCal
 from bastion.cost.curvecache import Memo, PricedCurve, cached_entry, check_seconds, memo_of
 from bastion.cost.drafterpass import DrafterPricer, drafter_pass
 from bastion.cost.hardware import HardwareProfile
-from bastion.cost.jointcurve import growth_bound, joint_seconds, joint_shapes
+from bastion.cost.jointcurve import growth_bound, joint_corrected, joint_priced_compiled
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.opcounts import RooflineOptions
 from bastion.cost.roofline import LinearPricer, verify_pass
@@ -350,24 +350,17 @@ class RooflineCostModel:
         of the B roots; T_draft the drafter's pass over the batch. ``growth=False``: leave
         ``growth_s`` at 0 (a caller that reads only the priced entries saves its proof).
         """
-        shapes = joint_shapes(context_lens, grow, self.context_bucket)
-        # the modes that read the calibrated branch (``_correct``); the tiled compute with it
-        cal = None if self.mode in ("bare", "ema") else self.calibration
-        bare = self._pricer(True, tiled=False)
-        tiled = None
-        if cal is not None and self._tiled is not None:
-            tiled = self._pricer(True, tiled=True)
-        seconds = joint_seconds(shapes.both, bare, tiled, cal)
-        priced = self._correct(seconds, seconds)  # the mode reads only the branch priced
+        fast = None if growth else joint_priced_compiled(self, context_lens, grow)  # (compiled)
+        priced, requests, context_sum, bound = fast or joint_corrected(self, context_lens, grow)
         verify = self._check(priced[:-1], "verify")
         ar_s = self._check(priced[-1:], "L_AR")
         draft = 0.0
         if self.drafter is not None:  # as ``draft_s``
-            draft = self._drafter_pricer().total_s(shapes.requests, shapes.context_sum)
+            draft = self._drafter_pricer().total_s(requests, context_sum)
         rise = 0.0
-        if growth:
+        if growth and bound is not None:  # (always priced in numpy when growth is asked)
             gamma = self.ema.gamma if self.mode in ("ema", "ema+calib") else None
-            rise = growth_bound(shapes.end, shapes.c_min, bare, tiled, cal, gamma)
+            rise = growth_bound(*bound, gamma)
         return CostCurve(
             draft_s=draft,
             prep_s=self.prep_s,

@@ -9,13 +9,14 @@ size (what the cost model and the simulator call every step).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
 
-from bastion.cost.breakdown import PassShape, RooflineBreakdown
+from bastion.cost.breakdown import OperatorCost, PassShape, RooflineBreakdown
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec
 from bastion.cost.opcounts import (
@@ -59,14 +60,29 @@ def drafter_pass(
     target's pass; :mod:`bastion.cost.parallel`).
     """
     opt = options or RooflineOptions()
+    b = drafter.block_size
+    new = b if new_context_tokens is None else new_context_tokens
+    ctx = list(contexts)
+    shape = PassShape.of_batch(np.full(len(ctx), float(b)), np.asarray(ctx, float), masked=False)
+    priced = _priced(drafter, hw, opt, float(len(ctx)), shape, new)
+    return RooflineBreakdown(priced, meta={"layers": float(per_gpu(drafter.model, opt).layers)})
+
+
+def _priced(
+    drafter: DrafterSpec,
+    hw: HardwareProfile,
+    opt: RooflineOptions,
+    n_req: float | Array,
+    shape: PassShape,
+    new: int,
+) -> tuple[OperatorCost, ...]:
+    """:func:`drafter_pass`'s operators for ``n_req`` requests whose pass has ``shape``: one
+    pass (floats), or several at once (arrays over passes: every count is elementwise, so each
+    pass's numbers are the ones it would get alone)."""
     full = drafter.model
     m = per_gpu(full, opt)
     check_layers(m)
     b = drafter.block_size
-    new = b if new_context_tokens is None else new_context_tokens
-    ctx = list(contexts)
-    n_req = float(len(ctx))
-    shape = PassShape.of_batch(np.full(len(ctx), float(b)), np.asarray(ctx, float), masked=False)
     t = shape.tokens
     zero = np.zeros(())
     h, v = m.hidden, m.vocab
@@ -82,7 +98,7 @@ def drafter_pass(
             m.layers,
         ),
     ]
-    plain = replace(opt, tensor_parallel=1) if opt.tensor_parallel > 1 else opt  # m is split
+    plain = _untensored(opt) if opt.tensor_parallel > 1 else opt  # m is split
     raws += [(op, m.layers) for op in layer_ops(m, shape, plain, masked=False)]
     logit_rows = np.asarray(n_req * (b - 1))
     raws.append((("final_norm", 4.0 * t * h, np.asarray(float(h)), zero, 2.0 * t * h, 1), 1))
@@ -90,7 +106,16 @@ def drafter_pass(
     priced = price_raws(raws, hw, opt)
     if opt.tensor_parallel > 1:
         priced = (*priced, comm_op(full, hw, opt.tensor_parallel, opt.bytes_per_act, t))
-    return RooflineBreakdown(priced, meta={"layers": float(m.layers)})
+    return priced
+
+
+@functools.lru_cache(maxsize=64)
+def _untensored(opt: RooflineOptions) -> RooflineOptions:
+    """``opt`` on one GPU (the options a split model's own layers are counted with)."""
+    return replace(opt, tensor_parallel=1)
+
+
+LINE_BLOCK = 64  # DrafterPricer prices the lines of this many batch sizes at once
 
 
 @public
@@ -119,22 +144,41 @@ class DrafterPricer:
         if line is None:
             if requests < 1:
                 raise ConfigError(f"a drafter pass needs at least one request; got {requests}")
-            zero = [0.0] * requests
-            at0 = drafter_pass(self.drafter, self.hw, zero, self.options)
-            at1 = drafter_pass(self.drafter, self.hw, [1.0, *zero[1:]], self.options)
-
-            def seconds(b: RooflineBreakdown) -> Array:
-                return np.array(
-                    [float(op.compute_s) for op in b.operators]
-                    + [float(op.memory_s) for op in b.operators]
-                )
-
-            c0 = seconds(at0)
-            # the all-reduces (tensor parallelism) depend on the block's tokens alone: a constant
-            fixed = float(at0.launch_s) + float(at0.comm_s)
-            line = (c0, seconds(at1) - c0, fixed)
-            self._lines[requests] = line
+            first = (requests - 1) // LINE_BLOCK * LINE_BLOCK + 1
+            self._lines.update(self._block(np.arange(first, first + LINE_BLOCK)))
+            line = self._lines[requests]
         return line
+
+    def _block(self, sizes: npt.NDArray[np.int64]) -> dict[int, tuple[Array, Array, float]]:
+        """The lines of several batch sizes n in one pricing: drafter_pass of n requests at
+        contexts 0 … 0 and 1, 0 … 0 (their features are whole numbers, n·b tokens, n·b² and
+        n·b² + b attention pairs, n·b and n·b + 1 KV tokens, exact as of_batch sums them), each
+        operator's seconds priced elementwise over the sizes: the numbers of one size alone."""
+        b, opt = float(self.drafter.block_size), self.options
+        n = sizes.astype(np.float64)
+        tokens, pairs = n * b, n * b * b
+        passes = []
+        for extra in (0.0, 1.0):  # a context of one token on the first request: Σc = 1
+            shape = PassShape(tokens, pairs + extra * b, tokens + extra, np.zeros(()))
+            passes.append(_priced(self.drafter, self.hw, opt, n, shape, self.drafter.block_size))
+        count = sizes.shape[0]
+
+        def seconds(ops: tuple[OperatorCost, ...]) -> Array:  # [sizes, compute… memory…]
+            every = [np.broadcast_to(op.compute_s, (count,)) for op in ops]
+            every += [np.broadcast_to(op.memory_s, (count,)) for op in ops]
+            return np.stack(every, axis=1).astype(np.float64)
+
+        c0, c1 = seconds(passes[0]), seconds(passes[1])
+        slope = c1 - c0
+        launch = float(sum(op.launch_s for op in passes[0]))
+        # the all-reduces (tensor parallelism) depend on the block's tokens alone: a constant
+        comm = np.broadcast_to(
+            sum((np.asarray(op.comm_s) for op in passes[0]), np.zeros(())), (count,)
+        )
+        return {
+            int(size): (c0[i].copy(), slope[i].copy(), launch + float(comm[i]))
+            for i, size in enumerate(sizes.tolist())
+        }
 
     def total_s(self, requests: int, context_sum: float) -> float:
         """Seconds of one drafter pass over ``requests`` requests holding ``context_sum``

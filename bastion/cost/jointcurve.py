@@ -22,8 +22,14 @@ import numpy.typing as npt
 from bastion.cost.breakdown import PassShape
 from bastion.cost.calibration import LinearCalibration
 from bastion.cost.curvecache import memo_of
+from bastion.cost.opcounts import pad_tokens
 from bastion.cost.roofline import LinearPricer
 from bastion.errors import BudgetError
+
+try:
+    from bastion import _bestfirst as _compiled  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - the extension is optional
+    _compiled = None
 
 Array = npt.NDArray[np.float64]
 
@@ -55,22 +61,29 @@ def joint_shapes(
     if ctx.ndim != 1 or ctx.size == 0 or ctx.dtype.kind not in "iu" or np.any(ctx < 0):
         raise BudgetError("context_lens must be a non-empty 1-D array of integers ≥ 0")
     n_req = ctx.size
-    try:
-        if g.ndim != 1 or (g.size and g.dtype.kind not in "iu"):
-            raise ValueError
-        counts = np.bincount(g, minlength=n_req)  # ValueError on a negative index
-        if counts.size > n_req:
-            raise ValueError
-    except ValueError:
-        raise BudgetError(f"grow must be a 1-D array of request indices in [0, {n_req})") from None
+    even = _round_robin(g, n_req)  # the nodes spread evenly (the learned prior's anchors)
+    if even is None:
+        try:
+            if g.ndim != 1 or (g.size and g.dtype.kind not in "iu"):
+                raise ValueError
+            counts = np.bincount(g, minlength=n_req)  # ValueError on a negative index
+            if counts.size > n_req:
+                raise ValueError
+        except ValueError:
+            raise BudgetError(
+                f"grow must be a 1-D array of request indices in [0, {n_req})"
+            ) from None
     step = context_bucket
     buckets = -(-ctx.astype(np.int64) // step) * step
     c = buckets.astype(np.float64)
     g = g.astype(np.int64)
-    # stable sort by request (radix sort on 16-bit keys): each request's additions in order
-    order = np.argsort(g.astype(np.int16) if n_req < 1 << 15 else g, kind="stable")
-    held = np.empty(g.size, dtype=np.float64)  # nodes request g[j] holds before node j
-    held[order] = np.arange(g.size) - np.repeat(np.cumsum(counts) - counts, counts) + 1.0
+    if even is not None:  # node j is request j mod B's (j // B + 1)-th: no sort needed
+        held = even
+    else:
+        # stable sort by request (radix sort on 16-bit keys): each request's additions in order
+        order = np.argsort(g.astype(np.int16) if n_req < 1 << 15 else g, kind="stable")
+        held = np.empty(g.size, dtype=np.float64)  # nodes request g[j] holds before node j
+        held[order] = np.arange(g.size) - np.repeat(np.cumsum(counts) - counts, counts) + 1.0
     added = np.arange(g.size + 1, dtype=np.float64)
     pairs0 = float(np.sum(c + 1.0))
     pairs = np.empty(g.size + 1)
@@ -90,6 +103,27 @@ def joint_shapes(
         mask_elems=pairs[-1:],
     )
     return JointShapes(both, end, n_req, float(buckets.sum()), float(c.min()))
+
+
+_EVEN: dict[tuple[int, int], tuple[npt.NDArray[np.int64], Array]] = {}
+
+
+def _round_robin(g: npt.NDArray[Any], n_req: int) -> Array | None:
+    """For ``grow`` = 0, 1, …, B − 1, 0, 1, … (whole numbers, 1-D, any length ≥ 1): the nodes
+    each request holds before every addition (j // B + 1, as joint_shapes' sort computes them,
+    read-only); else None."""
+    size = g.shape[0] if g.ndim == 1 else 0
+    if size == 0 or g.dtype.kind not in "iu" or int(g[0]) != 0 or int(g[-1]) != (size - 1) % n_req:
+        return None
+    hit = _EVEN.get((size, n_req))
+    if hit is None:
+        j = np.arange(size, dtype=np.int64)
+        pattern, held = j % n_req, (j // n_req + 1).astype(np.float64)
+        pattern.flags.writeable = held.flags.writeable = False
+        if len(_EVEN) > 256:
+            _EVEN.clear()
+        hit = _EVEN[(size, n_req)] = (pattern, held)
+    return hit[1] if np.array_equal(g, hit[0]) else None
 
 
 def joint_seconds(
@@ -115,13 +149,26 @@ def joint_seconds(
     memory_s = (b0.sum() + x @ b.sum(axis=1)) / pricer.byte_rate
     if tiled is not None:
         pricer = tiled
-        x = pricer.features(shape)
+        if _same_but_tile(bare, tiled):  # the same features but the padded T: that column
+            x = x.copy()
+            x[..., 1] = pad_tokens(np.asarray(shape.tokens, np.float64), tiled.options.tile_tokens)
+        else:
+            x = pricer.features(shape)
     f0, f = pricer.flops
     compute_s = (f0.sum() + x @ f.sum(axis=1)) / pricer.flop_rate
     cal = calibration.predict(compute_s, memory_s)
     if bare.has_comm:  # the link's seconds beside the calibrated device's (as _base)
         cal = cal + bare.comm_s(shape.tokens)
     return np.asarray(cal, dtype=np.float64)
+
+
+def _same_but_tile(bare: LinearPricer, tiled: LinearPricer) -> bool:
+    """Whether ``tiled``'s features are ``bare``'s but for the padded T (column 1)."""
+    return (
+        tiled.model is bare.model
+        and tiled.masked == bare.masked
+        and tiled.options.expert_touch == bare.options.expert_touch
+    )
 
 
 def growth_bound(
@@ -187,25 +234,46 @@ def growth_bound(
 
 
 def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> Array | None:
-    """The 25 numbers ``paper()`` prices a :class:`~bastion.cost.costmodel.RooflineCostModel`'s
+    """The 28 numbers ``paper()`` prices a :class:`~bastion.cost.costmodel.RooflineCostModel`'s
     joint curve from (see ``_bestfirst_paper.c``), for a step of requests with ``contexts``:
     what :func:`joint_seconds` and :func:`growth_bound` read in the calibrated modes (static,
-    ema+calib) of a dense target, where every count is a whole number. None where the model is
-    not such a model, or is split over GPUs (tensor parallelism: the kernel prices no
-    all-reduces), and the caller prices the curve as the model does."""
+    ema+calib) of a dense target, where every count is a whole number, tensor parallelism's
+    all-reduces included. None where the model is not such a model, and the caller prices the
+    curve as the model does."""
     mode = getattr(model, "mode", None)
     cal = getattr(model, "calibration", None)
     if mode not in ("static", "ema+calib") or not isinstance(cal, LinearCalibration):
         return None
     if getattr(model, "model", None) is None or model.model.is_moe:
         return None
-    if (
-        getattr(getattr(model, "options", None), "tensor_parallel", 1) > 1
-    ):  # the kernel prices no all-reduces
+    fixed = _joint_fixed(model)
+    if fixed is None:
+        return None
+    draft = 0.0
+    if model.drafter is not None:  # as joint_cost_curve
+        step = model.context_bucket
+        context_sum = float((-(-contexts.astype(np.int64) // step) * step).sum())
+        draft = model._drafter_pricer().total_s(contexts.shape[0], context_sum)
+    prep = model.prep_s
+    if not (np.isfinite(draft) and draft >= 0 and np.isfinite(prep) and prep >= 0):
+        return None
+    price = fixed.copy()
+    price[23] = draft + prep
+    return price
+
+
+def _joint_fixed(model: Any) -> Array | None:
+    """:func:`joint_pricing`'s numbers but T_draft + T_aux (0 there), kept on the model per
+    correction, or None where the compiled pricing does not apply."""
+    mode = getattr(model, "mode", None)
+    cal = getattr(model, "calibration", None)
+    if mode not in ("static", "ema+calib") or not isinstance(cal, LinearCalibration):
+        return None
+    if getattr(model, "model", None) is None or model.model.is_moe:
         return None
     stamp = (mode, model.ema.gamma, model.prep_s)
     memo = memo_of(model)
-    fixed = memo.get(("joint-pricing", stamp))
+    fixed: Array | None = memo.get(("joint-pricing", stamp))
     if fixed is None:
         bare = model._pricer(True, tiled=False)
         tiled = model._pricer(True, tiled=True) if model._tiled is not None else None
@@ -229,17 +297,57 @@ def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> Array | None:
                 coefficients,
                 [cal.compute.alpha, cal.compute.beta, cal.memory.alpha, cal.memory.beta, gamma],
                 [0.0, 1.0 if no_growth else 0.0],
+                # tensor parallelism's all-reduces (as joint_seconds and growth_bound add them)
+                [1.0 if bare.has_comm else 0.0, bare.comm_const, bare.comm_slope],
             )
         ).astype(np.float64)
         fixed = memo.put(("joint-pricing", stamp), fixed)
-    draft = 0.0
-    if model.drafter is not None:  # as joint_cost_curve
-        step = model.context_bucket
-        context_sum = float((-(-contexts.astype(np.int64) // step) * step).sum())
-        draft = model._drafter_pricer().total_s(contexts.shape[0], context_sum)
-    prep = model.prep_s
-    if not (np.isfinite(draft) and draft >= 0 and np.isfinite(prep) and prep >= 0):
+    return fixed
+
+
+Bound = tuple[PassShape, float, LinearPricer, LinearPricer | None, LinearCalibration | None]
+
+
+def joint_corrected(
+    model: Any, context_lens: npt.NDArray[Any], grow: npt.NDArray[Any]
+) -> tuple[Array, int, float, Bound | None]:
+    """``model.joint_cost_curve``'s corrected seconds (the passes after 0 … len(grow) additions,
+    then L_AR) in numpy, B, the bucketed context sum, and what its growth bound reads (the last
+    pass, the smallest context, the pricers and the calibration)."""
+    shapes = joint_shapes(context_lens, grow, model.context_bucket)
+    # the modes that read the calibrated branch (``_correct``); the tiled compute with it
+    cal = None if model.mode in ("bare", "ema") else model.calibration
+    bare = model._pricer(True, tiled=False)
+    tiled = None
+    if cal is not None and model._tiled is not None:
+        tiled = model._pricer(True, tiled=True)
+    seconds = joint_seconds(shapes.both, bare, tiled, cal)
+    priced = model._correct(seconds, seconds)  # the mode reads only the branch priced
+    bound = (shapes.end, shapes.c_min, bare, tiled, cal)
+    return priced, shapes.requests, shapes.context_sum, bound
+
+
+def joint_priced_compiled(
+    model: Any, context_lens: npt.NDArray[Any], grow: npt.NDArray[Any]
+) -> tuple[Array, int, float, None] | None:
+    """:func:`joint_corrected`'s numbers (no growth bound) priced in one compiled call
+    (``joint_price()``, ``_bestfirst_paper.c``), or None where it does not apply (no kernel,
+    not a calibrated roofline of a dense target, counts that are not exact, inputs that
+    joint_shapes refuses): the caller then prices them in numpy."""
+    kernel = getattr(_compiled, "joint_price", None)
+    if kernel is None:
         return None
-    price = fixed.copy()
-    price[23] = draft + prep
-    return price
+    ctx, g = np.asarray(context_lens), np.asarray(grow)
+    if ctx.ndim != 1 or ctx.size == 0 or ctx.dtype.kind not in "iu" or g.ndim != 1:
+        return None
+    if g.size and g.dtype.kind not in "iu":
+        return None
+    fixed = _joint_fixed(model)
+    if fixed is None or ctx.min() < 0:
+        return None
+    step = model.context_bucket
+    buckets = -(-ctx.astype(np.int64) // step) * step
+    status, out = kernel(buckets.astype(np.float64), np.ascontiguousarray(g, np.int64), fixed)
+    if status != 0:
+        return None
+    return np.frombuffer(out, np.float64), int(ctx.shape[0]), float(buckets.sum()), None

@@ -24,7 +24,7 @@ Array = npt.NDArray[np.float64]
 
 
 def request_pricing(model: Any) -> tuple[Array, int] | None:
-    """(the 32·ops + 13 numbers ``request()`` reads before T_draft and T_aux, ops), or None
+    """(the 32·ops + 16 numbers ``request()`` reads before T_draft and T_aux, ops), or None
     where the model is not a calibrated roofline of a dense target with whole, non-negative
     counts (the caller then runs the rule in Python). Kept on the model per correction."""
     mode = getattr(model, "mode", None)
@@ -32,10 +32,6 @@ def request_pricing(model: Any) -> tuple[Array, int] | None:
     if mode not in ("static", "ema+calib") or not isinstance(cal, LinearCalibration):
         return None
     if getattr(model, "model", None) is None or model.model.is_moe:
-        return None
-    if (
-        getattr(getattr(model, "options", None), "tensor_parallel", 1) > 1
-    ):  # the kernel prices no all-reduces: Python's rule
         return None
     stamp = (mode, model.ema.gamma, model.prep_s)
     memo = memo_of(model)
@@ -51,6 +47,13 @@ def request_pricing(model: Any) -> tuple[Array, int] | None:
         if not np.array_equal(stacked, np.floor(stacked)) or np.any(stacked < 0):
             return None  # counts that are not whole non-negative numbers: numpy's order matters
         bare = model._pricer(True, tiled=False)
+        unmasked = model._pricer(False, tiled=False)
+        if (bare.has_comm, bare.comm_const, bare.comm_slope) != (
+            unmasked.has_comm,
+            unmasked.comm_const,
+            unmasked.comm_slope,
+        ):
+            return None  # the kernel adds one link's seconds to both passes
         compute = model._pricer(True, tiled=True) if model._tiled is not None else bare
         gamma = model.ema.gamma if mode == "ema+calib" else 0.0
         scalars = [
@@ -63,11 +66,15 @@ def request_pricing(model: Any) -> tuple[Array, int] | None:
             cal.memory.alpha,
             cal.memory.beta,
             gamma,
+            # tensor parallelism's all-reduces, added to both passes as _base adds them
+            1.0 if bare.has_comm else 0.0,
+            bare.comm_const,
+            bare.comm_slope,
         ]
         columns, maps, counts = zip(*(_unique_columns(m) for m in branches), strict=True)
         parts = (*(c.ravel() for c in columns), *maps, counts, scalars)
         fixed = memo.put(("request-pricing", stamp), np.concatenate(parts).astype(np.float64))
-    ops = (fixed.shape[0] - 13) // 32
+    ops = (fixed.shape[0] - 16) // 32
     return fixed, ops
 
 
