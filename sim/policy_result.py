@@ -23,7 +23,7 @@ from bastion.sim.latency import latency_summary
 from bastion.sim.serving import ServingResult
 from bastion.sim.slo import check_slo, memory_fields, slo_fields
 
-__all__ = ["PolicyResult", "acceptance"]
+__all__ = ["PolicyResult"]
 
 
 @dataclass(frozen=True)

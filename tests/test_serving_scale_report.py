@@ -52,6 +52,7 @@ def test_the_report_compares_bastion_with_the_best_other(tmp_path: Path) -> None
     assert cells[-2:] == ["1.25", "1.25"]
     assert "2000 / 20.0 / 1.00 / 0" in cells  # fixed:16's cell
     assert "1.50× at 512-token prompts, 2.40× at 16384 (+60 %)" in text
+    assert text.count("Claim (MagicDec)") == 1
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "serving-scale.png").is_file()
 
