@@ -378,6 +378,8 @@ def plot_twin(rows: Sequence[TwinRow], path: Any, against: str = "real") -> None
     from bastion.files import save_figure_atomic
 
     sizes = sorted({r.batch_size for r in rows})
+    if not sizes:
+        raise ConfigError("plot_twin: no rows to plot")
     others = {r.source for r in rows} - {against}
     # the measured truth's replay beside the real run, then the predictions without measuring
     sources = [against, *sorted(others, key=lambda s: (s != "sim", s))]

@@ -9,6 +9,7 @@ holds. The negative control is the issue's: a truth with the verify pass doubled
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -232,3 +233,12 @@ def test_each_replayed_run_runs_at_its_measured_speed(setting: dict[str, object]
     assert np.array(slow.request_tpots[1]) == pytest.approx(1.5 * np.array(even.request_tpots[1]))
     with pytest.raises(ConfigError, match="one per run"):
         replay(setting["traces"], ("fixed:8",), speeds=[1.0], **kw)  # type: ignore[arg-type]
+
+
+def test_plot_twin_refuses_no_rows(tmp_path: Path) -> None:
+    """An empty comparison is a project error, not matplotlib's ValueError (the fuzz test found
+    it)."""
+    from bastion.sim.twin import plot_twin
+
+    with pytest.raises(ConfigError, match="no rows"):
+        plot_twin([], tmp_path / "twin.png")
