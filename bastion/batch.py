@@ -311,6 +311,23 @@ class TreeBatch:
 
 
 @functools.lru_cache(maxsize=64)
+def tree_batch_from_buffers(
+    offsets: bytes, parents: bytes, tokens: bytes, depths: bytes, scores: bytes, ranks: bytes
+) -> TreeBatch:
+    """A :class:`TreeBatch` over a compiled kernel's flat buffers (int64, and float64 scores),
+    without copying them. Internal: the kernels' callers (the joint budget, the controllers)
+    share it; not part of the public API."""
+    frombuffer = np.frombuffer
+    return TreeBatch(
+        frombuffer(offsets, np.int64),
+        frombuffer(parents, np.int64),
+        frombuffer(tokens, np.int64),
+        frombuffer(depths, np.int64),
+        frombuffer(scores, np.float64),
+        frombuffer(ranks, np.int64),
+    )
+
+
 def _root_batch(batch_size: int) -> TreeBatch:
     minus = np.full(batch_size, -1, np.int64)
     arrays = (np.arange(batch_size + 1), minus, minus, np.zeros(batch_size, np.int64))

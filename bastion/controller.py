@@ -42,7 +42,7 @@ from bastion.bestfirst import best_first
 from bastion.errors import BudgetError
 from bastion.guard import integer, public
 from bastion.interfaces import BatchChoice, BatchPolicyContext, CostModel
-from bastion.joint import JointDiagnostics, choose_joint_batch, forest_batch
+from bastion.joint import JointDiagnostics, choose_joint_batch, forest_batch, joint_result
 from bastion.learned import LearnedCostModel
 from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 
@@ -256,29 +256,8 @@ def _choose_joint_compiled(
     status, chosen, _more, exhausted, par, dep, rnk, sco, tok, off, a_hat, c_hat, s_hat = out
     if status != 0:
         return None
-    frombuffer = np.frombuffer
-    offsets = frombuffer(off, np.int64)
-    trees = TreeBatch(
-        offsets,
-        frombuffer(par, np.int64),
-        frombuffer(tok, np.int64),
-        frombuffer(dep, np.int64),
-        frombuffer(sco, np.float64),
-        frombuffer(rnk, np.int64),
-    )
-    alloc = np.diff(offsets)
-    diag = JointDiagnostics(
-        tree_sizes=tuple(alloc.tolist()),
-        total_size=b + int(chosen),
-        mode="bounded",
-        a_hat_total=frombuffer(a_hat, np.float64),
-        c_hat=frombuffer(c_hat, np.float64),
-        s_hat=frombuffer(s_hat, np.float64),
-        ar_step_s=float(ar),
-        exhausted=bool(exhausted),
-        capped=bool((alloc == n_max).any()),
-    )
-    return trees, diag
+    curve = (a_hat, c_hat, s_hat)
+    return joint_result(b, n_max, chosen, exhausted, (off, par, tok, dep, sco, rnk), curve, ar)
 
 
 def _chain_cut(top1: FloatArray) -> FloatArray:

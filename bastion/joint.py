@@ -53,7 +53,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from bastion.batch import BatchMarginals, TreeBatch
+from bastion.batch import BatchMarginals, TreeBatch, tree_batch_from_buffers
 from bastion.bestfirst import best_first_forest
 from bastion.budget import ControllerMode, Rule, first_decrease
 from bastion.cost.jointcurve import joint_pricing
@@ -436,24 +436,33 @@ def _choose_paper_compiled(
     status, chosen, _more, exhausted, par, dep, rnk, sco, tok, off, a_hat, c_hat, s_hat, ar = out
     if status != 0:
         return None
-    frombuffer = np.frombuffer
-    offsets = frombuffer(off, np.int64)
-    trees = TreeBatch(
-        offsets,
-        frombuffer(par, np.int64),
-        frombuffer(tok, np.int64),
-        frombuffer(dep, np.int64),
-        frombuffer(sco, np.float64),
-        frombuffer(rnk, np.int64),
-    )
-    alloc = np.diff(offsets)
+    curve = (a_hat, c_hat, s_hat)
+    return joint_result(b, n_max, chosen, exhausted, (off, par, tok, dep, sco, rnk), curve, ar)
+
+
+def joint_result(
+    b: int,
+    n_max: int,
+    chosen: int,
+    exhausted: bool,
+    tree: tuple[bytes, ...],
+    curve: tuple[bytes, bytes, bytes],
+    ar: float,
+) -> tuple[TreeBatch, JointDiagnostics]:
+    """A compiled joint budget's answer as :func:`choose_joint_batch`'s: the trees over its
+    buffers (``tree``: offsets, parents, tokens, depths, scores, ranks) and the diagnostics of
+    the bounded rule (``curve``: Â, Ĉ and Ŝ of the last chain). Internal: shared by the joint
+    kernels' callers."""
+    trees = tree_batch_from_buffers(*tree)
+    alloc = np.diff(trees.offsets)
+    a_hat, c_hat, s_hat = (np.frombuffer(x, np.float64) for x in curve)
     diag = JointDiagnostics(
         tree_sizes=tuple(alloc.tolist()),
         total_size=b + int(chosen),
         mode="bounded",
-        a_hat_total=frombuffer(a_hat, np.float64),
-        c_hat=frombuffer(c_hat, np.float64),
-        s_hat=frombuffer(s_hat, np.float64),
+        a_hat_total=a_hat,
+        c_hat=c_hat,
+        s_hat=s_hat,
         ar_step_s=float(ar),
         exhausted=bool(exhausted),
         capped=bool((alloc == n_max).any()),

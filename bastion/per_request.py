@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from bastion.batch import BatchMarginals, TreeBatch
+from bastion.batch import BatchMarginals, tree_batch_from_buffers
 from bastion.bestfirst import MAX_TREE_SIZE
 from bastion.budget import BudgetDiagnostics
 from bastion.cost.requestprice import request_pricing
@@ -85,15 +85,8 @@ def choose_per_request(
         return None
     frombuffer = np.frombuffer
     par, dep, rnk, sco, tok, off, built, budgets, diag, ar = out[1:]
-    offsets = frombuffer(off, np.int64)
-    trees = TreeBatch(
-        offsets,
-        frombuffer(par, np.int64),
-        frombuffer(tok, np.int64),
-        frombuffer(dep, np.int64),
-        frombuffer(sco, np.float64),
-        frombuffer(rnk, np.int64),
-    )
+    trees = tree_batch_from_buffers(off, par, tok, dep, sco, rnk)
+    offsets = trees.offsets
     curves = frombuffer(diag, np.float64)
     diagnostics, at = [], 0
     for n, budget, c, ar_s in zip(
