@@ -240,11 +240,7 @@ def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> Array | None:
     ema+calib) of a dense target, where every count is a whole number, tensor parallelism's
     all-reduces included. None where the model is not such a model, and the caller prices the
     curve as the model does."""
-    mode = getattr(model, "mode", None)
-    cal = getattr(model, "calibration", None)
-    if mode not in ("static", "ema+calib") or not isinstance(cal, LinearCalibration):
-        return None
-    if getattr(model, "model", None) is None or model.model.is_moe:
+    if not calibrated_dense(model):
         return None
     fixed = _joint_fixed(model)
     if fixed is None:
@@ -262,15 +258,22 @@ def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> Array | None:
     return price
 
 
-def _joint_fixed(model: Any) -> Array | None:
-    """:func:`joint_pricing`'s numbers but T_draft + T_aux (0 there), kept on the model per
-    correction, or None where the compiled pricing does not apply."""
+def calibrated_dense(model: Any) -> bool:
+    """Whether ``model`` is a calibrated roofline (modes static, ema+calib) of a dense target:
+    what the compiled pricing of the joint and per-request rules reads (its counts whole)."""
     mode = getattr(model, "mode", None)
     cal = getattr(model, "calibration", None)
     if mode not in ("static", "ema+calib") or not isinstance(cal, LinearCalibration):
+        return False
+    return getattr(model, "model", None) is not None and not model.model.is_moe
+
+
+def _joint_fixed(model: Any) -> Array | None:
+    """:func:`joint_pricing`'s numbers but T_draft + T_aux (0 there), kept on the model per
+    correction, or None where the compiled pricing does not apply."""
+    if not calibrated_dense(model):
         return None
-    if getattr(model, "model", None) is None or model.model.is_moe:
-        return None
+    mode, cal = model.mode, model.calibration
     stamp = (mode, model.ema.gamma, model.prep_s)
     memo = memo_of(model)
     fixed: Array | None = memo.get(("joint-pricing", stamp))

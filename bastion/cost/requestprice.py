@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bastion.cost.calibration import LinearCalibration
 from bastion.cost.curvecache import memo_of
+from bastion.cost.jointcurve import calibrated_dense
 
 __all__ = ["request_pricing"]
 
@@ -27,12 +27,9 @@ def request_pricing(model: Any) -> tuple[Array, int] | None:
     """(the 32·ops + 16 numbers ``request()`` reads before T_draft and T_aux, ops), or None
     where the model is not a calibrated roofline of a dense target with whole, non-negative
     counts (the caller then runs the rule in Python). Kept on the model per correction."""
-    mode = getattr(model, "mode", None)
-    cal = getattr(model, "calibration", None)
-    if mode not in ("static", "ema+calib") or not isinstance(cal, LinearCalibration):
+    if not calibrated_dense(model):
         return None
-    if getattr(model, "model", None) is None or model.model.is_moe:
-        return None
+    mode, cal = model.mode, model.calibration
     stamp = (mode, model.ema.gamma, model.prep_s)
     memo = memo_of(model)
     fixed = memo.get(("request-pricing", stamp))
