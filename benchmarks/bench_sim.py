@@ -15,7 +15,7 @@ activations, a paged KV cache; admission, lookahead reserved per step, trees cut
 blocks); ``--memory off`` serves without a memory limit (its use still counted).
 
 Run: ``python benchmarks/bench_sim.py [--repeats 3] [--concurrency 1,4,8,16,32,64]
-[--policies ar,chain,...] [--memory on|off]``. Never part of the tests.
+[--policies ar,chain,...] [--memory on|off] [--model NAME] [--tp N]``. Never part of the tests.
 """
 
 from __future__ import annotations
@@ -40,15 +40,18 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,8,16,32,64")
     parser.add_argument("--policies", default=POLICIES)
     parser.add_argument("--memory", choices=("on", "off"), default="on")
+    parser.add_argument("--model", default="qwen3-8b", help="a bundled model (default qwen3-8b)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
     args = parser.parse_args()
-    model = get_model("qwen3-8b")
+    model = get_model(args.model)
     hw = get_profile("h100-sxm")
     drafter = DrafterSpec.dflash_for(model)
     t0 = time.perf_counter()
-    cost_model, _ = calibrated_cost_model(SimulatedGPU(hw, model, drafter))
+    cost_model, _ = calibrated_cost_model(SimulatedGPU(hw, model, drafter, tp=args.tp))
     calib_s = time.perf_counter() - t0
     print(
-        f"# bench_sim — qwen3-8b · h100-sxm · math, memory {args.memory}; calibration sweep + "
+        f"# bench_sim — {args.model} · h100-sxm × {args.tp} · math, memory {args.memory}; "
+        f"calibration sweep + "
         f"fit: {calib_s:.2f} s\n"
     )
     print(
@@ -59,6 +62,8 @@ def main() -> None:
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         requests = 8 if concurrency == 1 else max(16, 2 * concurrency)
         spec = SimSpec(
+            model=args.model,
+            tp=args.tp,
             concurrency=concurrency,
             requests=requests,
             gpu_memory_utilization=0.9 if args.memory == "on" else None,
@@ -70,7 +75,7 @@ def main() -> None:
                 cm = cost_model if getattr(policy, "uses_cost_model", False) else None
                 memory = spec.memory_plan(getattr(policy, "uses_drafter", True))
                 source = request_source(spec)
-                gpu = SimulatedGPU(hw, model, drafter)
+                gpu = SimulatedGPU(hw, model, drafter, tp=args.tp)
                 start, cpu = time.perf_counter(), time.process_time()
                 r = serve(policy, gpu, source, requests, concurrency, cm, memory=memory)
                 walls.append(time.perf_counter() - start)
