@@ -3,6 +3,9 @@
 - The optional compiled best-first kernel ``bastion._bestfirst``. ``optional=True``: where no C
   compiler is available the install still succeeds and Bastion falls back to the pure-Python
   heap, which gives identical trees, only slower.
+- The optional weight-streaming CPU matrix product ``bastion.backends.torch._cpulinear`` (x86-64
+  with AVX-512, OpenMP). ``optional=True`` likewise: without it the real backend multiplies
+  with PyTorch's own kernels (identical tokens, slower passes on CPU).
 - The top-level ``hwprofiles/``, ``workloads/`` and ``experiments/`` directories ship in the
   wheel as ``bastion/hwprofiles``, ``bastion/workloads`` and ``bastion/experiments``.
 """
@@ -45,6 +48,13 @@ setup(
             depends=["bastion/_bestfirst.h"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "bastion.backends.torch._cpulinear",
+            sources=["bastion/backends/torch/_cpulinear.c"],
+            extra_compile_args=["-O3", "-fopenmp"],
+            extra_link_args=["-fopenmp"],
+            optional=True,
+        ),
     ],
 )

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def load_demo_pair(name: str, dtype: str, prompts: int) -> tuple[Any, Any, list[list[int]], int]:
+def load_demo_pair(
+    name: str, dtype: str, prompts: int, linears: str = "auto"
+) -> tuple[Any, Any, list[list[int]], int]:
     """(pair, target, the first ``prompts`` held-out prompts as ids, the end-of-text id)."""
     import torch
     from transformers import AutoTokenizer
@@ -17,7 +19,7 @@ def load_demo_pair(name: str, dtype: str, prompts: int) -> tuple[Any, Any, list[
 
     pair = get_pair(name)
     pair.require_installed()
-    target = load_target(pair.target, "cpu", dtype=getattr(torch, dtype))
+    target = load_target(pair.target, "cpu", dtype=getattr(torch, dtype), linears=linears)
     tokenizer = AutoTokenizer.from_pretrained(pair.target)
     ids = [list(tokenizer(t)["input_ids"]) for t in load_prompts()[:prompts]]
     eos = int(tokenizer.convert_tokens_to_ids("<|endoftext|>"))

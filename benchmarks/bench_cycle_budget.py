@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from _demo_pair import load_demo_pair  # type: ignore[import-not-found]
 
+from bastion.backends.torch.cpu_linear import LINEAR_CHOICES
 from bastion.demo import DEFAULT_PAIR, PAIRS
 from bastion.demo.run import DEMO_DTYPES
 from bastion.errors import ConfigError
@@ -59,6 +60,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", choices=DEMO_DTYPES, default="float32")
+    parser.add_argument(
+        "--linears", choices=LINEAR_CHOICES, default="auto", help="CPU products (load_target)"
+    )
     args = parser.parse_args()
     if not 1 <= args.prompts <= 64 or args.max_new_tokens < 2 or not 1 <= args.repeats <= 100:
         raise ConfigError("--prompts 1–64, --max-new-tokens ≥ 2, --repeats 1–100")
@@ -67,7 +71,7 @@ def main() -> None:
     from bastion.backends.torch import DFlashDrafter
     from bastion.backends.torch.lockstep import Contender, generate_lockstep
 
-    pair, target, prompts, eos = load_demo_pair(args.pair, args.dtype, args.prompts)
+    pair, target, prompts, eos = load_demo_pair(args.pair, args.dtype, args.prompts, args.linears)
     contenders = [
         Contender(p, None if p == "ar" else DFlashDrafter.from_pretrained(pair.drafter, target))
         for p in policies

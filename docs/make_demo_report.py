@@ -1,6 +1,6 @@
 """Regenerate the numbers of docs/demo.md:
 `python docs/make_demo_report.py [--pair base|small] [--batch-size 1,2,4,8] [--repeats 10]
-[--dtype float32|bfloat16]`.
+[--dtype float32|bfloat16] [--linears auto|stream|torch]`.
 
 Runs the demo with the chosen shipped pair at each batch size (one warm-up run, then
 ``--repeats`` timed runs per policy, every policy's runs in lockstep with the others') with
@@ -37,6 +37,7 @@ from bastion.sim.serving import serve
 POLICIES = (
     "ar",
     "chain",
+    "fixed:8",
     "fixed:16",
     "fixed:32",
     "fixed:64",
@@ -97,7 +98,12 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def cost_curve(
-    target_dir: Path, tokens: tuple[int, ...], context: int, rounds: int, dtype: str = "float32"
+    target_dir: Path,
+    tokens: tuple[int, ...],
+    context: int,
+    rounds: int,
+    dtype: str = "float32",
+    linears: str = "auto",
 ) -> None:
     """The target's verification pass time by tokens over ``context`` cached tokens: the median
     of ``rounds`` rounds, each timing every size once (interleaved, so drift reaches all)."""
@@ -106,7 +112,8 @@ def cost_curve(
     from bastion.backends.torch import load_target
     from bastion.backends.torch.timing import verify_timer
 
-    timer = verify_timer(load_target(target_dir, "cpu", dtype=getattr(torch, dtype)), repeats=1)
+    target = load_target(target_dir, "cpu", dtype=getattr(torch, dtype), linears=linears)
+    timer = verify_timer(target, repeats=1)
     times: dict[int, list[float]] = {s: [] for s in tokens}
     for _ in range(rounds):
         for s in tokens:
@@ -128,12 +135,13 @@ def main() -> None:
     parser.add_argument("--batch-size", default="1,2,4,8", help="e.g. 1,2,4,8")
     parser.add_argument("--no-curve", action="store_true", help="skip the pass-time curve")
     parser.add_argument("--dtype", choices=DEMO_DTYPES, default="float32")
+    parser.add_argument("--linears", choices=("auto", "stream", "torch"), default="auto")
     args = parser.parse_args()
     sizes = _sizes(args.batch_size)
     pair = get_pair(args.pair)
     print(f"pair: {pair.name} in {args.dtype}")
     if not args.no_curve:
-        cost_curve(pair.target, (1, 2, 4, 8, 16, 32, 64, 128), 256, 15, args.dtype)
+        cost_curve(pair.target, (1, 2, 4, 8, 16, 32, 64, 128), 256, 15, args.dtype, args.linears)
     with tempfile.TemporaryDirectory() as tmp:
         traces = Path(tmp)
         result = run_demo(
@@ -146,6 +154,7 @@ def main() -> None:
             batch_sizes=sizes,
             repeats=args.repeats,
             dtype=args.dtype,
+            linears=args.linears,
             progress=lambda message: print(message, file=sys.stderr, flush=True),
         )
         print(f"\nidentical outputs: {result.identical}; calibration: {result.calibration}\n")

@@ -104,6 +104,7 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         warmup=args.warmup,
         dtype=args.dtype,
+        linears=args.linears,
     )
     # bf16 sums depend on the pass's shape: near-ties may decode differently, so a difference
     # there is the precision's, not a lossless violation (float32 is the lossless check)
@@ -227,6 +228,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default="float32",
         help="the models' precision (default float32, where every policy's output equals AR's; "
         "bfloat16 is faster on CPUs with bf16 matrix instructions but not batch-invariant)",
+    )
+    p.add_argument(
+        "--linears",
+        choices=("auto", "stream", "torch"),
+        default="auto",
+        help="the matrix products: auto (default) streams fp32 weights with Bastion's "
+        "batch-invariant CPU kernel where the CPU has AVX-512; torch keeps PyTorch's",
     )
     p.add_argument(
         "--record-trace",

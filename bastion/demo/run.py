@@ -202,6 +202,7 @@ def run_demo(
     repeats: int = 1,
     warmup: int = 1,
     dtype: str = "float32",
+    linears: str = "auto",
 ) -> DemoResult:
     """Decode ``prompts`` with every policy at every batch size; compare; summarise. Needs torch.
 
@@ -218,7 +219,11 @@ def run_demo(
     ``dtype`` (one of :data:`DEMO_DTYPES`) is the precision both models run in. In ``float32``
     every policy's output equals AR's; ``bfloat16`` is faster on CPUs with bf16 matrix
     instructions, but its sums depend on the pass's shape, so near-ties can decode differently
-    (AR's own output then changes with the batch size) and ``identical`` may be False."""
+    (AR's own output then changes with the batch size) and ``identical`` may be False.
+
+    ``linears`` (``auto``, ``stream`` or ``torch``) chooses the matrix products, as in
+    :func:`~bastion.backends.torch.load_target`: in fp32 on a CPU with AVX-512 ``auto`` streams
+    the weights with the batch-invariant kernel."""
     from transformers import AutoTokenizer
 
     from bastion.backends.torch import DFlashDrafter, load_target
@@ -235,6 +240,9 @@ def run_demo(
         raise ConfigError(f"batch sizes must be ≥ 1; got {list(batch_sizes)}")
     if not isinstance(dtype, str) or dtype not in DEMO_DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DEMO_DTYPES)}; got {dtype!r}")
+    from bastion.backends.torch.cpu_linear import check_linears
+
+    check_linears(linears)
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"repeats must be ≥ 1 and warmup ≥ 0; got {repeats}, {warmup}")
     texts = list(prompts) if prompts is not None else load_prompts()
@@ -242,7 +250,7 @@ def run_demo(
         raise ConfigError("no prompts to decode")
     import torch
 
-    target = load_target(target_dir, "cpu", dtype=getattr(torch, dtype))
+    target = load_target(target_dir, "cpu", dtype=getattr(torch, dtype), linears=linears)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     drafter = DFlashDrafter.from_pretrained(drafter_dir, target)
     prompt_ids = [list(tokenizer(t)["input_ids"]) for t in texts]

@@ -356,7 +356,7 @@ def train_drafter(
     from bastion.backends.torch import DFlashDrafter, load_target
 
     _check_drafter(cfg)
-    target = load_target(target_dir, "cpu")
+    target = load_target(target_dir, "cpu", linears="torch")  # the recipe as it was recorded
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     train, held = _data(tokenizer, corpus or load_corpus())
     mask_id = int(tokenizer.convert_tokens_to_ids(SPECIALS[2]))  # type: ignore[arg-type]

@@ -37,6 +37,7 @@ from bastion.guard import INT64_LIMIT, has, integer, public
 from bastion.interfaces import DraftContext
 from bastion.tree import DraftMarginals
 
+from .cpu_linear import stream_linears, streams
 from .dflash_format import (
     DFlashConfig,
     default_target_layer_ids,
@@ -318,6 +319,8 @@ class DFlashDrafter:
             raise BudgetError(f"top_k must be an integer ≥ 1; got {top_k!r}")
         param = next(target.parameters())
         self.model = model.to(device=param.device, dtype=param.dtype).eval()
+        if streams(target):  # the target multiplies with the CPU kernel: so does its drafter
+            stream_linears(self.model)
         self.cfg = cfg
         self.top_k = min(int(top_k), cfg.vocab_size)
         self.device = param.device

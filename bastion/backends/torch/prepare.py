@@ -58,10 +58,22 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 @public
 def load_target(
-    path: str | os.PathLike[str], device: str = "cpu", dtype: torch.dtype | None = None
+    path: str | os.PathLike[str],
+    device: str = "cpu",
+    dtype: torch.dtype | None = None,
+    linears: str = "auto",
 ) -> Any:
-    """A Hugging Face causal LM from a local directory, with SDPA attention (tree masks)."""
+    """A Hugging Face causal LM from a local directory, with SDPA attention (tree masks).
+
+    ``linears``: ``auto`` (the default) multiplies fp32 models on CPU with the weight-streaming
+    kernel where it is available (:mod:`bastion.backends.torch.cpu_linear`), ``stream`` requires
+    it, ``torch`` keeps PyTorch's own products. A drafter built on the target follows it.
+    """
     from transformers import AutoModelForCausalLM
+
+    from bastion.backends.torch.cpu_linear import apply_linears, check_linears
+
+    check_linears(linears)
 
     dev = resolve_device(device)
     root = Path(path)
@@ -77,7 +89,9 @@ def load_target(
         )
     except Exception as exc:  # transformers and safetensors raise many types on bad files
         raise CheckpointError(f"cannot load target {root}: {exc}") from exc
-    return model.to(dev).eval()  # type: ignore[arg-type]  # transformers' to() stub is narrow
+    model = model.to(dev).eval()  # type: ignore[arg-type]  # transformers' to() stub is narrow
+    apply_linears(model, linears, dev, dtype)
+    return model
 
 
 class _NoDrafter:
