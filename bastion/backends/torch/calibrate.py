@@ -3,7 +3,8 @@
 ``calibrate_target`` runs the cost model's profiling sweep (``bastion.cost.calibration``)
 against real verification passes of a Hugging Face target (``verify_timer``) and caches the
 fitted record under the key (device profile, model, dtype, backend = ``torch-cpu`` or
-``torch-cuda``). ``cached_cost_model`` loads that record, if one exists, as the
+``torch-cuda``; ``torch-cpu-stream`` where the weight-streaming kernel multiplies).
+``cached_cost_model`` loads that record, if one exists, as the
 ``RooflineCostModel`` the adaptive policy uses.
 
 The roofline record prices the target only. ``calibrate_drafter`` times the drafter's batched
@@ -49,6 +50,7 @@ from bastion.errors import BackendError, ConfigError
 from bastion.files import write_json_atomic, write_text_atomic
 from bastion.guard import has, public
 
+from .cpu_linear import streams
 from .timing import DraftTiming, drafter_timer, fit_draft_timing, verify_timer
 
 __all__ = [
@@ -153,7 +155,7 @@ def calibrate_target(
             f"the sweep's largest pass ({max(tokens)} + {max(contexts)} tokens) exceeds the "
             f"target's context of {limit}; pass smaller --tokens/--contexts"
         )
-    backend, dtype = f"torch-{device.type}", _dtype_name(model)
+    backend, dtype = _backend_name(model), _dtype_name(model)
     key = calibration_key(hw, spec, dtype, backend)
     found = None if refit else store.load(key)
     if found is not None:
@@ -182,7 +184,7 @@ def cached_cost_model(
     else:
         return None  # never probe or sweep implicitly: that is `bastion calibrate --target`
     spec = target_spec(model)
-    record = store.load(calibration_key(hw, spec, _dtype_name(model), f"torch-{device.type}"))
+    record = store.load(calibration_key(hw, spec, _dtype_name(model), _backend_name(model)))
     if record is None:
         return None
     return RooflineCostModel(hw, spec, calibration=record)
@@ -197,6 +199,13 @@ def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"torch-cuda-{torch.cuda.get_device_name(device)}"
     return "torch-cpu"
+
+
+def _backend_name(model: Any) -> str:
+    """The calibration key's backend: ``torch-cpu`` / ``torch-cuda``, with ``-stream`` where the
+    model multiplies with the weight-streaming CPU kernel (its passes cost differently)."""
+    device = next(model.parameters()).device
+    return f"torch-{device.type}" + ("-stream" if streams(model) else "")
 
 
 def _drafter_name(drafter: Any) -> str:
@@ -218,7 +227,8 @@ def _drafter_name(drafter: Any) -> str:
 
 def _drafter_record_path(target: Any, drafter: Any, cache: CalibrationCache) -> Path:
     device = next(target.parameters()).device
-    parts = (_device_name(device), target_spec(target).name, _drafter_name(drafter))
+    kernel = "-stream" if streams(target) else ""
+    parts = (_device_name(device) + kernel, target_spec(target).name, _drafter_name(drafter))
     slug = "__".join("".join(c if c.isalnum() or c in "._-" else "_" for c in p) for p in parts)
     return cache.directory / f"drafter__{slug}__{_dtype_name(target)}.json"
 
