@@ -152,13 +152,15 @@ class _DraftAttention(nn.Module):
         q = _rope(q, cos, sin)
         k_b, v_b = self.key_values(x, cos, sin)
         k, v = torch.cat((ctx_k, k_b), dim=2), torch.cat((ctx_v, v_b), dim=2)
-        rep = self.heads // self.kv_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         mask = None
         if ctx_mask is not None:  # [B, 1, 1, C + b]: the block always sees itself
             block = torch.ones((n, b), dtype=torch.bool, device=x.device)
             mask = torch.cat((ctx_mask, block), dim=1)[:, None, None, :]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        # grouped-query attention without copying K/V per query head (measured bit-identical
+        # to repeat_interleave on CPU, with and without the mask)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=self.head_dim**-0.5, enable_gqa=True
+        )
         return cast(
             torch.Tensor, self.o_proj(out.transpose(1, 2).reshape(n, b, self.heads * self.head_dim))
         )
