@@ -143,3 +143,22 @@ def test_streamed_decoding_is_lossless(family: str) -> None:
                     cost_model=cost,
                 )
                 assert rep.output_ids == want, (family, prompt, policy)
+
+
+@needs_kernel
+def test_calibration_records_keyed_by_the_products() -> None:
+    """A record timed with PyTorch's products is never reused for a streamed model (its passes
+    cost differently), for the target's roofline record and the drafter's timing alike."""
+    from bastion.backends.torch.calibrate import _backend_name, _drafter_record_path
+    from bastion.cost.calibration import CalibrationCache
+
+    plain, streamed = tiny_target("qwen3"), tiny_target("qwen3")
+    stream_linears(streamed)
+    assert _backend_name(plain) == "torch-cpu"
+    assert _backend_name(streamed) == "torch-cpu-stream"
+    cache = CalibrationCache("unused")  # paths only: nothing is read or written
+    paths = {
+        _drafter_record_path(m, DFlashDrafter.random_init(m, num_layers=1, seed=1), cache)
+        for m in (plain, streamed)
+    }
+    assert len(paths) == 2
