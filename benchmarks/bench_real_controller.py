@@ -19,7 +19,8 @@ one drafted step, in its warm-up): what the learning controller costs when it de
 without its probes — its draft + build column is then its steady-state host time before the
 pass.
 
-Run: ``python benchmarks/bench_real_controller.py [--rounds 8] [--prompts 4] [--tokens 64]
+Run: ``python benchmarks/bench_real_controller.py [--pair base|small] [--batch-size 1] [--rounds 8]
+[--prompts 4] [--tokens 64]
 [--fresh] [--pinned-ar]``.
 Never part of the tests.
 """
@@ -41,7 +42,7 @@ from bastion.backends.torch.lockstep import Contender, generate_lockstep
 from bastion.backends.torch.runner import BatchGenerationReport
 from bastion.backends.torch.timing import with_draft_timing
 from bastion.cost.costmodel import RooflineCostModel
-from bastion.demo import DRAFTER_DIR, TARGET_DIR
+from bastion.demo import DEFAULT_PAIR, PAIRS, get_pair
 from bastion.demo.run import CALIBRATION_CONTEXTS, CALIBRATION_TOKENS, load_prompts
 from bastion.learned import LearnedCostModel
 
@@ -54,6 +55,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--pair", choices=tuple(PAIRS), default=DEFAULT_PAIR)
+    parser.add_argument("--batch-size", type=int, default=1, help="requests decoded together")
     parser.add_argument(
         "--fresh",
         action="store_true",
@@ -65,8 +68,11 @@ def main() -> None:
         help="add bastion with a learner that cannot leave AR (its cost without probes)",
     )
     args = parser.parse_args()
-    if args.rounds < 1 or args.prompts < 1 or args.tokens < 1:
-        parser.error("--rounds, --prompts and --tokens must be ≥ 1")
+    if args.rounds < 1 or args.prompts < 1 or args.tokens < 1 or not 1 <= args.batch_size <= 64:
+        parser.error("--rounds, --prompts and --tokens must be ≥ 1, --batch-size 1–64")
+    pair = get_pair(args.pair)
+    pair.require_installed()
+    TARGET_DIR, DRAFTER_DIR = pair.target, pair.drafter
     from transformers import AutoTokenizer
 
     target = load_target(TARGET_DIR, "cpu")
@@ -103,6 +109,7 @@ def main() -> None:
             target,
             [models(p) for p in contenders],
             prompts,
+            batch_size=args.batch_size,
             max_new_tokens=args.tokens,
             eos_token_id=eos,
             repeats=repeats,
