@@ -251,7 +251,7 @@ def takes_growth(joint: Callable[..., Any]) -> bool:
 
 # mean_context's last read-only array and its mean (one tuple, so a reader never sees the
 # array of one call with the mean of another)
-_LAST_MEAN: tuple[IntArray | None, int] = (None, 0)
+_LAST_MEAN: tuple[IntArray | None, int] = (None, 0)  # the array, its mean
 
 
 def mean_context(ctx: IntArray) -> int:
@@ -264,10 +264,10 @@ def mean_context(ctx: IntArray) -> int:
     global _LAST_MEAN
     if ctx.shape[0] == 1:
         return int(ctx[0])
-    last = _LAST_MEAN
-    if ctx is last[0]:
-        return last[1]
-    mean = int(np.add.reduce(ctx)) // ctx.shape[0]
+    last_ctx, last_mean = _LAST_MEAN
+    if ctx is last_ctx:
+        return last_mean
+    mean = int(np.add.reduce(ctx)) // int(ctx.shape[0])
     if ctx.base is None and not ctx.flags.writeable:
         _LAST_MEAN = (ctx, mean)
     return mean
