@@ -71,7 +71,7 @@ __all__ = [
 
 BLOCK_TOKENS = 16
 """Tokens per KV-cache block (vLLM's default block size)."""
-_SMALL = 32  # KVCache.blocks_of: up to so many requests summed as Python ints (cheaper)
+_SMALL = 16  # KVCache.blocks_of: up to so many requests summed as Python ints (cheaper)
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 """The share of the device's memory the server takes (vLLM's default)."""
