@@ -253,7 +253,8 @@ class TreeBatch:
     @property
     def sizes(self) -> IntArray:
         """[B] tree sizes N_i (roots included)."""
-        return np.diff(self.offsets)
+        offsets = self.offsets  # np.diff's values, without its Python-level checks (hot)
+        return offsets[1:] - offsets[:-1]
 
     @property
     def total_nodes(self) -> int:
@@ -310,7 +311,6 @@ class TreeBatch:
         return _root_batch(batch_size)
 
 
-@functools.lru_cache(maxsize=64)
 def tree_batch_from_buffers(
     offsets: bytes, parents: bytes, tokens: bytes, depths: bytes, scores: bytes, ranks: bytes
 ) -> TreeBatch:
@@ -328,6 +328,7 @@ def tree_batch_from_buffers(
     )
 
 
+@functools.lru_cache(maxsize=64)  # read-only arrays: one batch of roots per batch size
 def _root_batch(batch_size: int) -> TreeBatch:
     minus = np.full(batch_size, -1, np.int64)
     arrays = (np.arange(batch_size + 1), minus, minus, np.zeros(batch_size, np.int64))

@@ -171,7 +171,12 @@ class CycleTable:
 
     def ratio_stamp(self, kind: CycleKind) -> tuple[int, int, int]:
         """Changes whenever :meth:`ratios` of ``kind`` may read differently in any bucket."""
-        return (*self._stamp(kind), len(self._first))
+        # (*self._stamp(kind), len(self._first)) in one tuple: a hot path (every mode cycle)
+        versions = self._kind_version
+        own = versions[kind]
+        reads_tree = kind != "tree" and own == 0
+        tree = versions["tree"] >> REFRESH_SHIFT if reads_tree else 0
+        return (own >> REFRESH_SHIFT, tree, len(self._first))
 
     def _stamp(self, kind: CycleKind) -> tuple[int, int]:
         # an AR or chain row reads the tree cells only while no bucket of its kind is measured

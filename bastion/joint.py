@@ -454,7 +454,7 @@ def joint_result(
     the bounded rule (``curve``: Â, Ĉ and Ŝ of the last chain). Internal: shared by the joint
     kernels' callers."""
     trees = tree_batch_from_buffers(*tree)
-    alloc = np.diff(trees.offsets)
+    alloc = trees.sizes
     a_hat, c_hat, s_hat = (np.frombuffer(x, np.float64) for x in curve)
     diag = JointDiagnostics(
         tree_sizes=tuple(alloc.tolist()),

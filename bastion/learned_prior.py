@@ -249,6 +249,25 @@ def takes_growth(joint: Callable[..., Any]) -> bool:
     return parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
 
 
+# mean_context's last read-only array and its mean (one tuple, so a reader never sees the
+# array of one call with the mean of another)
+_LAST_MEAN: tuple[IntArray | None, int] = (None, 0)  # the array, its mean
+
+
 def mean_context(ctx: IntArray) -> int:
-    """The mean context of a step's requests, rounded down."""
-    return int(ctx[0]) if ctx.shape[0] == 1 else int(np.add.reduce(ctx)) // ctx.shape[0]
+    """The mean context of a step's requests, rounded down.
+
+    A hot path: the learning controller asks it of the same step's contexts several times (its
+    decision, the AR and chain cycles, the step's observation). An array that owns its data and
+    is read-only (the simulator's per-step contexts) cannot change, so its mean is remembered
+    for the next call with the same array; any other array is summed every time."""
+    global _LAST_MEAN
+    if ctx.shape[0] == 1:
+        return int(ctx[0])
+    last_ctx, last_mean = _LAST_MEAN
+    if ctx is last_ctx:
+        return last_mean
+    mean = int(np.add.reduce(ctx)) // int(ctx.shape[0])
+    if ctx.base is None and not ctx.flags.writeable:
+        _LAST_MEAN = (ctx, mean)
+    return mean

@@ -71,6 +71,7 @@ __all__ = [
 
 BLOCK_TOKENS = 16
 """Tokens per KV-cache block (vLLM's default block size)."""
+_SMALL = 16  # KVCache.blocks_of: up to so many requests summed as Python ints (cheaper)
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 """The share of the device's memory the server takes (vLLM's default)."""
@@ -320,6 +321,9 @@ class KVCache:
     def blocks_of(self, tokens: IntArray) -> int:
         """Σ ⌈tokens_i / block_tokens⌉ over an array."""
         bt = self.block_tokens
+        if tokens.shape[0] <= _SMALL:  # a few requests (several calls a step): Python's ints,
+            # the same whole numbers without numpy's per-call cost
+            return sum([(t + (bt - 1)) // bt for t in tokens.tolist()])
         return int(np.add.reduce((tokens + (bt - 1)) // bt))
 
     def free(self) -> int | None:

@@ -461,6 +461,8 @@ def serve(
                 held = -1
             b = ids.shape[0]
             contexts = pool.context_len[slots]
+            contexts.flags.writeable = False  # the step's contexts (a copy): read-only, so
+            # the learning controller may remember what it derives from them (mean_context)
             # the step's KV: each request's lookahead reserved (it fits: checked above); the
             # blocks the batch holds are last step's count while the batch is the same
             if held < 0:

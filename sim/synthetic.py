@@ -115,7 +115,7 @@ class SyntheticSource:
         self._cursor = np.empty(0, np.int64)
         self._top1 = np.empty((0, w.depth))
         self._rngs: list[np.random.Generator | None] = []
-        self._id_views: dict[int, IntArray] = {}  # read-only [B, D, K] views of the rank ids
+        self._id_views: dict[int, IntArray] = {}  # read-only [B, D, K] rank ids (see _rank_ids)
 
     # -- slots ----------------------------------------------------------------------------------
 
@@ -289,9 +289,10 @@ class SyntheticSource:
                 step = 0
             self._cursor[slot] = step + 1
             probs = self._probs[slot, step][None].copy()
-            if 1 not in self._id_views:
-                self._id_views[1] = np.broadcast_to(self._ids, probs.shape)
-            return BatchMarginals(self._id_views[1], probs), self._target[slot, step][None].copy()
+            ids = self._id_views.get(1)
+            if ids is None:
+                ids = self._rank_ids(1)
+            return BatchMarginals(ids, probs), self._target[slot, step][None].copy()
         cursor = self._cursor[slots]
         spent = cursor >= self.block_steps
         if spent.any():
@@ -303,6 +304,17 @@ class SyntheticSource:
         w = self.workload
         probs = np.take(self._probs.reshape(-1, w.depth, w.k), row, axis=0)
         target = np.take(self._target.reshape(-1, w.depth + 1), row, axis=0)
-        if probs.shape[0] not in self._id_views:
-            self._id_views[probs.shape[0]] = np.broadcast_to(self._ids, probs.shape)
-        return BatchMarginals(self._id_views[probs.shape[0]], probs), target
+        ids = self._id_views.get(probs.shape[0])
+        if ids is None:
+            ids = self._rank_ids(probs.shape[0])
+        return BatchMarginals(ids, probs), target
+
+    def _rank_ids(self, b: int) -> IntArray:
+        """The token ids of a step of ``b`` requests, [B, D, K]: every row's ranks 0 … K − 1.
+        A C-contiguous read-only array kept per batch size, not a broadcast view: the
+        controller's compiled calls need contiguous ids, and copying a view every step
+        (≈ 60 KB at B = 32) cost more than keeping one array per batch size."""
+        ids = np.ascontiguousarray(np.broadcast_to(self._ids, (b, *self._ids.shape[1:])))
+        ids.flags.writeable = False
+        self._id_views[b] = ids
+        return ids
