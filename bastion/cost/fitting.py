@@ -92,6 +92,9 @@ def _branch(x: Array, y: Array, w: Array, floor: float) -> Array:
     return np.asarray(sol.x, dtype=np.float64)
 
 
+MAX_REFINEMENTS = 16  # reassignment rounds after the split search (each must lower the loss)
+
+
 @public(
     compute=array(1),
     memory=array(),
@@ -142,6 +145,19 @@ def fit_max_affine(
         if best is None or loss < best[0] * (1 - 1e-9) - 1e-30:
             best = (loss, cc, mc)
     assert best is not None
+    # The splits above are thresholds along ``key``; where the branches' offsets differ, the
+    # true partition (which branch is the larger at each point) need not be one. Refine: give
+    # each point to the branch the best fit makes larger there, refit, and keep a lower loss.
+    for _ in range(MAX_REFINEMENTS):
+        _, cc, mc = best
+        on_memory = memn @ mc[:-1] + mc[-1] >= cc[0] * rcn + cc[1]
+        mc = _branch(memn[on_memory], yn[on_memory], w[on_memory], floor)
+        cc = _branch(rcn[~on_memory, None], yn[~on_memory], w[~on_memory], floor)
+        pred = np.maximum(cc[0] * rcn + cc[1], memn @ mc[:-1] + mc[-1])
+        loss = float(np.sum(((pred - yn) * w) ** 2))
+        if not loss < best[0] * (1 - 1e-9) - 1e-30:
+            break
+        best = (loss, cc, mc)
     _, cc, mc = best
     return MaxAffineFit(
         compute_slope=float(cc[0]) * y_scale / c_scale,
