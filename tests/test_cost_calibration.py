@@ -133,3 +133,31 @@ def test_backend_registry() -> None:
         get_backend("cuda-magic")
     with pytest.raises(ValueError):
         register_backend("synthetic", get_backend("synthetic"))
+
+
+def test_a_poorly_fitting_record_is_flagged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sweep timed while the machine was busy fits its own points badly; using such a record
+    (fitted now or reused) says so, naming the file and what to do. A good fit stays silent."""
+    from dataclasses import replace
+
+    from bastion.cost.notices import POOR_FIT, warn_if_poor
+
+    verify = get_backend("synthetic")(MODEL, HW, 0)
+    good = calibrate(MODEL, HW, profile_sweep(verify, repeats=1), tile_candidates=(0, 64))
+    assert good.cv_mape <= POOR_FIT
+    assert warn_if_poor(good, tmp_path / "good.json") is False
+    assert capsys.readouterr().err == ""
+    busy = replace(good, cv_mape=0.69, cv_max_error=4.0)
+    assert warn_if_poor(busy, tmp_path / "busy.json") is True
+    err = capsys.readouterr().err
+    assert "busy.json" in err and "69%" in err and "--refit" in err
+    assert warn_if_poor(replace(good, cv_mape=float("nan")), tmp_path / "x.json") is False
+
+    cache = CalibrationCache(tmp_path)  # the reuse path flags a stored poor record too
+    rec = calibrate_or_load(MODEL, HW, verify, backend="synthetic", cache=cache)
+    capsys.readouterr()
+    cache.path_for(rec.key).write_text(json.dumps(replace(rec, cv_mape=0.9).to_dict()))
+    calibrate_or_load(MODEL, HW, verify, backend="synthetic", cache=cache)
+    assert "fits its own timings poorly" in capsys.readouterr().err

@@ -27,7 +27,6 @@ import math
 import os
 import re
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -42,6 +41,7 @@ import numpy.typing as npt
 from bastion.cost.fitting import fit_max_affine, loo_errors
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
+from bastion.cost.notices import announce_reuse, warn_if_poor
 from bastion.cost.opcounts import RooflineOptions
 from bastion.cost.parallel import comm_line
 from bastion.cost.roofline import verify_pass
@@ -552,6 +552,7 @@ def calibrate_or_load(
         found = store.load(key)
         if found is not None:
             announce_reuse(store.path_for(key))
+            warn_if_poor(found, store.path_for(key))
             return found
     # the caller's keyword arguments are checked as if the caller had passed them itself
     points = forwarded(profile_sweep)(verify, **(sweep_kwargs or {}))
@@ -559,6 +560,7 @@ def calibrate_or_load(
         model, hw, points, backend=backend, dtype=dtype, **calibrate_kwargs
     )
     write_json_atomic(store.path_for(record.key), record.to_dict())
+    warn_if_poor(record, store.path_for(record.key))
     return record
 
 
@@ -584,11 +586,3 @@ def inputs_digest(hw: HardwareProfile, model: ModelSpec) -> str:
         default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def announce_reuse(path: Path) -> None:
-    """One stderr line whenever a cached record stands in for a measurement."""
-    print(
-        f"bastion: reusing the calibration record {path} (--refit to measure again)",
-        file=sys.stderr,
-    )

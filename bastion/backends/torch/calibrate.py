@@ -38,7 +38,6 @@ from bastion.cost.calibration import (
     DEFAULT_TOKENS,
     CalibrationCache,
     CalibrationRecord,
-    announce_reuse,
     calibrate,
     calibration_key,
     profile_sweep,
@@ -46,6 +45,7 @@ from bastion.cost.calibration import (
 from bastion.cost.costmodel import RooflineCostModel
 from bastion.cost.hardware import HardwareProfile, get_profile, load_profile, profile_to_toml
 from bastion.cost.models import ModelSpec
+from bastion.cost.notices import announce_reuse, warn_if_poor
 from bastion.errors import BackendError, ConfigError
 from bastion.files import write_json_atomic, write_text_atomic
 from bastion.guard import has, public
@@ -160,6 +160,7 @@ def calibrate_target(
     found = None if refit else store.load(key)
     if found is not None:
         announce_reuse(store.path_for(key))
+        warn_if_poor(found, store.path_for(key))
         return found, hw, spec
     # calibrate_or_load's sweep and fit, with the record written atomically
     points = profile_sweep(
@@ -167,6 +168,7 @@ def calibrate_target(
     )
     record = calibrate(spec, hw, points, backend=backend, dtype=dtype, tile_candidates=(0, 64, 128))
     write_json_atomic(store.path_for(record.key), record.to_dict())
+    warn_if_poor(record, store.path_for(record.key))
     return record, hw, spec
 
 
