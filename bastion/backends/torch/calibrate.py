@@ -203,11 +203,15 @@ def _device_name(device: torch.device) -> str:
     return "torch-cpu"
 
 
+def _kernel_suffix(model: Any) -> str:
+    """``-stream`` where ``model`` multiplies with the weight-streaming CPU kernel (its passes
+    cost differently, so its records are kept apart), else nothing."""
+    return "-stream" if streams(model) else ""
+
+
 def _backend_name(model: Any) -> str:
-    """The calibration key's backend: ``torch-cpu`` / ``torch-cuda``, with ``-stream`` where the
-    model multiplies with the weight-streaming CPU kernel (its passes cost differently)."""
-    device = next(model.parameters()).device
-    return f"torch-{device.type}" + ("-stream" if streams(model) else "")
+    """The calibration key's backend: ``torch-cpu`` / ``torch-cuda`` and the kernel suffix."""
+    return f"torch-{next(model.parameters()).device.type}" + _kernel_suffix(model)
 
 
 def _drafter_name(drafter: Any) -> str:
@@ -229,8 +233,11 @@ def _drafter_name(drafter: Any) -> str:
 
 def _drafter_record_path(target: Any, drafter: Any, cache: CalibrationCache) -> Path:
     device = next(target.parameters()).device
-    kernel = "-stream" if streams(target) else ""
-    parts = (_device_name(device) + kernel, target_spec(target).name, _drafter_name(drafter))
+    parts = (
+        _device_name(device) + _kernel_suffix(target),
+        target_spec(target).name,
+        _drafter_name(drafter),
+    )
     slug = "__".join("".join(c if c.isalnum() or c in "._-" else "_" for c in p) for p in parts)
     return cache.directory / f"drafter__{slug}__{_dtype_name(target)}.json"
 
