@@ -36,6 +36,24 @@ AR_RECENT = 3  # a drafted step is paired with the median of this many last AR c
 # a new text at batch 1 restarts the evidence for AR (StepEvidence.wants_draft_for): this many
 # of its drafted steps judge it, not evidence/2 (where AR wins, each new text costs so few)
 TURNOVER_EVIDENCE = 3
+# … and as few already decide for AR wherever speculation lost by far: their mean this many
+# standard errors below (1 + margin) / RECHECK_WITHIN (at a batch size where a drafted step costs
+# twice an AR step, each of the evidence/2 drafted steps otherwise spent costs one)
+CLEAR_LOSS_SE = 3.0
+# what the evidence for or against speculation is, kept per batch bucket (batch_bucket): a
+# drafter that pays at batch 1 may cost twice what it saves at batch 8, so the evidence gathered
+# at one batch size says little about another
+_BUCKET_STATE = (
+    "_realised",
+    "speedup",
+    "speedup_upper",
+    "_recheck_interval",
+    "_recheck_left",
+    "_since_ar",
+    "_since_draft",
+    "_probe_interval",
+    "_fresh",
+)
 
 
 class StepEvidence(DecisionCurves):
@@ -68,6 +86,8 @@ class StepEvidence(DecisionCurves):
         self._probe_interval = probe_every
         self._drafted_for: int | None = None  # at batch 1: the request of the last drafted step
         self._fresh = False  # the evidence restarted for a new text: TURNOVER_EVIDENCE judges it
+        self._bucket = 0  # the batch bucket the evidence above belongs to
+        self._stored: dict[int, tuple[object, ...]] = {}  # … and that of the other buckets
         self.always_draft = False  # e.g. while recording traces: never skip the drafter
         self._drafted = 0
         self.explore_every = explore_every
@@ -150,6 +170,8 @@ class StepEvidence(DecisionCurves):
         halving after each that finds speculation faster (down to ``probe_every``)."""
         if self.always_draft:
             return True
+        if batch_bucket(batch_size) != self._bucket:
+            _evidence_for(self, batch_size)
         threshold = 1.0 + self.margin
         if self.speedup_upper > threshold:
             if self._recheck_left:  # measuring AR again
@@ -182,6 +204,8 @@ class StepEvidence(DecisionCurves):
         steps of the new text then judge it (AR again if their mean is one standard error
         below 1 + margin)."""
         if request_ids.shape[0] == 1:
+            if self._bucket:
+                _evidence_for(self, 1)
             rid = int(request_ids[0])
             if (
                 self._drafted_for is not None
@@ -254,9 +278,12 @@ class StepEvidence(DecisionCurves):
             return
         if kind == "ar":  # the hot path while AR stands: a root per request, nothing drafted
             ctx = np.asarray(contexts, dtype=np.int64)
+            bucket = batch_bucket(ctx.shape[0])
+            if bucket != self._bucket:
+                _evidence_for(self, ctx.shape[0])
             ratio = self._observe_total("ar", ctx, ctx.shape[0], cycle_s)
             if ratio > 0:  # NaN (a degenerate prior) is not
-                recent = self._ar_recent.setdefault(batch_bucket(ctx.shape[0]), [])
+                recent = self._ar_recent.setdefault(bucket, [])
                 recent.append(ratio)
                 if len(recent) > AR_RECENT:
                     del recent[0]
@@ -266,6 +293,8 @@ class StepEvidence(DecisionCurves):
             return
         offsets = trees.offsets
         b = offsets.shape[0] - 1
+        if batch_bucket(b) != self._bucket:
+            _evidence_for(self, b)
         if kind != "chain" or preparation == "argmax":
             ctx = np.asarray(contexts, dtype=np.int64)
             self._observe_total(kind, ctx, int(offsets[-1]), cycle_s)
@@ -301,7 +330,7 @@ class StepEvidence(DecisionCurves):
         # noisy: most commit little, a few a lot)
         if 2 * n >= self.evidence:
             self._fresh = False
-        if n < (TURNOVER_EVIDENCE if self._fresh else (self.evidence + 1) // 2):
+        if n < TURNOVER_EVIDENCE:
             self.speedup = self.speedup_upper = math.inf
         else:
             total = sum(recent)
@@ -309,6 +338,12 @@ class StepEvidence(DecisionCurves):
             if mean <= threshold:  # (above it, so is the bound: the spread is not needed)
                 sq = sum(map(operator.mul, recent, recent))
                 self.speedup_upper += math.sqrt(max(0.0, sq - total * mean) / max(n - 1, 1) / n)
+            if n < (self.evidence + 1) // 2 and not (self._fresh or probing):
+                # too few steps for the usual bound: AR comes to stand only where speculation
+                # lost by far (its mean CLEAR_LOSS_SE standard errors below the recheck level)
+                se = self.speedup_upper - mean
+                if mean + CLEAR_LOSS_SE * se > threshold / RECHECK_WITHIN:
+                    self.speedup = self.speedup_upper = math.inf
         if self.speedup_upper > threshold:
             if probing:  # speculation stands anew: its AR cycle is measured again soon
                 self._recheck_interval = self.probe_every
@@ -321,3 +356,21 @@ class StepEvidence(DecisionCurves):
                 self._probe_interval = max(self._probe_interval // 2, self.probe_every)
             else:
                 self._probe_interval = min(2 * self._probe_interval, 64 * self.probe_every)
+
+
+def _evidence_for(evidence: StepEvidence, batch_size: int) -> None:
+    """Make the evidence of ``batch_size``'s bucket the current one: the current bucket's is
+    stored, the other's restored (a bucket never seen starts as a run does: untried speculation
+    drafts until its own steps judge it)."""
+    bucket = batch_bucket(batch_size)
+    if bucket == evidence._bucket:
+        return
+    names = _BUCKET_STATE
+    evidence._stored[evidence._bucket] = tuple(getattr(evidence, n) for n in names)
+    evidence._bucket = bucket
+    stored = evidence._stored.pop(bucket, None)
+    if stored is None:
+        every = evidence.probe_every
+        stored = ([], math.inf, math.inf, every, 0, 0, 0, every, False)
+    for name, value in zip(names, stored, strict=True):
+        setattr(evidence, name, value)

@@ -448,6 +448,11 @@ def test_standing_ar_steps_reuse_one_choice_whose_cycle_stays_current() -> None:
     seen = []
     for step in range(48):
         b = 2 if step >= 40 else 1
+        if step == 40:  # the evidence is kept per batch bucket: AR stands at batch 2 too
+            from bastion.learned_evidence import _evidence_for
+
+            _evidence_for(learner, 2)
+            learner.speedup = learner.speedup_upper = 0.5
         ctx = np.full(b, 100 + 5 * step, np.int64)
         req = StepRequests.of(list(range(b)), ctx, np.zeros(b, np.int64), np.zeros(b, np.int64))
         assert policy.plan_step(req, learner) == "ar"
@@ -645,7 +650,8 @@ def test_a_probe_that_finds_speculation_faster_looks_again_sooner(busy: bool) ->
     thousands. On a machine that stays quiet the probes confirm AR and grow apart."""
     learner = LearnedCostModel(FlatPrior(), probe_every=16)
     _ar_steps(learner, 12, 10e-3)
-    _drafted_steps(learner, 8, 1, 20e-3)  # evidence enough: AR stands
+    # a clear loss: AR stands after TURNOVER_EVIDENCE steps (not evidence/2)
+    assert _drafted_steps(learner, 3, 1, 20e-3) == [True, True, False]
     assert not learner.wants_draft(1)
     ar_s, drafted = (20e-3, (2, 30e-3)) if busy else (10e-3, (1, 20e-3))
     gaps: list[int] = []
@@ -682,7 +688,9 @@ def test_a_new_text_at_batch_one_restarts_the_evidence_for_ar() -> None:
         return learner
 
     learner = standing_ar()
-    assert not learner.wants_draft_for(np.array([0, 1]))  # a batch of 2: no restart
+    # a batch of 2 has evidence of its own (untried there: it drafts), which leaves batch 1's
+    assert learner.wants_draft_for(np.array([0, 1]))
+    assert not learner.wants_draft_for(ids)
     assert learner.wants_draft_for(np.array([1]))  # a new text at batch 1
     asked = _drafted_steps(learner, TURNOVER_EVIDENCE, 1, 20e-3)
     assert asked == [True] * (TURNOVER_EVIDENCE - 1) + [False]  # judged by its own 3 steps
@@ -758,3 +766,72 @@ def test_a_cycle_is_observed_alike_whatever_the_cache_holds(b: int, total: int) 
     assert warm.observe_cycle("tree", ctx, sizes, 0.05) == fresh.observe_cycle(
         "tree", ctx, sizes, 0.05
     )
+
+
+def _steps_at(
+    learner: LearnedCostModel, b: int, n: int, commit: int | None, cycle_s: float
+) -> list[bool]:
+    """``n`` steps of batch ``b`` at context 100: AR (``commit`` None) or drafted (a 4-node
+    chain per request, each committing ``commit``) in ``cycle_s``; wants_draft after each."""
+    chain = _chain_tree(4)
+    n_nodes = int(chain.offsets[-1])
+    trees = TreeBatch(
+        np.arange(b + 1) * n_nodes,
+        np.tile(chain.parents, b),
+        np.tile(chain.tokens, b),
+        np.tile(chain.depths, b),
+        np.tile(chain.scores, b),
+        np.tile(chain.ranks, b),
+    )
+    ctx = np.full(b, 100, np.int64)
+    asked = []
+    for _ in range(n):
+        if commit is None:
+            learner.observe_step("ar", ctx, TreeBatch.roots(b), np.ones(b, np.int64), [], cycle_s)
+        else:
+            committed = np.full(b, commit, np.int64)
+            learner.observe_step("tree", ctx, trees, committed, np.zeros(0, np.int64), cycle_s)
+        asked.append(learner.wants_draft(b))
+    return asked
+
+
+@pytest.mark.parametrize(
+    ("cycles_ms", "drafted_before_ar"),
+    [
+        ((19.0, 20.0, 21.0), 3),  # ≈ 0.5× AR, three times: a clear loss, AR after 3 steps
+        # 0.3×, 1×, 0.5×, …: a mean of 0.6× but too noisy to be clear: evidence/2 steps
+        ((33.3, 10.0, 20.0, 33.3, 10.0, 20.0, 33.3, 10.0), 8),
+    ],
+)
+def test_a_clear_loss_stands_by_ar_after_few_drafted_steps(
+    cycles_ms: tuple[float, ...], drafted_before_ar: int
+) -> None:
+    """Drafted steps that each commit 1 token in about twice AR's cycle (≈ 0.5×) decide for AR
+    after TURNOVER_EVIDENCE of them: their mean is CLEAR_LOSS_SE standard errors below the
+    recheck level. A loss that is not clear (a mean of 0.6×, each step 0.3–1×) still waits for
+    evidence/2 steps (the negative control: the early rule must not decide it)."""
+    from bastion.learned_evidence import TURNOVER_EVIDENCE
+
+    learner = LearnedCostModel(FlatPrior(), probe_every=10_000)
+    _steps_at(learner, 1, 12, None, 10e-3)
+    asked = [_steps_at(learner, 1, 1, 1, c * 1e-3)[0] for c in cycles_ms]
+    assert asked == [True] * (drafted_before_ar - 1) + [False]
+    assert (drafted_before_ar == TURNOVER_EVIDENCE) == (min(cycles_ms) > 15.0)
+
+
+def test_the_evidence_is_kept_per_batch_bucket() -> None:
+    """Speculation wins at batch 1 (2 tokens in 8 ms against AR's 10 ms) and loses at batch 8
+    (1 token per request in 20 ms). Batch 8's untried evidence drafts, and its own clear loss
+    decides for AR there after TURNOVER_EVIDENCE steps, while batch 1 keeps drafting; going
+    back and forth keeps each bucket's verdict (without the per-bucket evidence, batch 1's 16
+    winning steps would keep batch 8 drafting for 8 or more losing steps)."""
+    learner = LearnedCostModel(FlatPrior(), probe_every=10_000)
+    _steps_at(learner, 1, 12, None, 10e-3)
+    assert all(_steps_at(learner, 1, 16, 2, 8e-3))  # speculation stands at batch 1
+    _steps_at(learner, 8, 3, None, 10e-3)  # batch 8's AR cycle
+    assert learner.wants_draft(8)  # untried at batch 8
+    assert _steps_at(learner, 8, 3, 1, 20e-3) == [True, True, False]
+    assert learner.wants_draft(1)  # batch 1's evidence is its own
+    assert _steps_at(learner, 1, 2, 2, 8e-3) == [True, True]
+    assert not learner.wants_draft(8) and not learner.wants_draft(6)  # bucket 8 (6 → 8)
+    assert learner.wants_draft(1)
