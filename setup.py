@@ -44,6 +44,7 @@ setup(
                 "bastion/_bestfirst_draws.c",
                 "bastion/_bestfirst_paper.c",
                 "bastion/_bestfirst_request.c",
+                "bastion/_bestfirst_kv.c",
             ],
             depends=["bastion/_bestfirst.h"],
             extra_compile_args=["-O2"],
