@@ -350,7 +350,7 @@ class LearningPolicy:
             marginals is BatchMarginals.empty(b)  # what the engine hands an AR step
             or probs.shape[1] == 0
             or probs.shape[2] == 0
-            or not probs[:, :, 0].any()
+            or not np.count_nonzero(probs[:, :, 0])  # (np.any's Python wrapper: slower)
         ):
             return _ar_choice(learner, req)
         cal = learner.acceptance.calibrate(marginals)

@@ -465,7 +465,7 @@ def joint_result(
         s_hat=s_hat,
         ar_step_s=float(ar),
         exhausted=bool(exhausted),
-        capped=bool((alloc == n_max).any()),
+        capped=bool(np.count_nonzero(alloc == n_max)),
     )
     return trees, diag
 
