@@ -47,7 +47,7 @@ setup(
                 "bastion/_bestfirst_kv.c",
             ],
             depends=["bastion/_bestfirst.h"],
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O3"],
             optional=True,
         ),
         Extension(
