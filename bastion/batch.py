@@ -219,11 +219,14 @@ class BatchMarginals:
     @public(batch_size=integer(1, MAX_BATCH))
     def empty(cls, batch_size: int) -> BatchMarginals:
         """What a policy that never drafts (target-only AR) receives: one zero candidate."""
-        return _empty_marginals(batch_size)
+        return empty_marginals(batch_size)
 
 
 @functools.lru_cache(maxsize=64)
-def _empty_marginals(batch_size: int) -> BatchMarginals:
+def empty_marginals(batch_size: int) -> BatchMarginals:
+    """:meth:`BatchMarginals.empty` without its argument check, for the library's per-step
+    callers (the same object per batch size: the engine hands it to an AR step, the controller
+    recognises it by identity)."""
     ids = np.zeros((batch_size, 1, 1), np.int64)
     probs = np.zeros((batch_size, 1, 1))
     ids.flags.writeable = probs.flags.writeable = False

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from bastion.batch import BatchMarginals, TreeBatch, chain_batch
+from bastion.batch import BatchMarginals, TreeBatch, chain_batch, empty_marginals
 from bastion.bestfirst import best_first
 from bastion.errors import BudgetError
-from bastion.guard import integer, public
+from bastion.guard import integer, public, unchecked
 from bastion.interfaces import BatchChoice, BatchPolicyContext, CostModel
 from bastion.joint import JointDiagnostics, choose_joint_batch, forest_batch, joint_result
 from bastion.learned import LearnedCostModel
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+
+_forest_batch = unchecked(forest_batch)  # a repeated joint decision's trees (every such step)
 
 try:  # the compiled batch-1 size choice (bastion._bestfirst.choose); the loop below without it
     from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
@@ -347,7 +349,7 @@ class LearningPolicy:
         b = req.size
         probs = marginals.probs  # rows sorted descending: a row is empty iff its top-1 is 0
         if (
-            marginals is BatchMarginals.empty(b)  # what the engine hands an AR step
+            marginals is empty_marginals(b)  # what the engine hands an AR step
             or probs.shape[1] == 0
             or probs.shape[2] == 0
             or not np.count_nonzero(probs[:, :, 0])  # (np.any's Python wrapper: slower)
@@ -414,7 +416,7 @@ class LearningPolicy:
             diag = jdiag
             s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
             c_tree = learner.joint_cycle(contexts, jdiag.total_size + riding)
-            a_chain = b + float(chain_cut[:, -1].sum())
+            a_chain = b + float(np.add.reduce(chain_cut[:, -1]))
         if not riding:
             learner.last_top1, learner.last_chain = top1, chain_cut
         depth = int(cal.probs.shape[1])
@@ -455,6 +457,6 @@ class LearningPolicy:
             row = cal.row(0)
             trees = TreeBatch.from_trees([tree_from_arrays(best_first(row.probs, total), row)])
         else:
-            trees = forest_batch(cal, self.n_max, total)
+            trees = _forest_batch(cal, self.n_max, total)
         why = ControllerChoice(kind, nan, nan, nan, cycle, None, repeated=True)
         return BatchChoice(trees, why, kind=kind)

@@ -238,7 +238,7 @@ class PassPricer:
             else:
                 per_op = per_op * self.phi[self.phi_rows(tokens)]
         pen = self.truth.tree_attention_penalty * np.asarray(share, dtype=np.float64)
-        total = per_op.sum(axis=1) + pen * (per_op @ self._attention)
+        total = np.add.reduce(per_op, axis=1) + pen * (per_op @ self._attention)
         if head is not None:
             hx, ht = head
             hy = hx @ self._matrix[:, [self._lm, n_ops + self._lm]]
