@@ -25,7 +25,8 @@
  *   (_bestfirst_paper.c); request(...): the paper's per-request rule at batch > 1, the same
  *   way (_bestfirst_request.c).
  *
- * blocks(...): the simulated server's KV-cache block counts (_bestfirst_kv.c).
+ * blocks(...), sums(...): the simulated server's KV-cache block counts and the ground truth's
+ *   sums over a step's requests (_bestfirst_kv.c).
  *
  * forest(...), accept(...): the joint budget's merged chain and the simulator's acceptance walk
  *   over a batch of trees (see the comments opening _bestfirst_forest.c and above accept() in
@@ -42,7 +43,7 @@
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint()),
  * _bestfirst_learn.c (accept(), learn(), calibrate()), _bestfirst_shaped.c (beam(), eagle()),
  * _bestfirst_draws.c (draws()), _bestfirst_paper.c (paper()), _bestfirst_request.c (request()),
- * _bestfirst_kv.c (blocks()); _bestfirst.h declares what they share.
+ * _bestfirst_kv.c (blocks(), sums()); _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
 
@@ -63,6 +64,7 @@ static PyMethodDef methods[] = {
      "A calibrated roofline's joint curve along a growth (_bestfirst_paper.c)."},
     {"request", bf_request, METH_VARARGS, "The per-request rule (_bestfirst_request.c)."},
     {"blocks", bf_kv_blocks, METH_VARARGS, "A sum of KV-cache block counts (_bestfirst_kv.c)."},
+    {"sums", bf_sums, METH_VARARGS, "A step's pass sums for the ground truth (_bestfirst_kv.c)."},
     {NULL, NULL, 0, NULL},
 };
 

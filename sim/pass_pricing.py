@@ -370,10 +370,13 @@ class PassPricer:
         """Noise-free truth of one DFlash drafter pass over requests whose contexts are
         ``buckets`` context quanta (its roofline, plus the framework's per-pass overhead and, in
         eager mode, the host's dispatch of its layers)."""
-        b = buckets.shape[0]
+        return self.price_draft_sum(buckets.shape[0], float(np.add.reduce(buckets)))
+
+    def price_draft_sum(self, b: int, bucket_sum: float) -> float:
+        """:meth:`price_draft` of ``b`` requests whose buckets sum to ``bucket_sum``."""
         if b == 0:
             raise ConfigError("a pass needs at least one request")
-        gpu = self._drafter.total_s(b, self.truth.context_quantum * float(np.add.reduce(buckets)))
+        gpu = self._drafter.total_s(b, self.truth.context_quantum * bucket_sum)
         t = self.truth
         if t.host_layer_s:
             host = self.drafter.model.layers * t.host_layer_s
