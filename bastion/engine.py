@@ -48,6 +48,7 @@ from bastion.batch import (
     empty_marginals,
 )
 from bastion.errors import PolicyError
+from bastion.fastinit import trusted_init
 from bastion.guard import public, unchecked
 from bastion.interfaces import (
     BatchChoice,
@@ -154,6 +155,10 @@ class BatchStepRecord:
             self.verify_s,
             diag,
         )
+
+
+_step_record = trusted_init(BatchStepRecord)  # the engine's per-step records
+_context = trusted_init(BatchPolicyContext)
 
 
 @dataclass
@@ -419,7 +424,7 @@ class SpecEngine:
         # target-only decoding: no draft pass at all
         marginals = self._draft(requests) if drafts else empty_marginals(requests.size)
         t1 = clock()
-        choice = self._policy.choose_batch(marginals, BatchPolicyContext(requests, self.cost_model))
+        choice = self._policy.choose_batch(marginals, _context(requests, self.cost_model))
         if not isinstance(getattr(choice, "trees", None), TreeBatch):
             raise PolicyError(
                 f"policy {_describe(self.policy)}: choose_batch() returned {_kind(choice)}; "
@@ -432,7 +437,7 @@ class SpecEngine:
         t2 = clock()
         result = self._verify(requests, trees)
         t3 = clock()
-        record = BatchStepRecord(
+        record = _step_record(
             requests,
             trees,
             result,

@@ -51,6 +51,7 @@ import simpy
 from bastion.batch import KVRoom, StepRequests
 from bastion.engine import SpecEngine, batch_policy, observed_load
 from bastion.errors import ConfigError, MemoryLimitError
+from bastion.fastinit import trusted_init
 from bastion.guard import public
 from bastion.interfaces import BatchTreePolicy, CostModel, TreePolicy
 from bastion.sim.arrivals import Arrival
@@ -59,6 +60,8 @@ from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.latency import RequestLatency
 from bastion.sim.memory import KVCache, MemoryPlan, lookahead_tokens, within_lookahead
 from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK
+
+_step_requests = trusted_init(StepRequests)  # every step's, built without __init__
 
 __all__ = ["RequestStats", "ServingResult", "serve"]
 
@@ -479,7 +482,7 @@ def serve(
             # price it: the learning controller does)
             # static policies ignore last step's trees
             last_n, last_a = (prev_size[ids], prev_expected[ids]) if history else (zeros, nothing)
-            requests = StepRequests(
+            requests = _step_requests(
                 ids, contexts, zeros, last_n, last_a, riding_tokens=riding, kv=room
             )
             wanted = pool.output_len[slots] - pool.generated[slots]  # ≥ 1 while decoding
