@@ -15,6 +15,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from bastion.errors import ArgumentError
+
 __all__ = ["trusted_init"]
 
 T = TypeVar("T")
@@ -23,15 +25,15 @@ T = TypeVar("T")
 def trusted_init(cls: type[T]) -> Callable[..., T]:
     """A constructor of the frozen dataclass ``cls`` taking its fields as its ``__init__`` does
     (positionally or by name, with the same defaults), without running ``__init__``."""
-    if not dataclasses.is_dataclass(cls) or hasattr(cls, "__post_init__"):
-        raise TypeError(f"trusted_init: {cls!r} is not a dataclass without __post_init__")
-    if hasattr(cls, "__slots__"):
-        raise TypeError(f"trusted_init: {cls.__name__} has slots")
+    if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
+        raise ArgumentError(f"trusted_init: {cls!r} is not a dataclass")
+    if hasattr(cls, "__post_init__") or hasattr(cls, "__slots__"):
+        raise ArgumentError(f"trusted_init: {cls.__name__} needs its __init__ (post-init, slots)")
     params, stores = [], []
     env: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
     for i, f in enumerate(dataclasses.fields(cls)):
         if not f.init or f.default_factory is not dataclasses.MISSING:
-            raise TypeError(f"trusted_init: {cls.__name__}.{f.name} needs its __init__")
+            raise ArgumentError(f"trusted_init: {cls.__name__}.{f.name} needs its __init__")
         if f.default is dataclasses.MISSING:
             params.append(f.name)
         else:

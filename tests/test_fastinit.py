@@ -16,6 +16,7 @@ import pytest
 from bastion.batch import BatchVerifyResult, KVRoom, StepRequests, TreeBatch
 from bastion.controller import ControllerChoice
 from bastion.engine import BatchStepRecord
+from bastion.errors import ArgumentError
 from bastion.fastinit import trusted_init
 from bastion.interfaces import BatchChoice, BatchPolicyContext
 
@@ -60,6 +61,6 @@ def test_trusted_init_refuses_classes_that_need_init() -> None:
     class Slots:
         x: int
 
-    for cls in (KVRoom, Factory, Slots, int):  # KVRoom has a __post_init__
-        with pytest.raises(TypeError):
-            trusted_init(cls)
+    for cls in (KVRoom, Factory, Slots, int, None, ControllerChoice("ar", 1, 1, 1, 1)):
+        with pytest.raises(ArgumentError):  # KVRoom has a __post_init__; an instance is no class
+            trusted_init(cls)  # type: ignore[arg-type]
