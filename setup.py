@@ -44,9 +44,10 @@ setup(
                 "bastion/_bestfirst_draws.c",
                 "bastion/_bestfirst_paper.c",
                 "bastion/_bestfirst_request.c",
+                "bastion/_bestfirst_kv.c",
             ],
             depends=["bastion/_bestfirst.h"],
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O3"],
             optional=True,
         ),
         Extension(

@@ -25,6 +25,9 @@
  *   (_bestfirst_paper.c); request(...): the paper's per-request rule at batch > 1, the same
  *   way (_bestfirst_request.c).
  *
+ * blocks(...), sums(...): the simulated server's KV-cache block counts and the ground truth's
+ *   sums over a step's requests (_bestfirst_kv.c).
+ *
  * forest(...), accept(...): the joint budget's merged chain and the simulator's acceptance walk
  *   over a batch of trees (see the comments opening _bestfirst_forest.c and above accept() in
  *   _bestfirst_learn.c).
@@ -39,8 +42,8 @@
  * The sources: _bestfirst_tree.c (the heap, one request's tree, build()), _bestfirst_size.c
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint()),
  * _bestfirst_learn.c (accept(), learn(), calibrate()), _bestfirst_shaped.c (beam(), eagle()),
- * _bestfirst_draws.c (draws()), _bestfirst_paper.c (paper()), _bestfirst_request.c (request());
- * _bestfirst.h declares what they share.
+ * _bestfirst_draws.c (draws()), _bestfirst_paper.c (paper()), _bestfirst_request.c (request()),
+ * _bestfirst_kv.c (blocks(), sums()); _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
 
@@ -60,6 +63,8 @@ static PyMethodDef methods[] = {
     {"joint_price", bf_joint_price, METH_VARARGS,
      "A calibrated roofline's joint curve along a growth (_bestfirst_paper.c)."},
     {"request", bf_request, METH_VARARGS, "The per-request rule (_bestfirst_request.c)."},
+    {"blocks", bf_kv_blocks, METH_VARARGS, "A sum of KV-cache block counts (_bestfirst_kv.c)."},
+    {"sums", bf_sums, METH_VARARGS, "A step's pass sums for the ground truth (_bestfirst_kv.c)."},
     {NULL, NULL, 0, NULL},
 };
 

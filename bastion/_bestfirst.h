@@ -100,6 +100,8 @@ BF_PRIVATE PyObject *bf_draws(PyObject *self, PyObject *args);     /* _bestfirst
 BF_PRIVATE PyObject *bf_paper(PyObject *self, PyObject *args);     /* _bestfirst_paper.c */
 BF_PRIVATE PyObject *bf_joint_price(PyObject *self, PyObject *args); /* _bestfirst_paper.c */
 BF_PRIVATE PyObject *bf_request(PyObject *self, PyObject *args);   /* _bestfirst_request.c */
+BF_PRIVATE PyObject *bf_kv_blocks(PyObject *self, PyObject *args); /* _bestfirst_kv.c */
+BF_PRIVATE PyObject *bf_sums(PyObject *self, PyObject *args);      /* _bestfirst_kv.c */
 BF_PRIVATE extern const char bf_chunk_doc[];
 BF_PRIVATE extern const char bf_choose_doc[];
 

@@ -4,6 +4,8 @@
  */
 #include "_bestfirst.h"
 
+#include <string.h>
+
 /* accept(parents, tokens, depths, offsets, target, width)
  *     -> (counts, on_path, committed, nodes)
  *   One batch of trees (concatenated, parents local to each tree, parents before children)
@@ -380,6 +382,7 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
     Py_buffer pb, ib, gb;
     Py_ssize_t rows, k;
     PyObject *result = NULL, *o_q = NULL, *o_ids = NULL, *o_ord = NULL;
+    unsigned char *unsorted = NULL;
     if (!PyArg_ParseTuple(args, "y*y*y*nn", &pb, &ib, &gb, &rows, &k)) return NULL;
     Py_ssize_t cells = pb.len / (Py_ssize_t)sizeof(double);
     Py_ssize_t gcells = gb.len / (Py_ssize_t)sizeof(double);
@@ -396,15 +399,24 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
         o_q = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(double));
         if (!o_q) goto done;
         double *q = (double *)PyBytes_AS_STRING(o_q);
+        /* unsorted[r]: row r is out of order after calibration (most rows are not) */
+        unsorted = (unsigned char *)malloc((size_t)rows);
+        if (!unsorted) {
+            PyErr_NoMemory();
+            goto done;
+        }
         int sorted = 1;
         for (Py_ssize_t r = 0, gr = 0; r < rows; r++) { /* no division in the inner loop */
             const double *pr = p + r * k, *g_row = g + gr * k;
             double *qr = q + r * k;
+            int out_of_order = 0;
             for (Py_ssize_t j = 0; j < k; j++) {
                 double v = pr[j] * g_row[j];
                 qr[j] = v < 1.0 ? v : 1.0;
-                if (j && qr[j - 1] < qr[j]) sorted = 0;
+                out_of_order |= j && qr[j - 1] < qr[j];
             }
+            unsorted[r] = (unsigned char)out_of_order;
+            sorted &= !out_of_order;
             if (++gr == grows) gr = 0;
         }
         if (sorted) {
@@ -419,6 +431,11 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
         for (Py_ssize_t r = 0; r < rows; r++) {
             double *qr = q + r * k;
             int64_t *o = order + r * k;
+            if (!unsorted[r]) { /* what the sort leaves it: the identity order, the same ids */
+                for (Py_ssize_t j = 0; j < k; j++) o[j] = j;
+                memcpy(out_ids + r * k, ids + r * k, (size_t)k * sizeof(int64_t));
+                continue;
+            }
             for (Py_ssize_t j = 0; j < k; j++) { /* insertion sort: stable, descending */
                 double v = qr[j];
                 Py_ssize_t i = j;
@@ -435,6 +452,7 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
         result = Py_BuildValue("(OOO)", o_q, o_ids, o_ord);
     }
 done:
+    free(unsorted);
     Py_XDECREF(o_q);
     Py_XDECREF(o_ids);
     Py_XDECREF(o_ord);

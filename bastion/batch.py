@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from bastion.bestfirst import MAX_TREE_SIZE
 from bastion.errors import BudgetError, MarginalsError
+from bastion.fastinit import trusted_init
 from bastion.guard import array, integer, public
 from bastion.tree import DraftMarginals, DraftTree
 
@@ -219,11 +220,14 @@ class BatchMarginals:
     @public(batch_size=integer(1, MAX_BATCH))
     def empty(cls, batch_size: int) -> BatchMarginals:
         """What a policy that never drafts (target-only AR) receives: one zero candidate."""
-        return _empty_marginals(batch_size)
+        return empty_marginals(batch_size)
 
 
 @functools.lru_cache(maxsize=64)
-def _empty_marginals(batch_size: int) -> BatchMarginals:
+def empty_marginals(batch_size: int) -> BatchMarginals:
+    """:meth:`BatchMarginals.empty` without its argument check, for the library's per-step
+    callers (the same object per batch size: the engine hands it to an AR step, the controller
+    recognises it by identity)."""
     ids = np.zeros((batch_size, 1, 1), np.int64)
     probs = np.zeros((batch_size, 1, 1))
     ids.flags.writeable = probs.flags.writeable = False
@@ -281,7 +285,7 @@ class TreeBatch:
         """The same trees with each root's token set (the engine sets the bonus tokens)."""
         tokens = self.tokens.copy()
         tokens[self.offsets[:-1]] = roots
-        return TreeBatch(self.offsets, self.parents, tokens, self.depths, self.scores, self.ranks)
+        return _tree_batch(self.offsets, self.parents, tokens, self.depths, self.scores, self.ranks)
 
     @classmethod
     @public(error=MarginalsError)
@@ -309,6 +313,9 @@ class TreeBatch:
     def roots(cls, batch_size: int) -> TreeBatch:
         """B root-only trees (target-only AR)."""
         return _root_batch(batch_size)
+
+
+_tree_batch = trusted_init(TreeBatch)  # the engine's per-step copy (with_root_tokens)
 
 
 def tree_batch_from_buffers(

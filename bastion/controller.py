@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from bastion.batch import BatchMarginals, TreeBatch, chain_batch
+from bastion.batch import BatchMarginals, TreeBatch, chain_batch, empty_marginals
 from bastion.bestfirst import best_first
 from bastion.errors import BudgetError
-from bastion.guard import integer, public
+from bastion.fastinit import trusted_init
+from bastion.guard import integer, public, unchecked
 from bastion.interfaces import BatchChoice, BatchPolicyContext, CostModel
 from bastion.joint import JointDiagnostics, choose_joint_batch, forest_batch, joint_result
 from bastion.learned import LearnedCostModel
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+
+_forest_batch = unchecked(forest_batch)  # a repeated joint decision's trees (every such step)
 
 try:  # the compiled batch-1 size choice (bastion._bestfirst.choose); the loop below without it
     from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
@@ -94,6 +97,11 @@ class ControllerChoice:
     predicted_cycle_s: float  # the learned cycle of the choice
     tree_diagnostics: object | None = None  # the budget's or joint budget's diagnostics
     repeated: bool = False  # the last full decision repeated (see LearningPolicy.decide_every)
+
+
+_why = trusted_init(ControllerChoice)  # the per-step records, built without __init__
+_choice = trusted_init(BatchChoice)
+_trees = trusted_init(TreeBatch)
 
 
 @dataclass(frozen=True, eq=False)
@@ -276,8 +284,8 @@ def _ar_choice(learner: LearnedCostModel, req: StepRequests) -> BatchChoice:
     last = learner.last_ar_choice
     if last is not None and last[0] == b and last[1] == cycle:
         return last[2]
-    why = ControllerChoice("ar", 1.0, float("nan"), float("nan"), cycle)
-    choice = BatchChoice(TreeBatch.roots(b), why, kind="ar")
+    why = _why("ar", 1.0, float("nan"), float("nan"), cycle)
+    choice = _choice(TreeBatch.roots(b), why, kind="ar")
     learner.last_ar_choice = (b, cycle, choice)
     return choice
 
@@ -347,10 +355,10 @@ class LearningPolicy:
         b = req.size
         probs = marginals.probs  # rows sorted descending: a row is empty iff its top-1 is 0
         if (
-            marginals is BatchMarginals.empty(b)  # what the engine hands an AR step
+            marginals is empty_marginals(b)  # what the engine hands an AR step
             or probs.shape[1] == 0
             or probs.shape[2] == 0
-            or not probs[:, :, 0].any()
+            or not np.count_nonzero(probs[:, :, 0])  # (np.any's Python wrapper: slower)
         ):
             return _ar_choice(learner, req)
         cal = learner.acceptance.calibrate(marginals)
@@ -383,7 +391,7 @@ class LearningPolicy:
                     cal.probs[0], cal.token_ids[0], learner, ctx, self.n_max, start
                 )
                 offsets = np.array([0, arrays[0].shape[0]], np.int64)
-                trees = TreeBatch(offsets, arrays[0], arrays[1], arrays[2], arrays[3], arrays[4])
+                trees = _trees(offsets, arrays[0], arrays[1], arrays[2], arrays[3], arrays[4])
             else:
                 chain_cut = _chain_cut(top1)
                 tree, sdiag = choose_size(cal.row(0), learner, ctx, self.n_max, start, explore)
@@ -414,7 +422,7 @@ class LearningPolicy:
             diag = jdiag
             s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
             c_tree = learner.joint_cycle(contexts, jdiag.total_size + riding)
-            a_chain = b + float(chain_cut[:, -1].sum())
+            a_chain = b + float(np.add.reduce(chain_cut[:, -1]))
         if not riding:
             learner.last_top1, learner.last_chain = top1, chain_cut
         depth = int(cal.probs.shape[1])
@@ -432,12 +440,12 @@ class LearningPolicy:
             chain = chain_batch(cal)
             if not riding:
                 learner.decided("chain", b, int(chain.offsets[-1]), c_chain, self.decide_every)
-            why = ControllerChoice("chain", s_chain, s_tree, s_chain, c_chain, diag)
-            return BatchChoice(chain, why, kind="chain")
+            why = _why("chain", s_chain, s_tree, s_chain, c_chain, diag)
+            return _choice(chain, why, kind="chain")
         if not (explore or riding):  # an exploring step's tree is not the decision
             learner.decided("tree", b, int(trees.offsets[-1]), c_tree, self.decide_every)
-        why = ControllerChoice("tree", s_tree, s_tree, s_chain, c_tree, diag)
-        return BatchChoice(trees, why, kind="tree")
+        why = _why("tree", s_tree, s_tree, s_chain, c_tree, diag)
+        return _choice(trees, why, kind="tree")
 
     def _repeat(
         self,
@@ -455,6 +463,6 @@ class LearningPolicy:
             row = cal.row(0)
             trees = TreeBatch.from_trees([tree_from_arrays(best_first(row.probs, total), row)])
         else:
-            trees = forest_batch(cal, self.n_max, total)
-        why = ControllerChoice(kind, nan, nan, nan, cycle, None, repeated=True)
-        return BatchChoice(trees, why, kind=kind)
+            trees = _forest_batch(cal, self.n_max, total)
+        why = _why(kind, nan, nan, nan, cycle, None, repeated=True)
+        return _choice(trees, why, kind=kind)

@@ -40,9 +40,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
+from bastion.batch import (
+    BatchMarginals,
+    BatchVerifyResult,
+    StepRequests,
+    TreeBatch,
+    empty_marginals,
+)
 from bastion.errors import PolicyError
-from bastion.guard import public
+from bastion.fastinit import trusted_init
+from bastion.guard import public, unchecked
 from bastion.interfaces import (
     BatchChoice,
     BatchDrafter,
@@ -62,6 +69,8 @@ from bastion.interfaces import (
 from bastion.kvroom import fit_trees
 from bastion.records import delivered_counts
 from bastion.tree import DraftMarginals, DraftTree
+
+_fit_trees = unchecked(fit_trees)  # the per-step call, past the guard (the engine's own)
 
 __all__ = [
     "NO_DRAFT",
@@ -146,6 +155,10 @@ class BatchStepRecord:
             self.verify_s,
             diag,
         )
+
+
+_step_record = trusted_init(BatchStepRecord)  # the engine's per-step records
+_context = trusted_init(BatchPolicyContext)
 
 
 @dataclass
@@ -409,9 +422,9 @@ class SpecEngine:
             drafts = bool(self._wants_draft(requests, self.cost_model))
             preparation = preparation if drafts else "none"
         # target-only decoding: no draft pass at all
-        marginals = self._draft(requests) if drafts else BatchMarginals.empty(requests.size)
+        marginals = self._draft(requests) if drafts else empty_marginals(requests.size)
         t1 = clock()
-        choice = self._policy.choose_batch(marginals, BatchPolicyContext(requests, self.cost_model))
+        choice = self._policy.choose_batch(marginals, _context(requests, self.cost_model))
         if not isinstance(getattr(choice, "trees", None), TreeBatch):
             raise PolicyError(
                 f"policy {_describe(self.policy)}: choose_batch() returned {_kind(choice)}; "
@@ -419,12 +432,12 @@ class SpecEngine:
             )
         trees = choice.trees.with_root_tokens(requests.bonus_tokens)
         if requests.kv is not None:  # a counted KV cache: trees that do not fit are cut
-            trees = fit_trees(trees, requests.kv)
+            trees = _fit_trees(trees, requests.kv)
         kind = "ar" if not drafts else (choice.kind or self._static_kind)
         t2 = clock()
         result = self._verify(requests, trees)
         t3 = clock()
-        record = BatchStepRecord(
+        record = _step_record(
             requests,
             trees,
             result,

@@ -46,6 +46,7 @@ weigh requests unequally (every committed token counts the same).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -465,9 +466,17 @@ def joint_result(
         s_hat=s_hat,
         ar_step_s=float(ar),
         exhausted=bool(exhausted),
-        capped=bool((alloc == n_max).any()),
+        capped=bool(np.count_nonzero(alloc == n_max)),
     )
     return trees, diag
+
+
+@functools.lru_cache(maxsize=64)
+def _caps(b: int, n_max: int) -> IntArray:
+    """[B] the cap of every request's tree (read-only, one array per batch size)."""
+    caps = np.full(b, n_max, np.int64)
+    caps.flags.writeable = False
+    return caps
 
 
 @public
@@ -481,7 +490,7 @@ def forest_batch(marginals: BatchMarginals, n_max: int, total: int) -> TreeBatch
             np.ascontiguousarray(marginals.probs, np.float64),
             depth,
             k,
-            np.full(b, n_max, np.int64),
+            _caps(b, n_max),
             max(total - b, 0),
             np.ascontiguousarray(marginals.token_ids, np.int64),
         )

@@ -316,7 +316,7 @@ class StepEvidence(DecisionCurves):
         elif kind == "chain":  # what the chain's Â realised, as the size calibration does
             if learn_step(self.acceptance, None, trees, accepted_nodes, committed) is None:
                 self.acceptance.observe(trees, accepted_nodes, committed)
-            self._observe_chain(float(np.add.reduce(committed)), float(trees.scores.sum()))
+            self._observe_chain(float(np.add.reduce(committed)), float(np.add.reduce(trees.scores)))
         realised = float(np.add.reduce(committed)) * self._ar_paired(contexts, b) / (b * cycle_s)
         threshold = 1.0 + self.margin
         probing = self.speedup_upper <= threshold

@@ -462,7 +462,7 @@ def shadow_of(run: IntArray, deepest: IntArray, chain: FloatArray) -> tuple[floa
         d = int(deepest[0])
         return 1.0 + float(run[0]), 1.0 + (float(chain[0, d - 1]) if d > 0 else 0.0)
     cut = chain[np.arange(b), np.maximum(deepest - 1, 0)]
-    return float(b + int(run.sum())), b + float(cut[deepest > 0].sum())
+    return float(b + int(np.add.reduce(run))), b + float(np.add.reduce(cut[deepest > 0]))
 
 
 _EMPTY = np.zeros(0, np.float64)

@@ -31,8 +31,11 @@ import numpy.typing as npt
 from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
 from bastion.bestfirst import accepted_paths
 from bastion.errors import ConfigError
+from bastion.fastinit import trusted_init
 from bastion.guard import array, integer, public
 from bastion.tree import DraftTree
+
+_verified = trusted_init(BatchVerifyResult)  # a step's result, built without __init__
 
 __all__ = ["DraftSource", "SimBatch", "accepted_counts", "accepted_path"]
 
@@ -183,7 +186,7 @@ class SimBatch:
         # only what is); the verifier's own result stays uncut for a learning cost model
         wanted = self.output_len[slots]
         self.generated[slots] = np.minimum(self.generated[slots] + committed, wanted)
-        return BatchVerifyResult(committed, tokens, nodes)
+        return _verified(committed, tokens, nodes)
 
 
 def _committed_numpy(trees: TreeBatch, target: IntArray) -> tuple[IntArray, IntArray, IntArray]:

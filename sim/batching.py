@@ -22,6 +22,24 @@ IntArray = npt.NDArray[np.int64]
 
 _min = np.minimum.reduce
 
+try:  # the optional compiled kernel (setup.py): a step's sums in one call
+    from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised where no compiler is available
+    _kernel = None
+_sums = getattr(_kernel, "sums", None)
+
+
+def compiled_sums(
+    sizes: IntArray | None, contexts: npt.ArrayLike, quantum: int
+) -> tuple[int, ...] | None:
+    """``bastion._bestfirst.sums`` of a step's 1-D int64 arrays: (B, Σ⌈c / quantum⌉) without
+    ``sizes``, else (B, Σ s, Σ s², Σ⌈c / quantum⌉, Σ s·⌈c / quantum⌉), whole numbers that
+    doubles hold exactly (so numpy's float sums of them, in any order); None where it does not
+    answer (no kernel, other arrays, values out of its range): numpy's path then does."""
+    if _sums is None or getattr(contexts, "ndim", 0) != 1:
+        return None
+    return _sums(sizes, contexts, quantum)  # type: ignore[no-any-return]
+
 
 def quantise(contexts: npt.ArrayLike, quantum: int) -> Array:
     """Contexts rounded up to a multiple of ``quantum`` (not validated)."""
@@ -68,6 +86,13 @@ class BatchSums:
 
         The rows (1, s, ⌈c / quantum⌉) go into a reused buffer; their Gram matrix holds every
         sum at once (whole numbers, so exact) and one reduction their minima."""
+        got = compiled_sums(sizes, contexts, self.context_quantum)
+        if got is not None:  # the hot path: the same whole numbers, summed in C
+            b, tokens, s_sq, k_sum, s_k = (got[0], *map(float, got[1:]))
+            if b == 0:
+                return 0, 0.0, 0.0, 0.0, 0.0
+            q = self.context_quantum
+            return b, tokens, q * s_k + s_sq, q * k_sum + tokens, q * s_k + (s_sq + tokens) / 2.0
         c = np.asarray(contexts)
         b = sizes.shape[0]
         if c.shape != (b,):
@@ -94,7 +119,14 @@ class BatchSums:
 
     def ar_sums(self, contexts: npt.ArrayLike) -> tuple[int, float, float, float]:
         """The same for one token per request (an autoregressive step)."""
-        k = self.buckets(contexts)
-        b = k.shape[0]
-        kv = self.context_quantum * float(np.add.reduce(k)) + b if b else 0.0
+        b, k_sum = self.bucket_sum(contexts)
+        kv = self.context_quantum * k_sum + b if b else 0.0
         return b, float(b), kv, kv
+
+    def bucket_sum(self, contexts: npt.ArrayLike) -> tuple[int, float]:
+        """(B, Σ ⌈c / context_quantum⌉): :meth:`buckets`' count and sum (validated)."""
+        got = compiled_sums(None, contexts, self.context_quantum)
+        if got is not None:
+            return got[0], float(got[1])
+        k = self.buckets(contexts)
+        return k.shape[0], float(np.add.reduce(k))

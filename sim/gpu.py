@@ -313,7 +313,7 @@ class SimulatedGPU:
                     self._draft_cache, key, self.pricer.price_draft(self.sums.buckets(c))
                 )
             return hit
-        return self.pricer.price_draft(self.sums.buckets(c))
+        return self.pricer.price_draft_sum(*self.sums.bucket_sum(c))
 
     def prep_truth(
         self,

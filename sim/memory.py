@@ -73,6 +73,12 @@ BLOCK_TOKENS = 16
 """Tokens per KV-cache block (vLLM's default block size)."""
 _SMALL = 16  # KVCache.blocks_of: up to so many requests summed as Python ints (cheaper)
 
+try:  # the optional compiled kernel (setup.py): a step's block counts in one call each
+    from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised where no compiler is available
+    _kernel = None
+_blocks = getattr(_kernel, "blocks", None)
+
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 """The share of the device's memory the server takes (vLLM's default)."""
 
@@ -318,11 +324,21 @@ class KVCache:
     def blocks(self, tokens: int) -> int:
         return -(-int(tokens) // self.block_tokens)
 
-    def blocks_of(self, tokens: IntArray) -> int:
-        """Σ ⌈tokens_i / block_tokens⌉ over an array."""
+    def blocks_of(self, tokens: IntArray, add: int = 0, sizes: IntArray | None = None) -> int:
+        """Σ ⌈(tokens_i + add) / block_tokens⌉ over an array; with ``sizes``, Σ ⌈(tokens_i +
+        max(sizes_i, add)) / block_tokens⌉ (a step's trees beyond each lookahead of ``add``).
+        One compiled call where the arrays are C-contiguous int64 (several calls a step)."""
         bt = self.block_tokens
-        if tokens.shape[0] <= _SMALL:  # a few requests (several calls a step): Python's ints,
-            # the same whole numbers without numpy's per-call cost
+        if _blocks is not None:
+            count = _blocks(tokens, add, bt, sizes, add)
+            if count is not None:
+                return int(count)
+        if sizes is not None:
+            tokens = tokens + np.maximum(sizes, add)
+        elif add:
+            tokens = tokens + add
+        if tokens.shape[0] <= _SMALL:  # a few requests: Python's ints, the same whole numbers
+            # without numpy's per-call cost
             return sum([(t + (bt - 1)) // bt for t in tokens.tolist()])
         return int(np.add.reduce((tokens + (bt - 1)) // bt))
 

@@ -221,6 +221,21 @@ class PassPricer:
         """Truth of passes with feature rows ``x`` [n, 7] (``tokens`` [n] = column 1, ``touched``
         [n] = column 6), ``share`` of their attention pairs behind a masked kernel, and optionally
         the LM head priced on other rows (``head`` = its feature rows and token counts)."""
+        per_op = self._per_op(x, tokens, touched)
+        pen = self.truth.tree_attention_penalty * np.asarray(share, dtype=np.float64)
+        total = np.add.reduce(per_op, axis=1) + pen * (per_op @ self._attention)
+        if head is not None:
+            total = total - per_op[:, self._lm] + _lm_head(self, *head)
+        total = total + self._launch_plain + pen * self._launch_attention
+        if self._comm:  # the all-reduces of tensor parallelism, after the device's time
+            total = total + (self._comm_const + self._comm_slope * tokens)
+        if self._step_s:
+            total = total + self._step_s * (np.ceil(tokens / self._tile) - 1.0)
+        return self._with_host(total, touched)
+
+    def _per_op(self, x: Array, tokens: Array, touched: Array) -> Array:
+        """[n, operators]: each operator's seconds in the passes of rows ``x`` (the longer of
+        its compute and memory times, the grouped-GEMM and shape factors applied)."""
         n_ops = self._ops
         y = x @ self._matrix
         comp, mem = y[:, :n_ops], y[:, n_ops:]
@@ -237,24 +252,7 @@ class PassPricer:
                 per_op = per_op * self.phi[row]
             else:
                 per_op = per_op * self.phi[self.phi_rows(tokens)]
-        pen = self.truth.tree_attention_penalty * np.asarray(share, dtype=np.float64)
-        total = per_op.sum(axis=1) + pen * (per_op @ self._attention)
-        if head is not None:
-            hx, ht = head
-            hy = hx @ self._matrix[:, [self._lm, n_ops + self._lm]]
-            lm = np.maximum(hy[:, 0], hy[:, 1])
-            if self._shape_list:
-                hidx = np.minimum(np.searchsorted(self._shape_t, ht), self._shape_t.size - 1)
-                lm = lm * self._shape_f[hidx]
-            elif self.phi is not None:
-                lm = lm * self.phi[self.phi_rows(ht), self._lm]
-            total = total - per_op[:, self._lm] + lm
-        total = total + self._launch_plain + pen * self._launch_attention
-        if self._comm:  # the all-reduces of tensor parallelism, after the device's time
-            total = total + (self._comm_const + self._comm_slope * tokens)
-        if self._step_s:
-            total = total + self._step_s * (np.ceil(tokens / self._tile) - 1.0)
-        return self._with_host(total, touched)
+        return per_op
 
     def phi_rows(self, tokens: Array) -> IntArray:
         """Rows of the kernel step table for these token counts (beyond it: its last row)."""
@@ -302,9 +300,7 @@ class PassPricer:
         draws = routing_draws_one(tokens, requests, self.truth)
         touched = self.touched(draws) if self._moe else 0.0
         x = np.array([[1.0, tokens, padded, p, kv, p if masked else 0.0, touched]])
-        return float(
-            self.price(x, np.array([tokens]), np.array([touched]), 1.0 if masked else 0.0)[0]
-        )
+        return _price_one(self, x, tokens, touched, 1.0 if masked else 0.0)
 
     def price_mixed(
         self,
@@ -336,15 +332,7 @@ class PassPricer:
         h_pad = math.ceil(logit_rows / tile) * tile if tile > 0 else logit_rows
         head = np.array([[1.0, logit_rows, h_pad, 0.0, 0.0, 0.0, 0.0]])
         share = masked_pairs / all_pairs if all_pairs > 0 else 0.0
-        return float(
-            self.price(
-                x,
-                np.array([total_tokens]),
-                np.array([touched]),
-                share,
-                (head, np.array([float(logit_rows)])),
-            )[0]
-        )
+        return _price_one(self, x, total_tokens, touched, share, (head, float(logit_rows)))
 
     def price_curve(self, c: float, tree: bool, max_tree_size: int) -> Array:
         """Noise-free truth of a batch-1 pass for s = 1 … ``max_tree_size`` at the quantised
@@ -370,12 +358,59 @@ class PassPricer:
         """Noise-free truth of one DFlash drafter pass over requests whose contexts are
         ``buckets`` context quanta (its roofline, plus the framework's per-pass overhead and, in
         eager mode, the host's dispatch of its layers)."""
-        b = buckets.shape[0]
+        return self.price_draft_sum(buckets.shape[0], float(np.add.reduce(buckets)))
+
+    def price_draft_sum(self, b: int, bucket_sum: float) -> float:
+        """:meth:`price_draft` of ``b`` requests whose buckets sum to ``bucket_sum``."""
         if b == 0:
             raise ConfigError("a pass needs at least one request")
-        gpu = self._drafter.total_s(b, self.truth.context_quantum * float(np.add.reduce(buckets)))
+        gpu = self._drafter.total_s(b, self.truth.context_quantum * bucket_sum)
         t = self.truth
         if t.host_layer_s:
             host = self.drafter.model.layers * t.host_layer_s
             gpu = gpu + host if t.host_adds else max(gpu, host)
         return gpu + t.pass_overhead_s
+
+
+def _lm_head(p: PassPricer, hx: Array, ht: Array) -> Array:
+    """The LM head's seconds on its own feature rows ``hx`` (``ht`` token counts each)."""
+    hy = hx @ p._matrix[:, [p._lm, p._ops + p._lm]]
+    lm = np.maximum(hy[:, 0], hy[:, 1])
+    if p._shape_list:
+        hidx = np.minimum(np.searchsorted(p._shape_t, ht), p._shape_t.size - 1)
+        return lm * p._shape_f[hidx]
+    if p.phi is not None:
+        return lm * p.phi[p.phi_rows(ht), p._lm]  # type: ignore[no-any-return]
+    return lm
+
+
+def _price_one(
+    p: PassPricer,
+    x: Array,
+    tokens: float,
+    touched: float,
+    share: float,
+    head: tuple[Array, float] | None = None,
+) -> float:
+    """:meth:`PassPricer.price` of one pass (``x`` one row) as a float: the operators' times in
+    numpy as there, the rest — the same additions and products of the same doubles, in the
+    same order — on Python floats (a decode step prices one or two passes)."""
+    per_op = p._per_op(x, np.array([tokens]), np.array([touched]))
+    pen = p.truth.tree_attention_penalty * share
+    total = float(np.add.reduce(per_op, axis=1)[0]) + pen * float((per_op @ p._attention)[0])
+    if head is not None:
+        lm = _lm_head(p, head[0], np.array([head[1]]))
+        total = total - float(per_op[0, p._lm]) + float(lm[0])
+    total = total + p._launch_plain + pen * p._launch_attention
+    if p._comm:  # the all-reduces of tensor parallelism, after the device's time
+        total = total + (p._comm_const + p._comm_slope * tokens)
+    if p._step_s:
+        total = total + p._step_s * (math.ceil(tokens / p._tile) - 1.0)
+    t = p.truth  # PassPricer._with_host of one pass
+    if p._host:
+        host = p._layers * (t.host_layer_s + t.host_expert_s * touched)
+        if t.host_adds:
+            total = total + host
+        elif not (total >= host or total != total):  # np.maximum's (NaN wins)
+            total = host
+    return float(total + t.pass_overhead_s if t.pass_overhead_s else total)

@@ -20,15 +20,24 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.opcounts import RooflineOptions
 from bastion.cost.parallel import tp_shard
-from bastion.sim.batching import quantise
+from bastion.sim.batching import compiled_sums, quantise
 from bastion.sim.ground_truth import GroundTruth
 
 
 def _tree_sums(
-    s: npt.NDArray[np.float64], contexts: npt.ArrayLike | None, quantum: int
+    s: npt.NDArray[np.float64],
+    contexts: npt.ArrayLike | None,
+    quantum: int,
+    sizes: npt.NDArray[np.int64] | None = None,
 ) -> tuple[float, float, float]:
     """(Σ s, Σ s², Σ s·c + Σ s²) of a step's trees, contexts quantised (Σ s² without them):
-    whole numbers, so exact however they are summed; one request's in plain floats."""
+    whole numbers, so exact however they are summed; one request's in plain floats, a batch's
+    in one compiled call where ``sizes`` (``s`` as int64) and the contexts allow."""
+    if sizes is not None and contexts is not None and s.shape[0] > 1:
+        got = compiled_sums(sizes, contexts, quantum)
+        if got is not None:
+            square = float(got[2])
+            return float(got[1]), square, float(quantum * got[4]) + square
     if s.shape[0] == 1 and contexts is not None:  # batch 1: no numpy call
         n = float(s[0])
         c = np.asarray(contexts).reshape(-1)
@@ -90,7 +99,8 @@ class HostPrep:
             elif controller and topk:
                 seconds += self._decision_s(b)
         else:
-            nodes, square, pairs = _tree_sums(s, contexts, t.context_quantum)
+            given = tree_sizes if isinstance(tree_sizes, np.ndarray) else None
+            nodes, square, pairs = _tree_sums(s, contexts, t.context_quantum, given)
             layers = self.model.layers
             moved = min(self.depth + 1.0, nodes / max(b, 1)) * b  # tokens compacted, at most
             # read + write K and V, each element bytes_per_act (2 unless the truth says)

@@ -51,6 +51,7 @@ import simpy
 from bastion.batch import KVRoom, StepRequests
 from bastion.engine import SpecEngine, batch_policy, observed_load
 from bastion.errors import ConfigError, MemoryLimitError
+from bastion.fastinit import trusted_init
 from bastion.guard import public
 from bastion.interfaces import BatchTreePolicy, CostModel, TreePolicy
 from bastion.sim.arrivals import Arrival
@@ -59,6 +60,8 @@ from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.latency import RequestLatency
 from bastion.sim.memory import KVCache, MemoryPlan, lookahead_tokens, within_lookahead
 from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK
+
+_step_requests = trusted_init(StepRequests)  # every step's, built without __init__
 
 __all__ = ["RequestStats", "ServingResult", "serve"]
 
@@ -333,7 +336,7 @@ def serve(
         if not decoding:
             return 0
         contexts = pool.context_len[pool.slot_of[np.array(decoding, np.int64)]]
-        return kv.blocks_of(contexts + look) - kv.blocks_of(contexts)
+        return kv.blocks_of(contexts, look) - kv.blocks_of(contexts)
 
     def admit_waiting(bound: int) -> None:
         """Admit the head of the queue while its prompt's blocks fit beside the decoding
@@ -467,27 +470,26 @@ def serve(
             # blocks the batch holds are last step's count while the batch is the same
             if held < 0:
                 held = kv.blocks_of(contexts)
-            ahead = contexts + look
-            want = kv.blocks_of(ahead)
+            want = kv.blocks_of(contexts, look)
             kv.hold(want - held)
             room = None
             if limited and roomy:
                 bt = kv.block_tokens
                 free = kv.free()
                 assert free is not None
-                room = KVRoom((ahead + (bt - 1)) // bt * bt - contexts, free, bt)
+                room = KVRoom((contexts + (look + bt - 1)) // bt * bt - contexts, free, bt)
             riding = sum(chunk_tokens)  # a prefill chunk in the same pass (the policy may
             # price it: the learning controller does)
             # static policies ignore last step's trees
             last_n, last_a = (prev_size[ids], prev_expected[ids]) if history else (zeros, nothing)
-            requests = StepRequests(
+            requests = _step_requests(
                 ids, contexts, zeros, last_n, last_a, riding_tokens=riding, kv=room
             )
             wanted = pool.output_len[slots] - pool.generated[slots]  # ≥ 1 while decoding
             rec = engine.step(requests)
             sizes = rec.trees.sizes
             if roomy:  # the trees' slots beyond the lookahead, held while they are verified
-                kv.touch(kv.blocks_of(contexts + np.maximum(sizes, look)) - want)
+                kv.touch(kv.blocks_of(contexts, look, sizes) - want)
             charge: bool | str = controller
             if controller and getattr(rec.diagnostics, "repeated", False):
                 charge = "repeat"  # the learning controller repeated its last decision
@@ -532,7 +534,7 @@ def serve(
                 prev_size[ids] = sizes
                 prev_expected[ids] = rec.trees.expected_tokens()
             done = committed >= wanted  # the pool's count reached the output length
-            if done.any():
+            if np.count_nonzero(done):
                 for index in ids[done].tolist():
                     decoding.remove(index)
                     finish(index)

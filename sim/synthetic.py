@@ -106,6 +106,7 @@ class SyntheticSource:
         self._upper = np.triu(np.ones((w.k, w.k)))  # x @ upper: cumulative sums of x's rows
         self._ones = np.ones(w.k)
         self._branch_stay = min(1.0 - 1.0 / w.branch_len, 1.0 - 1e-12)  # geometric length
+        self._log_stay = np.log(self._branch_stay)
         self._bank = _spread_bank(w.k, w.concentration, w.tail_alpha, seed, bank_size)
         self._bank_size = bank_size
         self._ids = np.broadcast_to(np.arange(w.k, dtype=np.int64), (1, w.depth, w.k))
@@ -175,21 +176,21 @@ class SyntheticSource:
         z = rng.standard_normal((steps, depth + 1))  # column 0: the step's shift
         logit = self._top1[slot][None, :] + w.step_sd * z[:, :1] + w.position_sd * z[:, 1:]
         # h: the head mass, kept in (0, 1) however large the log-odds
-        head = np.minimum(1.0 / (1.0 + np.exp(-logit)), 1.0 - 1e-12)[:, :, None]  # [S, D, 1]
+        head = np.minimum(1.0 / (1.0 + np.exp(-logit)), 1.0 - 1e-12)  # [S, D], C-contiguous
         u = rng.random((steps, 2 * depth + 5))  # branch: 5 per step; forks: 2 per position
         pick = rng.integers(0, self._bank_size, size=(steps, depth))
-        target_u = rng.random((steps, depth, 1))  # the target's uniforms (used last)
-        length = 1.0 + np.floor(np.log(u[:, 2:3]) / np.log(self._branch_stay))
+        target_u = rng.random((steps, depth))  # the target's uniforms (used last)
+        length = 1.0 + np.floor(np.log(u[:, 2]) / self._log_stay)  # [S]
         self._cursor[slot] = 0
         if _draws is not None and w.k <= _DRAWS_MAX_K:  # the rest in one compiled call
             _draws(
                 self._bank,
                 pick,
-                np.ascontiguousarray(head[:, :, 0]),
+                head,
                 u,
-                np.ascontiguousarray(length[:, 0]),
+                length,
                 self._law_rows,
-                np.ascontiguousarray(target_u[:, :, 0]),
+                target_u,
                 steps,
                 depth,
                 w.k,
@@ -201,7 +202,7 @@ class SyntheticSource:
                 self._target[slot],
             )
             return
-        self._refill_numpy(slot, head, u, pick, target_u, length)
+        self._refill_numpy(slot, head[:, :, None], u, pick, target_u[:, :, None], length[:, None])
 
     def _refill_numpy(
         self,
@@ -295,15 +296,15 @@ class SyntheticSource:
             return BatchMarginals(ids, probs), self._target[slot, step][None].copy()
         cursor = self._cursor[slots]
         spent = cursor >= self.block_steps
-        if spent.any():
+        if np.count_nonzero(spent):
             for slot in slots[spent].tolist():
                 self._refill(slot)
             cursor = self._cursor[slots]
         self._cursor[slots] = cursor + 1
         row = slots * self.block_steps + cursor  # (slot, step) as one index into the blocks
         w = self.workload
-        probs = np.take(self._probs.reshape(-1, w.depth, w.k), row, axis=0)
-        target = np.take(self._target.reshape(-1, w.depth + 1), row, axis=0)
+        probs = self._probs.reshape(-1, w.depth, w.k).take(row, axis=0)
+        target = self._target.reshape(-1, w.depth + 1).take(row, axis=0)
         ids = self._id_views.get(probs.shape[0])
         if ids is None:
             ids = self._rank_ids(probs.shape[0])

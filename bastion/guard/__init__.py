@@ -41,7 +41,7 @@ table of rules); every name is imported from here.
 from __future__ import annotations
 
 from bastion.guard.checks import INT64_LIMIT
-from bastion.guard.decorator import public
+from bastion.guard.decorator import public, unchecked
 from bastion.guard.rules import (
     array,
     each,
@@ -82,5 +82,6 @@ __all__ = [
     "readable_file",
     "rules_table",
     "same_length",
+    "unchecked",
     "writable_file",
 ]

@@ -1,0 +1,127 @@
+/*
+ * Sums of whole numbers over a simulated step's requests, several a step, each a handful of
+ * numpy calls on a few dozen requests, in one call here: the server's KV-cache block counts
+ * (bastion.sim.memory.KVCache.blocks_of) and the ground truth's pass sums (bastion.sim.batching).
+ *
+ * blocks(tokens, add, block_tokens, sizes, floor) -> int or None
+ *   tokens: int64 per request (any buffer; None comes back unless it is C-contiguous int64)
+ *   sizes None: the sum over requests of ceil((tokens[i] + add) / block_tokens);
+ *   sizes (int64, one per request): of ceil((tokens[i] + max(sizes[i], floor)) / block_tokens).
+ * The divisions are floor divisions of the numerator plus block_tokens - 1, as Python's and
+ * numpy's // are, so the count is the one the numpy expression gives (int64 arithmetic).
+ *
+ * sums(sizes, contexts, quantum) -> tuple or None
+ *   With k_i = ceil(contexts[i] / quantum): sizes None gives (B, sum k); otherwise (B, sum s,
+ *   sum s^2, sum k, sum s*k). None (the caller's numpy path then answers, or raises) unless
+ *   both are C-contiguous int64 of one length, every context is in [0, 2^40], every size in
+ *   [1, 2^20] and every sum, times the quantum, below 2^53: then each is a whole number a double
+ *   holds exactly, so it equals numpy's float sums of the same whole numbers in any order
+ *   (ceil(c / q) in doubles is exact for such c).
+ */
+#include "_bestfirst.h"
+
+static int int64_view(PyObject *obj, Py_buffer *view) {
+    /* 1: a C-contiguous buffer of 8-byte signed integers; 0: not one (no error set) */
+    if (PyObject_GetBuffer(obj, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *f = view->format;
+    if (f != NULL && (f[0] == '<' || f[0] == '=' || f[0] == '@')) f++;
+    if (view->itemsize != 8 || f == NULL || (f[0] != 'l' && f[0] != 'q') || f[1] != '\0') {
+        PyBuffer_Release(view);
+        return 0;
+    }
+    return 1;
+}
+
+static inline int64_t floor_div(int64_t a, int64_t b) {
+    int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+PyObject *bf_kv_blocks(PyObject *self, PyObject *args) {
+    PyObject *tokens_obj, *sizes_obj;
+    long long add, bt, floor;
+    if (!PyArg_ParseTuple(args, "OLLOL", &tokens_obj, &add, &bt, &sizes_obj, &floor)) return NULL;
+    if (bt < 1) {
+        PyErr_SetString(PyExc_ValueError, "blocks: block_tokens must be >= 1");
+        return NULL;
+    }
+    Py_buffer tv, sv;
+    if (!int64_view(tokens_obj, &tv)) Py_RETURN_NONE;
+    const int64_t *t = (const int64_t *)tv.buf;
+    Py_ssize_t n = tv.len / 8;
+    int64_t total = 0, up = (int64_t)bt - 1;
+    if (sizes_obj == Py_None) {
+        for (Py_ssize_t i = 0; i < n; i++) total += floor_div(t[i] + (int64_t)add + up, bt);
+    } else {
+        if (!int64_view(sizes_obj, &sv)) {
+            PyBuffer_Release(&tv);
+            Py_RETURN_NONE;
+        }
+        if (sv.len != tv.len) {
+            PyBuffer_Release(&sv);
+            PyBuffer_Release(&tv);
+            PyErr_SetString(PyExc_ValueError, "blocks: one size per request");
+            return NULL;
+        }
+        const int64_t *s = (const int64_t *)sv.buf;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t extra = s[i] > (int64_t)floor ? s[i] : (int64_t)floor;
+            total += floor_div(t[i] + extra + up, bt);
+        }
+        PyBuffer_Release(&sv);
+    }
+    PyBuffer_Release(&tv);
+    return PyLong_FromLongLong((long long)total);
+}
+
+#define SUMS_EXACT ((int64_t)1 << 53)
+
+PyObject *bf_sums(PyObject *self, PyObject *args) {
+    PyObject *sizes_obj, *ctx_obj;
+    long long quantum;
+    if (!PyArg_ParseTuple(args, "OOL", &sizes_obj, &ctx_obj, &quantum)) return NULL;
+    Py_buffer cv, sv;
+    if (quantum < 1 || quantum > ((long long)1 << 20) || !int64_view(ctx_obj, &cv)) Py_RETURN_NONE;
+    const int64_t *c = (const int64_t *)cv.buf, q = (int64_t)quantum;
+    Py_ssize_t n = cv.len / 8;
+    int ok = 1;
+    int64_t k_sum = 0, s_sum = 0, s_sq = 0, s_k = 0;
+    const int64_t *s = NULL;
+    if (sizes_obj != Py_None) {
+        if (!int64_view(sizes_obj, &sv)) {
+            PyBuffer_Release(&cv);
+            Py_RETURN_NONE;
+        }
+        s = (const int64_t *)sv.buf;
+        ok = sv.len == cv.len;
+    }
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        if (c[i] < 0 || c[i] > ((int64_t)1 << 40)) {
+            ok = 0;
+            break;
+        }
+        int64_t k = (c[i] + q - 1) / q; /* c >= 0: the floor division is C's */
+        k_sum += k;
+        if (s != NULL) {
+            int64_t si = s[i];
+            if (si < 1 || si > ((int64_t)1 << 20)) {
+                ok = 0;
+                break;
+            }
+            s_sum += si;
+            s_sq += si * si;
+            s_k += si * k;
+            ok = s_sq < SUMS_EXACT && s_k < SUMS_EXACT / q;
+        }
+        ok = ok && k_sum < SUMS_EXACT / q;
+    }
+    if (s != NULL) PyBuffer_Release(&sv);
+    PyBuffer_Release(&cv);
+    if (!ok) Py_RETURN_NONE;
+    if (s == NULL) return Py_BuildValue("(nL)", n, (long long)k_sum);
+    return Py_BuildValue("(nLLLL)", n, (long long)s_sum, (long long)s_sq, (long long)k_sum,
+                         (long long)s_k);
+}

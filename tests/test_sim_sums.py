@@ -1,0 +1,129 @@
+"""The simulator's compiled sums over a step's requests are numpy's.
+
+``KVCache.blocks_of``'s compiled count (``bastion._bestfirst.blocks``) is the numpy sum.
+
+The simulated server counts its KV-cache blocks several times a step: Σ ⌈(c + add) / block⌉
+over the decoding requests, and with a step's trees Σ ⌈(c + max(s, add)) / block⌉. The compiled
+call must give the whole number numpy's expression gives, and arrays it does not take (not
+int64, not contiguous) must fall back to numpy. The ground truth's pass sums
+(``bastion._bestfirst.sums``: ``BatchSums.decode_sums``, ``ar_sums``, ``bucket_sum`` and the
+preparation's tree sums) must be numpy's to the bit, and what numpy refuses still refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import bastion.sim.batching as batching
+import bastion.sim.memory as memory
+import bastion.sim.prep as prep
+from bastion.errors import ConfigError
+from bastion.sim.batching import BatchSums
+from bastion.sim.memory import KVCache
+
+needs_kernel = pytest.mark.skipif(memory._blocks is None, reason="no compiled kernel")
+needs_sums = pytest.mark.skipif(batching._sums is None, reason="no compiled kernel")
+
+
+def _numpy(tokens: np.ndarray, add: int, bt: int, sizes: np.ndarray | None) -> int:
+    extra = np.maximum(sizes, add) if sizes is not None else add
+    return int(np.add.reduce((tokens + extra + (bt - 1)) // bt))
+
+
+@needs_kernel
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 1 << 40), min_size=0, max_size=80),
+    st.integers(0, 64),
+    st.integers(1, 64),
+    st.data(),
+)
+def test_blocks_kernel_equals_numpy(tokens: list[int], add: int, bt: int, data) -> None:  # type: ignore[no-untyped-def]
+    t = np.array(tokens, np.int64)
+    sizes = np.array(data.draw(st.lists(st.integers(1, 1024), min_size=len(t), max_size=len(t))))
+    sizes = sizes.astype(np.int64)
+    kv = KVCache(None)
+    kv.block_tokens = bt
+    assert kv.blocks_of(t, add) == _numpy(t, add, bt, None)
+    assert kv.blocks_of(t, add, sizes) == _numpy(t, add, bt, sizes)
+    assert memory._blocks(t, add, bt, None, add) == _numpy(t, add, bt, None)
+
+
+@needs_kernel
+def test_blocks_kernel_declines_other_arrays() -> None:
+    t = np.arange(40, dtype=np.int64) * 7
+    assert memory._blocks(t.astype(np.int32), 0, 16, None, 0) is None
+    assert memory._blocks(t[::2], 0, 16, None, 0) is None
+    assert memory._blocks(t, 0, 16, t.astype(np.float64), 0) is None
+    kv = KVCache(None)
+    for arr in (t.astype(np.int32), t[::2]):  # the numpy path answers instead
+        assert kv.blocks_of(arr, 3) == _numpy(arr.astype(np.int64), 3, kv.block_tokens, None)
+    with pytest.raises(ValueError):
+        memory._blocks(t, 0, 16, t[:5].copy(), 0)
+
+
+def test_blocks_without_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "_blocks", None)
+    kv = KVCache(None)
+    for n in (3, 40):
+        t = np.arange(n, dtype=np.int64) * 13
+        s = (np.arange(n, dtype=np.int64) % 9) + 1
+        assert kv.blocks_of(t, 4) == _numpy(t, 4, kv.block_tokens, None)
+        assert kv.blocks_of(t, 4, s) == _numpy(t, 4, kv.block_tokens, s)
+
+
+# -- the ground truth's pass sums (bastion._bestfirst.sums) ----------------------------------
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, fn):  # type: ignore[no-untyped-def]
+    """``fn()`` with the compiled sums and with numpy's."""
+    fast = fn()
+    with monkeypatch.context() as m:
+        m.setattr(batching, "_sums", None)
+        slow = fn()
+    return fast, slow
+
+
+@needs_sums
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 1 << 22)), min_size=1, max_size=70),
+    st.sampled_from([1, 3, 16, 64]),
+)
+def test_sums_equal_numpy(rows: list[tuple[int, int]], quantum: int) -> None:
+    mp = pytest.MonkeyPatch()
+    s = np.array([r[0] for r in rows], np.int64)
+    c = np.array([r[1] for r in rows], np.int64)
+    sums = BatchSums(quantum)
+    fast, slow = _both(mp, lambda: sums.decode_sums(s, c))
+    assert fast == slow and all(type(a) is type(b) for a, b in zip(fast, slow, strict=True))
+    fast_a, slow_a = _both(mp, lambda: sums.ar_sums(c))
+    assert fast_a == slow_a
+    fast_b, slow_b = _both(mp, lambda: sums.bucket_sum(c))
+    assert fast_b == slow_b and type(fast_b[1]) is float
+    f = s.astype(np.float64)
+    fast_t, slow_t = _both(mp, lambda: prep._tree_sums(f, c, quantum, s))
+    assert fast_t == slow_t == prep._tree_sums(f, c, quantum)
+
+
+@needs_sums
+def test_sums_decline_and_raise_as_numpy() -> None:
+    c = np.arange(5, dtype=np.int64) * 100
+    s = np.arange(1, 6, dtype=np.int64)
+    assert batching._sums(s, c.astype(np.int32), 16) is None
+    assert batching._sums(s[:4], c, 16) is None
+    assert batching._sums(s - 1, c, 16) is None  # a size below 1: numpy's path raises
+    assert batching._sums(s, c - 200, 16) is None  # a negative context: likewise
+    sums = BatchSums(16)
+    with pytest.raises(ConfigError):
+        sums.decode_sums(s - 1, c)
+    with pytest.raises(ConfigError):
+        sums.ar_sums(c - 200)
+    with pytest.raises(ConfigError):
+        sums.decode_sums(s, c[:4])
+    assert sums.decode_sums(s[:0], c[:0]) == (0, 0.0, 0.0, 0.0, 0.0)
+    # k = ⌈c / 16⌉ = 0, 7, 13, 19, 25
+    assert batching._sums(s, c, 16) == (5, 15, 55, 64, 0 + 14 + 39 + 76 + 125)
