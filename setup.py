@@ -4,8 +4,8 @@
   compiler is available the install still succeeds and Bastion falls back to the pure-Python
   heap, which gives identical trees, only slower.
 - The optional weight-streaming CPU matrix product ``bastion.backends.torch._cpulinear`` (x86-64
-  with AVX-512, OpenMP). ``optional=True`` likewise: without it the real backend multiplies
-  with PyTorch's own kernels (identical tokens, slower passes on CPU).
+  with AVX-512 or AVX2 + FMA, OpenMP). ``optional=True`` likewise: without it the real backend
+  multiplies with PyTorch's own kernels (identical tokens, slower passes on CPU).
 - The top-level ``hwprofiles/``, ``workloads/`` and ``experiments/`` directories ship in the
   wheel as ``bastion/hwprofiles``, ``bastion/workloads`` and ``bastion/experiments``.
 """

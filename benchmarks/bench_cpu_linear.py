@@ -12,7 +12,7 @@ two kernels are timed turn about, never one after the other):
    ÷ PyTorch.
 
 Run: ``python benchmarks/bench_cpu_linear.py [--pair base|small] [--repeats 15]``. Needs the
-compiled kernel (x86-64 with AVX-512). Never part of the tests.
+compiled kernel (x86-64 with AVX-512, or AVX2 and FMA). Never part of the tests.
 """
 
 from __future__ import annotations

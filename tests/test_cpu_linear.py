@@ -24,7 +24,7 @@ from bastion.backends.torch.timing import AffineCostModel  # noqa: E402
 from bastion.errors import ConfigError  # noqa: E402
 from tests.torch_models import OracleDrafter, greedy_reference, tiny_target  # noqa: E402
 
-needs_kernel = pytest.mark.skipif(not kernel_available(), reason="no AVX-512 kernel here")
+needs_kernel = pytest.mark.skipif(not kernel_available(), reason="no AVX-512 or AVX2 kernel here")
 
 
 def _layer(n: int, k: int, *, bias: bool = False, seed: int = 0) -> nn.Linear:

@@ -234,7 +234,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=("auto", "stream", "torch"),
         default="auto",
         help="the matrix products: auto (default) streams fp32 weights with Bastion's "
-        "batch-invariant CPU kernel where the CPU has AVX-512; torch keeps PyTorch's",
+        "batch-invariant CPU kernel where the CPU has AVX-512 or AVX2; torch keeps PyTorch's",
     )
     p.add_argument(
         "--record-trace",

@@ -222,8 +222,8 @@ def run_demo(
     (AR's own output then changes with the batch size) and ``identical`` may be False.
 
     ``linears`` (``auto``, ``stream`` or ``torch``) chooses the matrix products, as in
-    :func:`~bastion.backends.torch.load_target`: in fp32 on a CPU with AVX-512 ``auto`` streams
-    the weights with the batch-invariant kernel."""
+    :func:`~bastion.backends.torch.load_target`: in fp32 on a CPU with AVX-512 or AVX2 ``auto``
+    streams the weights with the batch-invariant kernel."""
     from transformers import AutoTokenizer
 
     from bastion.backends.torch import DFlashDrafter, load_target

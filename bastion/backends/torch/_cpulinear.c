@@ -19,7 +19,8 @@
  * linear_nt(x, w, y, M, N, K, w_bf16): addresses of C-contiguous buffers x (M x K float32),
  *   w (N x K, float32 or bf16), y (M x N float32, written); K a multiple of 16. The caller
  *   (cpu_linear.py) checks shapes, dtypes, contiguity and lifetimes; the GIL is released.
- * available() -> bool: whether this machine has the instructions (AVX-512 F and BW).
+ * available() -> bool: whether this machine has the instructions (AVX-512 F and BW, or else
+ *   AVX2 and FMA: a second, 8-lane kernel with its own summation order).
  *
  * Threads: OpenMP over blocks of weight rows, in the OpenMP runtime PyTorch already loaded, so
  * torch.set_num_threads governs both.
@@ -71,27 +72,87 @@ MICRO(4)
 MICRO(5)
 MICRO(6)
 
+/* The same for CPUs with AVX2 and FMA but no AVX-512: 8 lanes, 16 vector registers, so 2
+ * weight rows per block (2 x 6 accumulators, 2 weights and an input row in registers). Its
+ * summation order (8 lanes over k, then a fixed lane reduction) differs from the AVX-512
+ * kernel's, so results differ between such machines; on one machine it is batch invariant. */
+#define TGT2 __attribute__((target("avx2,fma")))
+#define NB2 2
+
+TGT2 static inline float reduce8(__m256 v) { /* ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define MICRO2(MB)                                                                             \
+    TGT2 static void micro2_##MB(const float *x, long K, const void *wv, int bf16, long n0,    \
+                                 int nb, float *y, long N) {                                   \
+        __m256 acc[NB2][MB];                                                                   \
+        for (int j = 0; j < NB2; j++)                                                          \
+            for (int i = 0; i < MB; i++) acc[j][i] = _mm256_setzero_ps();                      \
+        const float *wf = (const float *)wv;                                                   \
+        const uint16_t *wh = (const uint16_t *)wv;                                             \
+        for (long k = 0; k < K; k += 8) {                                                      \
+            __m256 w[NB2];                                                                     \
+            for (int j = 0; j < NB2; j++) {                                                    \
+                long r = n0 + (j < nb ? j : 0); /* a missing row repeats a real one */         \
+                if (bf16)                                                                      \
+                    w[j] = _mm256_castsi256_ps(_mm256_slli_epi32(                              \
+                        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(wh + r * K + k))), \
+                        16));                                                                  \
+                else                                                                           \
+                    w[j] = _mm256_loadu_ps(wf + r * K + k);                                    \
+            }                                                                                  \
+            for (int i = 0; i < MB; i++) {                                                     \
+                __m256 xv = _mm256_loadu_ps(x + i * K + k);                                    \
+                for (int j = 0; j < NB2; j++) acc[j][i] = _mm256_fmadd_ps(w[j], xv, acc[j][i]); \
+            }                                                                                  \
+        }                                                                                      \
+        for (int j = 0; j < nb; j++)                                                           \
+            for (int i = 0; i < MB; i++) y[i * N + n0 + j] = reduce8(acc[j][i]);               \
+    }
+MICRO2(1)
+MICRO2(2)
+MICRO2(3)
+MICRO2(4)
+MICRO2(5)
+MICRO2(6)
+
 typedef void (*micro_fn)(const float *, long, const void *, int, long, int, float *, long);
 static const micro_fn MICROS[MB_MAX + 1] = {0, micro_1, micro_2, micro_3, micro_4, micro_5, micro_6};
+static const micro_fn MICROS2[MB_MAX + 1] = {0,        micro2_1, micro2_2, micro2_3,
+                                             micro2_4, micro2_5, micro2_6};
+
+static int has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+}
+
+static int has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
 
 static void linear_nt_run(const float *x, const void *w, float *y, long M, long N, long K,
                           int bf16) {
-    long blocks = (N + NB - 1) / NB;
+    const int wide = has_avx512();
+    const micro_fn *micros = wide ? MICROS : MICROS2;
+    const long nbk = wide ? NB : NB2;
+    long blocks = (N + nbk - 1) / nbk;
 #pragma omp parallel for schedule(static)
     for (long b = 0; b < blocks; b++) {
-        long n0 = b * NB;
-        int nb = (int)(N - n0 < NB ? N - n0 : NB);
+        long n0 = b * nbk;
+        int nb = (int)(N - n0 < nbk ? N - n0 : nbk);
         for (long m0 = 0; m0 < M; m0 += MB_MAX) {
             long mb = M - m0 < MB_MAX ? M - m0 : MB_MAX;
-            MICROS[mb](x + m0 * K, K, w, bf16, n0, nb, y + m0 * N, N);
+            micros[mb](x + m0 * K, K, w, bf16, n0, nb, y + m0 * N, N);
         }
     }
 }
 
-static int machine_has_kernel(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-}
+static int machine_has_kernel(void) { return has_avx512() || has_avx2(); }
 #else
 #define HAVE_KERNEL 0
 #endif
@@ -129,7 +190,7 @@ static PyObject *cl_linear_nt(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
 #if HAVE_KERNEL
     if (!machine_has_kernel()) {
-        PyErr_SetString(PyExc_RuntimeError, "this CPU lacks AVX-512 (check available() first)");
+        PyErr_SetString(PyExc_RuntimeError, "this CPU lacks AVX-512 and AVX2 (check available() first)");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS

@@ -32,7 +32,8 @@ except ImportError:  # pragma: no cover - depends on the build
 
 
 def kernel_available() -> bool:
-    """Whether the compiled kernel was built and this CPU has its instructions (AVX-512)."""
+    """Whether the compiled kernel was built and this CPU has its instructions (AVX-512, or
+    AVX2 and FMA)."""
     return _kernel is not None and bool(_kernel.available())
 
 
@@ -44,7 +45,7 @@ def check_linears(linears: object) -> str:
     if linears == "stream" and not kernel_available():
         raise ConfigError(
             "linears='stream' needs the compiled bastion.backends.torch._cpulinear kernel and an "
-            "x86-64 CPU with AVX-512; use linears='torch' (or 'auto') on this machine"
+            "x86-64 CPU with AVX-512 or AVX2; use linears='torch' (or 'auto') on this machine"
         )
     return linears
 
