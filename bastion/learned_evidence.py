@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Iterable
 
 import numpy as np
 import numpy.typing as npt
@@ -88,6 +89,7 @@ class StepEvidence(DecisionCurves):
         self._fresh = False  # the evidence restarted for a new text: TURNOVER_EVIDENCE judges it
         self._bucket = 0  # the batch bucket the evidence above belongs to
         self._stored: dict[int, tuple[object, ...]] = {}  # … and that of the other buckets
+        self._untried = _state_copy(getattr(self, n) for n in _BUCKET_STATE)  # a new bucket's
         self.always_draft = False  # e.g. while recording traces: never skip the drafter
         self._drafted = 0
         self.explore_every = explore_every
@@ -170,8 +172,7 @@ class StepEvidence(DecisionCurves):
         halving after each that finds speculation faster (down to ``probe_every``)."""
         if self.always_draft:
             return True
-        if batch_bucket(batch_size) != self._bucket:
-            _evidence_for(self, batch_size)
+        _evidence_for(self, batch_bucket(batch_size))
         threshold = 1.0 + self.margin
         if self.speedup_upper > threshold:
             if self._recheck_left:  # measuring AR again
@@ -204,8 +205,7 @@ class StepEvidence(DecisionCurves):
         steps of the new text then judge it (AR again if their mean is one standard error
         below 1 + margin)."""
         if request_ids.shape[0] == 1:
-            if self._bucket:
-                _evidence_for(self, 1)
+            _evidence_for(self, 0)
             rid = int(request_ids[0])
             if (
                 self._drafted_for is not None
@@ -279,8 +279,7 @@ class StepEvidence(DecisionCurves):
         if kind == "ar":  # the hot path while AR stands: a root per request, nothing drafted
             ctx = np.asarray(contexts, dtype=np.int64)
             bucket = batch_bucket(ctx.shape[0])
-            if bucket != self._bucket:
-                _evidence_for(self, ctx.shape[0])
+            _evidence_for(self, bucket)
             ratio = self._observe_total("ar", ctx, ctx.shape[0], cycle_s)
             if ratio > 0:  # NaN (a degenerate prior) is not
                 recent = self._ar_recent.setdefault(bucket, [])
@@ -293,8 +292,7 @@ class StepEvidence(DecisionCurves):
             return
         offsets = trees.offsets
         b = offsets.shape[0] - 1
-        if batch_bucket(b) != self._bucket:
-            _evidence_for(self, b)
+        _evidence_for(self, batch_bucket(b))
         if kind != "chain" or preparation == "argmax":
             ctx = np.asarray(contexts, dtype=np.int64)
             self._observe_total(kind, ctx, int(offsets[-1]), cycle_s)
@@ -358,19 +356,20 @@ class StepEvidence(DecisionCurves):
                 self._probe_interval = min(2 * self._probe_interval, 64 * self.probe_every)
 
 
-def _evidence_for(evidence: StepEvidence, batch_size: int) -> None:
-    """Make the evidence of ``batch_size``'s bucket the current one: the current bucket's is
+def _evidence_for(evidence: StepEvidence, bucket: int) -> None:
+    """Make the evidence of batch bucket ``bucket`` the current one: the current bucket's is
     stored, the other's restored (a bucket never seen starts as a run does: untried speculation
     drafts until its own steps judge it)."""
-    bucket = batch_bucket(batch_size)
     if bucket == evidence._bucket:
         return
     names = _BUCKET_STATE
     evidence._stored[evidence._bucket] = tuple(getattr(evidence, n) for n in names)
     evidence._bucket = bucket
     stored = evidence._stored.pop(bucket, None)
-    if stored is None:
-        every = evidence.probe_every
-        stored = ([], math.inf, math.inf, every, 0, 0, 0, every, False)
-    for name, value in zip(names, stored, strict=True):
+    for name, value in zip(names, stored or _state_copy(evidence._untried), strict=True):
         setattr(evidence, name, value)
+
+
+def _state_copy(values: Iterable[object]) -> tuple[object, ...]:
+    """A bucket's evidence state with its one list (the realised speedups) a list of its own."""
+    return tuple(list(v) if isinstance(v, list) else v for v in values)

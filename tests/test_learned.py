@@ -451,7 +451,7 @@ def test_standing_ar_steps_reuse_one_choice_whose_cycle_stays_current() -> None:
         if step == 40:  # the evidence is kept per batch bucket: AR stands at batch 2 too
             from bastion.learned_evidence import _evidence_for
 
-            _evidence_for(learner, 2)
+            _evidence_for(learner, 1)  # the bucket of batch 2
             learner.speedup = learner.speedup_upper = 0.5
         ctx = np.full(b, 100 + 5 * step, np.int64)
         req = StepRequests.of(list(range(b)), ctx, np.zeros(b, np.int64), np.zeros(b, np.int64))

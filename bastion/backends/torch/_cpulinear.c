@@ -36,49 +36,49 @@
 #define NB 4 /* weight rows per block: NB x MB accumulators stay in the 32 vector registers */
 #define MB_MAX 6
 
-/* NB weight rows starting at n0 (nb of them real) against MB input rows. */
-#define MICRO(MB)                                                                              \
-    TGT static void micro_##MB(const float *x, long K, const void *wv, int bf16, long n0,      \
-                               int nb, float *y, long N) {                                     \
-        __m512 acc[NB][MB];                                                                    \
-        for (int j = 0; j < NB; j++)                                                           \
-            for (int i = 0; i < MB; i++) acc[j][i] = _mm512_setzero_ps();                      \
-        const float *wf = (const float *)wv;                                                   \
-        const uint16_t *wh = (const uint16_t *)wv;                                             \
-        for (long k = 0; k < K; k += 16) {                                                     \
-            __m512 w[NB];                                                                      \
-            for (int j = 0; j < NB; j++) {                                                     \
-                long r = n0 + (j < nb ? j : 0); /* a missing row repeats a real one */         \
-                if (bf16)                                                                      \
-                    w[j] = _mm512_castsi512_ps(_mm512_slli_epi32(                              \
-                        _mm512_cvtepu16_epi32(                                                 \
-                            _mm256_loadu_si256((const __m256i *)(wh + r * K + k))),            \
-                        16));                                                                  \
-                else                                                                           \
-                    w[j] = _mm512_loadu_ps(wf + r * K + k);                                    \
-            }                                                                                  \
-            for (int i = 0; i < MB; i++) {                                                     \
-                __m512 xv = _mm512_loadu_ps(x + i * K + k);                                    \
-                for (int j = 0; j < NB; j++) acc[j][i] = _mm512_fmadd_ps(w[j], xv, acc[j][i]);  \
-            }                                                                                  \
-        }                                                                                      \
-        for (int j = 0; j < nb; j++)                                                           \
-            for (int i = 0; i < MB; i++) y[i * N + n0 + j] = _mm512_reduce_add_ps(acc[j][i]);  \
-    }
-MICRO(1)
-MICRO(2)
-MICRO(3)
-MICRO(4)
-MICRO(5)
-MICRO(6)
-
-/* The same for CPUs with AVX2 and FMA but no AVX-512: 8 lanes, 16 vector registers, so 2
- * weight rows per block (2 x 6 accumulators, 2 weights and an input row in registers). Its
- * summation order (8 lanes over k, then a fixed lane reduction) differs from the AVX-512
- * kernel's, so results differ between such machines; on one machine it is batch invariant. */
 #define TGT2 __attribute__((target("avx2,fma")))
 #define NB2 2
 
+/* NBK weight rows starting at n0 (nb of them real) against MB input rows, in vectors of type VEC
+ * with LANES floats: one definition for both instruction sets (below). */
+#define MICRO(NAME, TARGET, VEC, NBK, LANES, ZERO, LOAD, FMADD, WIDEN, REDUCE, MB)                \
+    TARGET static void NAME##_##MB(const float *x, long K, const void *wv, int bf16, long n0,   \
+                                   int nb, float *y, long N) {                                 \
+        VEC acc[NBK][MB];                                                                      \
+        for (int j = 0; j < NBK; j++)                                                          \
+            for (int i = 0; i < MB; i++) acc[j][i] = ZERO();                                   \
+        const float *wf = (const float *)wv;                                                   \
+        const uint16_t *wh = (const uint16_t *)wv;                                             \
+        for (long k = 0; k < K; k += LANES) {                                                  \
+            VEC w[NBK];                                                                        \
+            for (int j = 0; j < NBK; j++) {                                                    \
+                long r = n0 + (j < nb ? j : 0); /* a missing row repeats a real one */         \
+                if (bf16)                                                                      \
+                    w[j] = WIDEN(wh + r * K + k);                                              \
+                else                                                                           \
+                    w[j] = LOAD(wf + r * K + k);                                               \
+            }                                                                                  \
+            for (int i = 0; i < MB; i++) {                                                     \
+                VEC xv = LOAD(x + i * K + k);                                                  \
+                for (int j = 0; j < NBK; j++) acc[j][i] = FMADD(w[j], xv, acc[j][i]);          \
+            }                                                                                  \
+        }                                                                                      \
+        for (int j = 0; j < nb; j++)                                                           \
+            for (int i = 0; i < MB; i++) y[i * N + n0 + j] = REDUCE(acc[j][i]);                \
+    }
+
+/* bf16 weights widened exactly to fp32 (a bf16 is the top half of its float) */
+#define WIDEN512(p)                                                                            \
+    _mm512_castsi512_ps(                                                                       \
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#define WIDEN256(p)                                                                            \
+    _mm256_castsi256_ps(                                                                       \
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+
+/* The kernel for CPUs with AVX2 and FMA but no AVX-512: 8 lanes, 16 vector registers, so 2
+ * weight rows per block (2 x 6 accumulators, 2 weights and an input row in registers). Its
+ * summation order (8 lanes over k, then a fixed lane reduction) differs from the AVX-512
+ * kernel's, so results differ between such machines; on one machine it is batch invariant. */
 TGT2 static inline float reduce8(__m256 v) { /* ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) */
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -86,58 +86,44 @@ TGT2 static inline float reduce8(__m256 v) { /* ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3
     return _mm_cvtss_f32(s);
 }
 
-#define MICRO2(MB)                                                                             \
-    TGT2 static void micro2_##MB(const float *x, long K, const void *wv, int bf16, long n0,    \
-                                 int nb, float *y, long N) {                                   \
-        __m256 acc[NB2][MB];                                                                   \
-        for (int j = 0; j < NB2; j++)                                                          \
-            for (int i = 0; i < MB; i++) acc[j][i] = _mm256_setzero_ps();                      \
-        const float *wf = (const float *)wv;                                                   \
-        const uint16_t *wh = (const uint16_t *)wv;                                             \
-        for (long k = 0; k < K; k += 8) {                                                      \
-            __m256 w[NB2];                                                                     \
-            for (int j = 0; j < NB2; j++) {                                                    \
-                long r = n0 + (j < nb ? j : 0); /* a missing row repeats a real one */         \
-                if (bf16)                                                                      \
-                    w[j] = _mm256_castsi256_ps(_mm256_slli_epi32(                              \
-                        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(wh + r * K + k))), \
-                        16));                                                                  \
-                else                                                                           \
-                    w[j] = _mm256_loadu_ps(wf + r * K + k);                                    \
-            }                                                                                  \
-            for (int i = 0; i < MB; i++) {                                                     \
-                __m256 xv = _mm256_loadu_ps(x + i * K + k);                                    \
-                for (int j = 0; j < NB2; j++) acc[j][i] = _mm256_fmadd_ps(w[j], xv, acc[j][i]); \
-            }                                                                                  \
-        }                                                                                      \
-        for (int j = 0; j < nb; j++)                                                           \
-            for (int i = 0; i < MB; i++) y[i * N + n0 + j] = reduce8(acc[j][i]);               \
-    }
-MICRO2(1)
-MICRO2(2)
-MICRO2(3)
-MICRO2(4)
-MICRO2(5)
-MICRO2(6)
+#define MICRO512(MB)                                                                           \
+    MICRO(micro, TGT, __m512, NB, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_fmadd_ps,     \
+          WIDEN512, _mm512_reduce_add_ps, MB)
+#define MICRO256(MB)                                                                           \
+    MICRO(micro2, TGT2, __m256, NB2, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_fmadd_ps,   \
+          WIDEN256, reduce8, MB)
+MICRO512(1)
+MICRO512(2)
+MICRO512(3)
+MICRO512(4)
+MICRO512(5)
+MICRO512(6)
+MICRO256(1)
+MICRO256(2)
+MICRO256(3)
+MICRO256(4)
+MICRO256(5)
+MICRO256(6)
 
 typedef void (*micro_fn)(const float *, long, const void *, int, long, int, float *, long);
 static const micro_fn MICROS[MB_MAX + 1] = {0, micro_1, micro_2, micro_3, micro_4, micro_5, micro_6};
 static const micro_fn MICROS2[MB_MAX + 1] = {0,        micro2_1, micro2_2, micro2_3,
                                              micro2_4, micro2_5, micro2_6};
 
-static int has_avx512(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-}
-
-static int has_avx2(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+/* 2: AVX-512 F and BW, 1: AVX2 and FMA, 0: neither; asked of the CPU once (with the GIL held) */
+static int isa_level(void) {
+    static int level = -1;
+    if (level < 0) {
+        __builtin_cpu_init();
+        level = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? 2
+                : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")       ? 1
+                                                                                         : 0;
+    }
+    return level;
 }
 
 static void linear_nt_run(const float *x, const void *w, float *y, long M, long N, long K,
-                          int bf16) {
-    const int wide = has_avx512();
+                          int bf16, int wide) {
     const micro_fn *micros = wide ? MICROS : MICROS2;
     const long nbk = wide ? NB : NB2;
     long blocks = (N + nbk - 1) / nbk;
@@ -152,7 +138,7 @@ static void linear_nt_run(const float *x, const void *w, float *y, long M, long 
     }
 }
 
-static int machine_has_kernel(void) { return has_avx512() || has_avx2(); }
+static int machine_has_kernel(void) { return isa_level() > 0; }
 #else
 #define HAVE_KERNEL 0
 #endif
@@ -189,12 +175,13 @@ static PyObject *cl_linear_nt(PyObject *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
 #if HAVE_KERNEL
-    if (!machine_has_kernel()) {
+    const int level = isa_level();
+    if (level == 0) {
         PyErr_SetString(PyExc_RuntimeError, "this CPU lacks AVX-512 and AVX2 (check available() first)");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    linear_nt_run((const float *)ptr[0], ptr[1], (float *)ptr[2], M, N, K, dims[3] != 0);
+    linear_nt_run((const float *)ptr[0], ptr[1], (float *)ptr[2], M, N, K, dims[3] != 0, level == 2);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 #else
