@@ -328,7 +328,7 @@ class StepEvidence(DecisionCurves):
         # noisy: most commit little, a few a lot)
         if 2 * n >= self.evidence:
             self._fresh = False
-        if n < TURNOVER_EVIDENCE:
+        if n < min(TURNOVER_EVIDENCE, self.evidence):  # (a window of 2 judges on its 2)
             self.speedup = self.speedup_upper = math.inf
         else:
             total = sum(recent)

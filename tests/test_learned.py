@@ -835,3 +835,16 @@ def test_the_evidence_is_kept_per_batch_bucket() -> None:
     assert _steps_at(learner, 1, 2, 2, 8e-3) == [True, True]
     assert not learner.wants_draft(8) and not learner.wants_draft(6)  # bucket 8 (6 → 8)
     assert learner.wants_draft(1)
+
+
+def test_a_window_of_two_drafted_steps_judges_on_two() -> None:
+    """``evidence=2`` is accepted, so two drafted steps must be enough to judge: two clear
+    losses (1 token in 20 ms against AR's 10 ms) make AR stand (they used to keep it drafting
+    for ever: the judgement waited for TURNOVER_EVIDENCE steps that a window of two never
+    holds), and two wins keep it drafting (the negative control)."""
+    for commit, cycle_s, drafts_after in ((1, 20e-3, False), (2, 8e-3, True)):
+        learner = LearnedCostModel(FlatPrior(), evidence=2, probe_every=10**9)
+        _steps_at(learner, 1, 12, None, 10e-3)
+        assert _steps_at(learner, 1, 2, commit, cycle_s)[0]  # the first still drafts on
+        assert learner.wants_draft(1) == drafts_after
+        assert math.isfinite(learner.speedup)
