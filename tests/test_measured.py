@@ -349,15 +349,13 @@ def test_the_drafters_intake_is_a_term_of_its_own() -> None:
     assert fitted.draft_s("topk", ctx, 15) == pytest.approx(want, rel=0.03)
     # unrecorded intake (0): the fit knows only the calibration's mean intake, and a step
     # accepted better than the calibration's is under-priced (the negative control)
-    blind = fit_measured(
-        [dataclasses.replace(s, appended=0) for s in calibration], prefills
-    ).draft["topk"]
+    blind = fit_measured([dataclasses.replace(s, appended=0) for s in calibration], prefills).draft[
+        "topk"
+    ]
     assert blind.append_s == 0.0
     assert blind(3, float(sum(ctx))) < 0.95 * want
     # a step whose intake is not known is priced at the fitted mean
-    assert fitted.draft_s("topk", ctx) == pytest.approx(
-        term(3, float(sum(ctx)), 3 * term.appended)
-    )
+    assert fitted.draft_s("topk", ctx) == pytest.approx(term(3, float(sum(ctx)), 3 * term.appended))
 
 
 def test_the_drafters_intake_round_trips_and_is_checked() -> None:

@@ -95,9 +95,7 @@ def test_the_real_steps_record_the_drafters_intake(twin) -> None:  # type: ignor
     for policy in ("chain", "fixed:8"):
         samples = [s for s in result.real_samples[(policy, 1)] if s.run == 0]
         row = next(
-            r
-            for r in result.rows
-            if (r.source, r.policy, r.batch_size) == ("real", policy, 1)
+            r for r in result.rows if (r.source, r.policy, r.batch_size) == ("real", policy, 1)
         )
         want = []
         for prompt, committed in zip(ids, row.committed, strict=True):
