@@ -98,6 +98,9 @@ class StepSample:
     commit_s: float = 0.0
     run: int = 0  # which timed run of its session the step belongs to (0: the first)
     at: float = 0.0  # when it began, on the machine's monotonic clock (s; 0: not recorded)
+    # target features the drafter appended to the requests' contexts before its pass, summed
+    # over them: the tokens committed since each last drafted (0: no draft, or not recorded)
+    appended: int = 0
 
     def __post_init__(self) -> None:
         for name, value, accepted in (
@@ -124,6 +127,9 @@ class StepSample:
         if isinstance(self.run, bool) or not isinstance(self.run, int) or self.run < 0:
             raise ConfigError(f"step sample run must be a whole number ≥ 0; got {self.run!r:.40}")
         object.__setattr__(self, "at", _seconds(self.at, "step sample at"))
+        a = self.appended
+        if isinstance(a, bool) or not isinstance(a, int) or a < 0:
+            raise ConfigError(f"step sample appended must be a whole number ≥ 0; got {a!r:.40}")
         staged = sum(getattr(self, name) for name in STAGES)
         if staged > 0 and abs(staged - self.verify_s) > 1e-6 + 1e-3 * self.verify_s:
             raise ConfigError(
@@ -165,6 +171,7 @@ class StepSample:
             **{name: getattr(self, name) for name in STAGES},
             "run": self.run,
             "at": self.at,
+            "appended": self.appended,
         }
 
     @classmethod
@@ -173,10 +180,10 @@ class StepSample:
             raise ConfigError(f"a step sample must be an object; got {data!r:.80}")
         keys = {"kind", "preparation", "control", "sizes", "contexts"}
         keys |= {"draft_s", "build_s", "verify_s", "other_s"}
-        if not keys <= set(data) <= keys | {"builder", "run", "at", *STAGES}:
+        if not keys <= set(data) <= keys | {"builder", "run", "at", "appended", *STAGES}:
             raise ConfigError(
                 f"a step sample needs the keys {sorted(keys)} (and optionally 'builder', "
-                f"'run', 'at', {', '.join(STAGES)})"
+                f"'run', 'at', 'appended', {', '.join(STAGES)})"
             )
         return cls(**data)
 

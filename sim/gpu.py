@@ -407,13 +407,15 @@ class SimulatedGPU:
         prefill_tokens: npt.ArrayLike = (),
         prefill_contexts: npt.ArrayLike = (),
         builder: str = "",
+        appended: int | None = None,
     ) -> tuple[float, float, float]:
         """(draft, preparation, verification) seconds of one decode step verified as ``kind``:
         "ar" is one unmasked pass and nothing else; "chain" and "tree" pay the drafter, the
         preparation (``topk``: top-K normalisation and tree work, else an argmax; a chain chosen
         after top-K drafting keeps its top-K pass but has no tree work) and a pass — causal for
         the chain, masked for a tree. Prefill chunks ride in the pass. Noisy, drawn in that
-        order."""
+        order. ``appended``: the target features the drafter takes into its requests' contexts
+        before its pass, summed (a measured truth prices them; None: its mean per request)."""
         if self._measured is not None:  # ``builder``: the tree policy's own (a measured term)
             draft, host, verify, self.unobserved_s = measured_step(
                 self._measured,
@@ -427,6 +429,7 @@ class SimulatedGPU:
                 prefill_tokens,
                 prefill_contexts,
                 builder,
+                appended,
             )
             return draft, host, verify
         if kind == "ar":

@@ -20,7 +20,8 @@ tree (the pass pads every row to it), L the longest context (the cache's length)
   N = 1 and no row term (h(R) carries it). Where the verifier's stages were not timed apart,
   ``verify.<kind>`` alone is its whole call;
 - ``draft.<preparation>`` (``argmax``: the chain's top-1 path; ``topk``: top-K marginals for
-  trees): g(R) + context_s·ΣL, g piecewise linear in R;
+  trees): g(R) + context_s·ΣL + append_s·ΣA, g piecewise linear in R, A the target features a
+  request's context takes before the pass (the tokens committed since its last draft);
 - ``host.<kind>_<control>`` (control ``static``: a fixed policy; ``decide``: the controller
   decided the step; ``repeat``: it repeated its last decision): the tree build or the
   controller's choice, step_s + request_s·R + node_s·ΣN; and ``loop.<kind>_<control>``, the rest
@@ -240,30 +241,57 @@ class VerifyTerm:
 
 @dataclass(frozen=True)
 class DraftTerm:
-    """The drafter's batched pass: g(R) + context_s·ΣL."""
+    """The drafter's batched pass: g(R) + context_s·ΣL + append_s·ΣA.
+
+    A is what the drafter appends to a request's context before its block pass: the target's
+    features of the tokens committed since it last drafted (the prompt's at a request's first
+    draft; every AR step's in between for a controller that skipped drafting), each projected
+    and written into its k/v cache. ``appended`` is the mean A per request over the samples
+    the term was fitted on: what a step whose A is not known is priced at."""
 
     pass_s: Curve
     context_s: float = 0.0
     samples: int = 0
+    append_s: float = 0.0
+    appended: float = 0.0
 
     def __post_init__(self) -> None:
-        _checked(self, ("context_s",), curve=True)
+        _checked(self, ("context_s", "append_s"), curve=True)
+        a = self.appended
+        if (
+            isinstance(a, bool)
+            or not isinstance(a, int | float | np.floating | np.integer)
+            or not (_finite(a) and float(a) >= 0)
+        ):
+            raise ConfigError(
+                f"DraftTerm: appended must be a finite number ≥ 0; got {self.appended!r:.60}"
+            )
+        object.__setattr__(self, "appended", float(self.appended))
 
-    def __call__(self, rows: int, total_context: float) -> float:
-        return self.pass_s(float(rows)) + self.context_s * total_context
+    def __call__(self, rows: int, total_context: float, appended: float | None = None) -> float:
+        a = self.appended * rows if appended is None else appended
+        return self.pass_s(float(rows)) + self.context_s * total_context + self.append_s * a
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "knots": list(self.pass_s.knots),
             "pass_s": list(self.pass_s.values),
             "context_s": self.context_s,
+            "append_s": self.append_s,
+            "appended": self.appended,
             "samples": self.samples,
         }
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> DraftTerm:
-        d = _only(data, ("knots", "pass_s", "context_s"), where)
-        return cls(_curve(d, where), _num(d, "context_s", where), int(d.get("samples", 0)))
+        d = _only(data, ("knots", "pass_s", "context_s", "append_s", "appended"), where)
+        return cls(
+            _curve(d, where),
+            _num(d, "context_s", where),
+            int(d.get("samples", 0)),
+            _num(d, "append_s", where) if "append_s" in d else 0.0,
+            _num(d, "appended", where) if "appended" in d else 0.0,
+        )
 
 
 @dataclass(frozen=True)
@@ -400,10 +428,14 @@ class MeasuredCosts:
                 total += term(rows, n, context)
         return total
 
-    def draft_s(self, preparation: str, contexts: Sequence[int]) -> float:
+    def draft_s(
+        self, preparation: str, contexts: Sequence[int], appended: float | None = None
+    ) -> float:
+        """The drafter's pass over a batch; ``appended``: the target features its requests'
+        contexts take first, summed (None: the term's mean per request)."""
         if not len(contexts):
             raise ConfigError("a pass needs at least one request")
-        return self.draft[preparation](len(contexts), float(sum(contexts)))
+        return self.draft[preparation](len(contexts), float(sum(contexts)), appended)
 
     def host_s(
         self, kind: str, control: str, sizes: Sequence[int], builder: str = ""
@@ -437,7 +469,11 @@ class MeasuredCosts:
         draft = (
             0.0
             if kind == "ar"
-            else self.draft_s("topk" if sample.preparation == "topk" else "argmax", ctx)
+            else self.draft_s(
+                "topk" if sample.preparation == "topk" else "argmax",
+                ctx,
+                sample.appended if sample.appended > 0 else None,  # 0: not recorded
+            )
         )
         build, loop = self.host_s(kind, sample.control, sizes, sample.builder)
         return draft + build + loop + self.verify_s(kind, sizes, ctx)
@@ -467,7 +503,9 @@ class MeasuredCosts:
                 for k, t in self.verify.items()
             },
             draft={
-                k: DraftTerm(curve(t.pass_s), t.context_s * f, t.samples)
+                k: DraftTerm(
+                    curve(t.pass_s), t.context_s * f, t.samples, t.append_s * f, t.appended
+                )
                 for k, t in self.draft.items()
             },
             host={k: host(t) for k, t in self.host.items()},

@@ -139,11 +139,18 @@ def _fit_verify(
 def _fit_draft(samples: Sequence[StepSample]) -> DraftTerm:
     rows = np.array([s.rows for s in samples], dtype=np.float64)
     total = np.array([sum(s.contexts) for s in samples], dtype=np.float64)
+    appended = np.array([s.appended for s in samples], dtype=np.float64)
     y = np.array([s.draft_s for s in samples], dtype=np.float64)
     knots = _knots(rows)
-    coef = _nnls(np.hstack([_hats(rows, knots), total[:, None]]), y)[0]
+    columns = [_hats(rows, knots), total[:, None]]
+    recorded = bool(np.all(appended > 0))  # a drafted step appends ≥ 1 token per request
+    if recorded and np.ptp(appended) > 0:
+        columns.append(appended[:, None])
+    coef = _nnls(np.hstack(columns), y)[0]
     curve = Curve(knots, tuple(coef[: len(knots)].tolist()))
-    return DraftTerm(curve, float(coef[-1]), samples=len(samples))
+    append_s = float(coef[len(knots) + 1]) if len(columns) == 3 else 0.0
+    mean = float(np.mean(appended / rows)) if recorded else 0.0
+    return DraftTerm(curve, float(coef[len(knots)]), len(samples), append_s, mean)
 
 
 def _fit_affine(x: Array, y: Array) -> Array:

@@ -85,18 +85,20 @@ def measured_step(
     prefill_tokens: npt.ArrayLike,
     prefill_contexts: npt.ArrayLike,
     builder: str = "",
+    appended: int | None = None,
 ) -> tuple[float, float, float, float]:
     """:meth:`~bastion.sim.gpu.SimulatedGPU.step_s` under a measured truth: (draft, host, verify,
     unobserved), each measured for the step's kind, preparation and control; noisy (``noisy``,
     then × ``unbias``), drawn in that order. ``unobserved``: the host's decode-loop share, which
-    a real engine's clock does not show its cost model."""
+    a real engine's clock does not show its cost model. ``appended``: the target features the
+    drafter takes before its pass, summed over the requests (None: the truth's mean)."""
     sizes = ints(tree_sizes, "tree sizes")
     ctx = ints(contexts, "contexts", sizes)
     if kind not in ("ar", "chain", "tree"):
         raise ConfigError(f"unknown step kind {kind!r}; accepted: ar, chain, tree")
     draft = 0.0
     if kind != "ar":
-        draft = noisy(m.draft_s("topk" if topk else "argmax", ctx)) * unbias
+        draft = noisy(m.draft_s("topk" if topk else "argmax", ctx, appended)) * unbias
     build, loop = m.host_s(kind, control(controller), sizes, builder)
     host = noisy(build + loop) * unbias
     chunks = checked_chunks(prefill_tokens, prefill_contexts)

@@ -262,6 +262,11 @@ def serve(
     output_len = np.zeros(n, np.int64)
     prev_size = np.zeros(n, np.int64)  # by request id: last tree size, Â
     prev_expected = np.zeros(n)
+    # a measured truth prices the drafter's intake: by request id, the target features its
+    # drafter has not taken yet (the prompt's, then every step's committed tokens, until the
+    # next drafted step takes them); unused, and not kept, under a roofline truth
+    feeds = gpu.truth.measured is not None and not is_ar
+    unfed = np.zeros(n, np.int64)
     # per step: ids, delivered, accepted draft tokens delivered, N
     logs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
@@ -305,6 +310,7 @@ def serve(
         st = stats[index]
         st.start_s = env.now
         st.tokens = 1
+        unfed[index] = st.prompt_len
         slot = pool.admit(index, st.prompt_len, int(output_len[index]))
         source.admit(slot, index)
         if output_len[index] <= 1:
@@ -493,6 +499,13 @@ def serve(
             charge: bool | str = controller
             if controller and getattr(rec.diagnostics, "repeated", False):
                 charge = "repeat"  # the learning controller repeated its last decision
+            intake = None
+            if feeds:
+                drafted = rec.kind != "ar"
+                intake = int(unfed[ids].sum()) if drafted else 0
+                if drafted:
+                    unfed[ids] = 0
+                unfed[ids] += rec.result.committed_lens
             t_draft, t_prep, t_verify = gpu.step_s(  # a chain decision that stood: argmax
                 rec.kind,
                 sizes,
@@ -502,6 +515,7 @@ def serve(
                 chunk_tokens,
                 chunk_contexts,
                 builder,
+                intake,
             )
             # the passes run back to back on the one GPU and nothing can happen between them
             yield env.timeout(t_draft + t_prep + t_verify)

@@ -317,3 +317,69 @@ def test_a_scaled_truth_is_the_same_machine_slower(fitted: MeasuredCosts) -> Non
     for bad in (0.0, -1.0, math.inf, True, "2"):
         with pytest.raises(ConfigError, match="speed factor"):
             fitted.scaled(bad)  # type: ignore[arg-type]
+
+
+def _with_intake(steps: list[StepSample], seed: int, mean: float) -> list[StepSample]:
+    """The samples of a machine whose drafter also pays 60 µs per target feature it takes
+    before its pass; each drafted step takes 1–2·``mean`` − 1 features per request (the tokens
+    its requests committed since they last drafted)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in steps:
+        if s.kind == "ar":
+            out.append(s)
+            continue
+        fed = int(rng.integers(1, int(2 * mean), s.rows).sum())
+        out.append(dataclasses.replace(s, draft_s=s.draft_s + 6e-5 * fed, appended=fed))
+    return out
+
+
+def test_the_drafters_intake_is_a_term_of_its_own() -> None:
+    """Calibration steps accepted less well than the steps predicted (fewer committed tokens a
+    step, so fewer target features for the drafter to take): with the intake recorded the fit
+    prices a better-accepted step right; without it, its mean intake stays baked in."""
+    steps, prefills = make_samples()
+    calibration = _with_intake(steps, 1, mean=2.0)
+    fitted = fit_measured(calibration, prefills)
+    term = fitted.draft["topk"]
+    assert term.append_s == pytest.approx(6e-5, rel=0.1)
+    assert 1.8 < term.appended < 2.2  # the mean per request over the samples (1 … 3)
+    ctx = [100, 150, 90]
+    want = machine_draft("topk", ctx) + 6e-5 * 15  # three requests taking 5 features each
+    assert fitted.draft_s("topk", ctx, 15) == pytest.approx(want, rel=0.03)
+    # unrecorded intake (0): the fit knows only the calibration's mean intake, and a step
+    # accepted better than the calibration's is under-priced (the negative control)
+    blind = fit_measured([dataclasses.replace(s, appended=0) for s in calibration], prefills).draft[
+        "topk"
+    ]
+    assert blind.append_s == 0.0
+    assert blind(3, float(sum(ctx))) < 0.95 * want
+    # a step whose intake is not known is priced at the fitted mean
+    assert fitted.draft_s("topk", ctx) == pytest.approx(term(3, float(sum(ctx)), 3 * term.appended))
+
+
+def test_the_drafters_intake_round_trips_and_is_checked() -> None:
+    steps, prefills = make_samples()
+    fitted = fit_measured(_with_intake(steps, 2, mean=3.0), prefills)
+    text = measured_truth_toml(fitted, "fed", "a pretend machine", {"measured": "made up"})
+    again = truth_from_dict(tomllib.loads(text), "fed.toml").measured
+    assert again is not None
+    assert again.draft == fitted.draft
+    assert fitted.scaled(2.0).draft_s("topk", [100], 7) == pytest.approx(
+        2.0 * fitted.draft_s("topk", [100], 7)
+    )
+    table = fitted.to_dict()
+    table["draft"]["topk"]["append_s"] = -1.0
+    with pytest.raises(ConfigError, match="append_s"):
+        measured_from_dict(table)
+    table["draft"]["topk"]["append_s"] = 1e-5
+    table["draft"]["topk"]["appended"] = "many"
+    with pytest.raises(ConfigError, match="appended"):
+        measured_from_dict(table)
+    with pytest.raises(ConfigError, match="appended"):
+        dataclasses.replace(steps[0], appended=-1)
+    with pytest.raises(ConfigError, match="appended"):
+        dataclasses.replace(steps[0], appended=True)
+    # a truth file of before the term reads as one without it
+    del table["draft"]["topk"]["append_s"], table["draft"]["topk"]["appended"]
+    assert measured_from_dict(table).draft["topk"].append_s == 0.0

@@ -88,6 +88,22 @@ def test_the_truth_is_fitted_from_the_calibration_sessions_only(twin) -> None:  
     assert not lengths & prefilled - {16, 32, 64, 96, 128, 192, 256}  # no predicted prompt
 
 
+def test_the_real_steps_record_the_drafters_intake(twin) -> None:  # type: ignore[no-untyped-def]
+    """What the replay charges the drafter's intake by: a request's first drafted step takes
+    its prompt's features, every later one the tokens the step before it committed."""
+    result, ids = twin
+    for policy in ("chain", "fixed:8"):
+        samples = [s for s in result.real_samples[(policy, 1)] if s.run == 0]
+        row = next(
+            r for r in result.rows if (r.source, r.policy, r.batch_size) == ("real", policy, 1)
+        )
+        want = []
+        for prompt, committed in zip(ids, row.committed, strict=True):
+            want += [len(prompt), *committed[:-1]]
+        assert [s.appended for s in samples] == want, policy
+    assert all(s.appended == 0 for s in result.real_samples[("ar", 1)])
+
+
 def test_the_comparison_is_the_records_error(twin) -> None:  # type: ignore[no-untyped-def]
     result, _ = twin
     rows = {(r.source, r.policy, r.batch_size): r for r in result.rows}

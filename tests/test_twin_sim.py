@@ -242,3 +242,32 @@ def test_plot_twin_refuses_no_rows(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="no rows"):
         plot_twin([], tmp_path / "twin.png")
+
+
+@pytest.mark.parametrize("policy", ["chain", "fixed:8"])
+def test_the_drafter_takes_the_prompt_then_every_steps_tokens(
+    setting: dict[str, object], policy: str
+) -> None:
+    """Under a measured truth the replay charges the drafter's intake as the real loop feeds
+    it: the prompt's features at a request's first draft, then the tokens each step committed,
+    at the next draft (a drafter costing only its intake: 1 ms per feature)."""
+    from bastion.sim.measured import Curve, DraftTerm
+
+    m = setting["measured"]
+    assert isinstance(m, MeasuredCosts)
+    intake = DraftTerm(Curve((1.0,), (0.0,)), 0.0, 3, append_s=1e-3, appended=50.0)
+    fed = dataclasses.replace(m, draft={"argmax": intake, "topk": intake})
+    trace = setting["traces"][1]
+    assert isinstance(trace, Trace)
+    row = replay(
+        [trace],
+        (policy,),
+        batch_size=1,
+        hardware=setting["hardware"],  # type: ignore[arg-type]
+        model=setting["model"],  # type: ignore[arg-type]
+        drafter=setting["drafter"],  # type: ignore[arg-type]
+        truth=GroundTruth(name="fed", noise=0.0, measured=fed),
+    )[0]
+    committed = row.committed[0]
+    want = 1e-3 * (len(trace.prompt_ids) + sum(committed[:-1]))
+    assert row.draft_s * row.steps == pytest.approx(want)

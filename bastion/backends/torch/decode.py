@@ -155,6 +155,8 @@ def _decoding(
             feedback=[live.feedback for live in active],
             committed=[live.committed for live in active],
         )
+        # the target features the drafter takes before its pass if the step drafts
+        unfed = sum(_feature_tokens(live.feedback) for live in active)
         step = engine.step(requests)
         now = clock()
         steps += 1
@@ -221,12 +223,22 @@ def _decoding(
                 *split,
                 run,
                 at,
+                unfed if step.kind != "ar" else 0,
             )
         )
         yield False  # a step done (not the start of timing: see _session)
     wall = clock() - start
     lives = [finished[i] for i in range(len(prompts))]
     return _Run(lives, wall, steps, step_sizes, stages, cycles, samples, prefills)
+
+
+def _feature_tokens(feedback: object) -> int:
+    """Tokens of target features a request's feedback holds (a run of skipped steps' parts
+    summed; 0 for none or a feedback that does not say)."""
+    parts = getattr(feedback, "parts", None)
+    if parts is not None:
+        return sum(int(getattr(p, "length", 0)) for p in parts)
+    return int(getattr(feedback, "length", 0))
 
 
 def _stages(timing: VerifyTiming | None, verify_s: float) -> tuple[float, float, float, float]:
