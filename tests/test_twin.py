@@ -224,3 +224,16 @@ def test_twin_on_cuda(tmp_path: Path, capsys) -> None:  # type: ignore[no-untype
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert all(e["committed_exact"] for e in data["comparison"] if e["source"] == "sim")
+
+
+def test_a_run_of_skipped_steps_counts_all_its_tokens() -> None:
+    """The intake of a drafted step after AR steps: every skipped step's features (counted in
+    O(1) from the run's ends, which FeedbackRun keeps contiguous)."""
+    from bastion.backends.torch.decode import _feature_tokens
+    from bastion.backends.torch.verifier import TargetFeedback
+
+    run = TargetFeedback(torch.zeros(5, 4), 10).then(TargetFeedback(torch.zeros(1, 4), 15))
+    run = run.then(TargetFeedback(torch.zeros(2, 4), 16))  # type: ignore[attr-defined]
+    assert _feature_tokens(run) == 8
+    assert _feature_tokens(TargetFeedback(torch.zeros(3, 4), 0)) == 3
+    assert _feature_tokens(None) == 0
