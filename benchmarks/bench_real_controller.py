@@ -15,7 +15,7 @@ own lockstep run with a new learner, its own start-up timing and warm-up run —
 ``bastion demo`` invocation does, so the cost of learning from scratch (the drafted steps that
 gather evidence, the first probes) is in every round. ``--pinned-ar`` adds a contender that
 runs ``bastion`` with a learner that cannot leave AR (``margin`` 10⁶, no probes, evidence from
-one drafted step, in its warm-up): what the learning controller costs when it decodes by AR,
+two drafted steps, in its warm-up): what the learning controller costs when it decodes by AR,
 without its probes — its draft + build column is then its steady-state host time before the
 pass.
 
@@ -92,7 +92,7 @@ def main() -> None:
     contenders = ("ar", *POLICIES, *((PINNED,) if args.pinned_ar else ()))
 
     def pinned() -> LearnedCostModel:
-        """A learner that stands by AR after one drafted step and never probes."""
+        """A learner that stands by AR after two drafted steps and never probes."""
         model = LearnedCostModel(cost, margin=1e6, evidence=2, probe_every=10**9)
         calibrate_cycles_on_device(model, target, drafter)
         return model
