@@ -40,7 +40,8 @@ prefill(c + n) − prefill(c)), which is what the real backend does: it prefills
 its own before the step.
 
 What this module does not do: measure (the real backend does), fit
-(:mod:`bastion.sim.measured_fit`) or decide anything.
+(:mod:`bastion.sim.measured_fit`), write truth files (:mod:`bastion.sim.measured_file`) or
+decide anything.
 """
 
 from __future__ import annotations
@@ -68,7 +69,6 @@ __all__ = [
     "PrefillTerm",
     "VerifyTerm",
     "measured_from_dict",
-    "measured_truth_toml",
 ]
 
 Array = npt.NDArray[np.float64]
@@ -566,53 +566,3 @@ def measured_from_dict(data: object, origin: str = "<dict>") -> MeasuredCosts:
         noise=_num(d, "noise", where) if "noise" in d else 0.0,
         meta=meta,
     )
-
-
-# -- writing ---------------------------------------------------------------------------------
-
-
-def _toml_value(value: Any) -> str:
-    import json
-
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ConfigError(f"a truth file cannot hold {value!r}")
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise ConfigError(f"a truth file cannot hold {value!r:.60}")  # pragma: no cover
-
-
-def _toml_table(name: str, table: Mapping[str, Any], out: list[str]) -> None:
-    plain = {k: v for k, v in table.items() if not isinstance(v, Mapping)}
-    nested = {k: v for k, v in table.items() if isinstance(v, Mapping)}
-    if plain or not nested:
-        out.append(f"\n[{name}]")
-        out.extend(f"{k} = {_toml_value(v)}" for k, v in plain.items())
-    for key, sub in nested.items():
-        _toml_table(f"{name}.{key}", sub, out)
-
-
-@public
-def measured_truth_toml(
-    measured: MeasuredCosts, name: str, description: str, sources: Mapping[str, str]
-) -> str:
-    """A whole truth file (TOML) holding ``measured``; read back by ``bastion.sim.truth``."""
-    if not isinstance(name, str) or not name:
-        raise ConfigError("a truth needs a non-empty name")
-    out = [
-        "# A measured truth: every pass and host cost fitted from real steps on one machine",
-        "# (bastion.sim.measured; docs/sim-to-real.md). Written by Bastion; edit with care.",
-        f"name = {_toml_value(name)}",
-        f"description = {_toml_value(description)}",
-    ]
-    _toml_table("noise", {"noise": round(measured.noise, 6)}, out)
-    _toml_table("measured", measured.to_dict(), out)
-    _toml_table("sources", dict(sources), out)
-    return "\n".join(out) + "\n"

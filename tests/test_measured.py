@@ -15,12 +15,8 @@ import tomllib
 
 from bastion.errors import ConfigError
 from bastion.sim.gpu import GroundTruth, SimulatedGPU
-from bastion.sim.measured import (
-    Curve,
-    MeasuredCosts,
-    measured_from_dict,
-    measured_truth_toml,
-)
+from bastion.sim.measured import Curve, MeasuredCosts, measured_from_dict
+from bastion.sim.measured_file import measured_truth_toml
 from bastion.sim.measured_fit import fit_measured
 from bastion.sim.truth import truth_from_dict
 from bastion.stepcosts import PrefillSample, StepSample

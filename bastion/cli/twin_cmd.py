@@ -242,7 +242,7 @@ def _write_out(out: Path, result: Any, table: str) -> None:
 
 
 def _truth_toml(measured: Any) -> str:
-    from bastion.sim.measured import measured_truth_toml
+    from bastion.sim.measured_file import measured_truth_toml
 
     return measured_truth_toml(
         measured,
