@@ -264,7 +264,7 @@ def serve(
     prev_expected = np.zeros(n)
     # a measured truth prices the drafter's intake: by request id, the target features its
     # drafter has not taken yet (the prompt's, then every step's committed tokens, until the
-    # next drafted step takes them); unused, and not kept, under a roofline truth
+    # next drafted step takes them); not kept under a roofline truth
     feeds = gpu.truth.measured is not None and not is_ar
     unfed = np.zeros(n, np.int64)
     # per step: ids, delivered, accepted draft tokens delivered, N
@@ -499,11 +499,10 @@ def serve(
             charge: bool | str = controller
             if controller and getattr(rec.diagnostics, "repeated", False):
                 charge = "repeat"  # the learning controller repeated its last decision
-            intake = None
+            intake = None  # (an AR step drafts nothing: its intake is not priced)
             if feeds:
-                drafted = rec.kind != "ar"
-                intake = int(unfed[ids].sum()) if drafted else 0
-                if drafted:
+                if rec.kind != "ar":
+                    intake = int(unfed[ids].sum())
                     unfed[ids] = 0
                 unfed[ids] += rec.result.committed_lens
             t_draft, t_prep, t_verify = gpu.step_s(  # a chain decision that stood: argmax

@@ -146,17 +146,16 @@ def _decoding(
             continue
         begin = clock()
         at = time.perf_counter()  # the machine's time (the turn clock counts only its turns)
+        fed = [live.feedback for live in active]  # what a drafted step's drafter takes first
         requests = StepRequests.of(
             [live.index for live in active],
             [len(live.committed) - 1 for live in active],
             [live.committed[-1] for live in active],
             [live.previous for live in active],
             [live.expected for live in active],
-            feedback=[live.feedback for live in active],
+            feedback=fed,
             committed=[live.committed for live in active],
         )
-        # the target features the drafter takes before its pass if the step drafts
-        unfed = sum(_feature_tokens(live.feedback) for live in active)
         step = engine.step(requests)
         now = clock()
         steps += 1
@@ -223,7 +222,7 @@ def _decoding(
                 *split,
                 run,
                 at,
-                unfed if step.kind != "ar" else 0,
+                sum(map(_feature_tokens, fed)) if step.kind != "ar" else 0,
             )
         )
         yield False  # a step done (not the start of timing: see _session)
