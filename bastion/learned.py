@@ -91,12 +91,15 @@ class LearnedCostModel(StepEvidence):
     step's measured cycle and accepted paths.
 
     ``probe_every``: while AR is faster, draft every so many steps to see whether that changed
-    (bounded exploration, deterministic). ``margin``: speculate only when its realised speedup
-    over AR exceeds 1 + margin. ``evidence``: the realised speedup is the mean over the last so
-    many drafted steps; AR is chosen only once at least half of them were seen, and only while
-    their mean is one standard error below 1 + margin (:attr:`speedup_upper` ≤ 1 + margin), or
-    sooner, after :data:`~bastion.learned_evidence.TURNOVER_EVIDENCE` of them, where their mean
-    is :data:`~bastion.learned_evidence.CLEAR_LOSS_SE` standard errors below (1 + margin) /
+    (bounded exploration, deterministic; the interval doubles after each probe that confirms
+    AR, and is at least the drafted steps' mean loss over
+    :data:`~bastion.learned_evidence.PROBE_SHARE`). ``margin``: speculate only when its
+    realised speedup over AR exceeds 1 + margin. ``evidence``: the realised speedup is the mean
+    over the last so many drafted steps; AR is chosen only once at least half of them were
+    seen, and only while their mean is one standard error below 1 + margin
+    (:attr:`speedup_upper` ≤ 1 + margin), or sooner, after
+    :data:`~bastion.learned_evidence.TURNOVER_EVIDENCE` of them, where their mean is
+    :data:`~bastion.learned_evidence.CLEAR_LOSS_SE` standard errors below (1 + margin) /
     :data:`~bastion.learned_evidence.RECHECK_WITHIN` (a clear loss). The evidence and the
     probe and recheck intervals are kept per batch bucket (:func:`bastion.cycles.batch_bucket`).
     A drafted step's realised speedup is paired with the AR cycle measured last before it (the

@@ -41,11 +41,18 @@ TURNOVER_EVIDENCE = 3
 # standard errors below (1 + margin) / RECHECK_WITHIN (at a batch size where a drafted step costs
 # twice an AR step, each of the evidence/2 drafted steps otherwise spent costs one)
 CLEAR_LOSS_SE = 3.0
+# while AR stands, the drafted steps that look again (probes) may cost at most this share of
+# AR's time: a probe that lost L AR steps (its cycle in AR steps less the tokens it committed
+# per request) is followed by at least L / PROBE_SHARE steps before the next (on the CPU demo
+# pair at batch 8 a probe — a chain over every request plus the drafter taking in every
+# skipped step's features — costs about 5 AR steps: probes 16 steps apart would cost 30 %)
+PROBE_SHARE = 0.01
 # what the evidence for or against speculation is, kept per batch bucket (batch_bucket): a
 # drafter that pays at batch 1 may cost twice what it saves at batch 8, so the evidence gathered
 # at one batch size says little about another
 _BUCKET_STATE = (
     "_realised",
+    "_losses",
     "speedup",
     "speedup_upper",
     "_recheck_interval",
@@ -55,6 +62,7 @@ _BUCKET_STATE = (
     "_probe_interval",
     "_fresh",
 )
+_SPEEDUP, _UPPER = _BUCKET_STATE.index("speedup"), _BUCKET_STATE.index("speedup_upper")
 
 
 class StepEvidence(DecisionCurves):
@@ -73,6 +81,7 @@ class StepEvidence(DecisionCurves):
         """Nothing observed yet."""
         self.probe_every, self.margin, self.evidence = probe_every, margin, evidence
         self._realised: list[float] = []  # the last ``evidence`` drafted steps' speedups
+        self._losses: list[float] = []  # … and what each cost beyond AR, in AR steps
         # per batch bucket: the measured/prior ratios of the last AR_RECENT AR steps
         self._ar_recent: dict[int, list[float]] = {}
         self._since_ar = 0  # drafted steps since the last AR step
@@ -213,6 +222,7 @@ class StepEvidence(DecisionCurves):
                 and self.speedup_upper <= 1.0 + self.margin
             ):
                 self._realised.clear()
+                self._losses.clear()
                 self._fresh = True
                 self.speedup = self.speedup_upper = math.inf
                 self._probe_interval = self._recheck_interval = self.probe_every
@@ -315,13 +325,17 @@ class StepEvidence(DecisionCurves):
             if learn_step(self.acceptance, None, trees, accepted_nodes, committed) is None:
                 self.acceptance.observe(trees, accepted_nodes, committed)
             self._observe_chain(float(np.add.reduce(committed)), float(np.add.reduce(trees.scores)))
-        realised = float(np.add.reduce(committed)) * self._ar_paired(contexts, b) / (b * cycle_s)
+        ar_s = self._ar_paired(contexts, b)
+        tokens = float(np.add.reduce(committed)) / b  # per request
+        realised = tokens * ar_s / cycle_s
         threshold = 1.0 + self.margin
         probing = self.speedup_upper <= threshold
-        recent = self._realised
+        recent, losses = self._realised, self._losses
         recent.append(realised)
+        losses.append(cycle_s / ar_s - tokens)  # AR steps spent beyond AR's for its tokens
         if len(recent) > self.evidence:
             del recent[0]
+            del losses[0]
         n = len(recent)
         # one unlucky step must not switch decoding off: AR needs evidence/2 steps of it, and
         # their mean one standard error below 1 (a step's realised speedup is skewed and
@@ -347,26 +361,48 @@ class StepEvidence(DecisionCurves):
                 self._recheck_interval = self.probe_every
             self._probe_interval = self.probe_every
             return
-        if probing:  # AR still stands: look again less often, or sooner when this probe
-            # found speculation faster (the machine may have changed: its evidence is then
-            # refreshed a probe at a time, every probe_every steps, not ever more rarely)
-            if realised > threshold:
-                self._probe_interval = max(self._probe_interval // 2, self.probe_every)
-            else:
-                self._probe_interval = min(2 * self._probe_interval, 64 * self.probe_every)
+        _space_probes(self, probing, realised > threshold)
+
+
+def _space_probes(evidence: StepEvidence, probing: bool, faster: bool) -> None:
+    """While AR stands, when the next probe comes after a drafted step (``faster``: than
+    AR or not): no sooner than the drafted steps' mean loss pays off at PROBE_SHARE of AR's
+    time, later after each probe that confirms AR, sooner after one that does not."""
+    losses = evidence._losses
+    paid = math.ceil(max(0.0, sum(losses) / len(losses)) / PROBE_SHARE)
+    shortest, longest = evidence.probe_every, 64 * evidence.probe_every
+    if not probing:  # AR has just come to stand
+        evidence._probe_interval = min(max(shortest, paid), longest)
+    elif faster:  # AR still stands, but this probe found speculation faster (the machine may
+        # have changed: its evidence is then refreshed a probe at a time, every probe_every
+        # steps, not ever more rarely)
+        evidence._probe_interval = max(evidence._probe_interval // 2, shortest)
+    else:  # … and this probe confirmed it: look again less often
+        evidence._probe_interval = min(max(2 * evidence._probe_interval, paid), longest)
 
 
 def _evidence_for(evidence: StepEvidence, bucket: int) -> None:
     """Make the evidence of batch bucket ``bucket`` the current one: the current bucket's is
-    stored, the other's restored (a bucket never seen starts as a run does: untried speculation
-    drafts until its own steps judge it)."""
+    stored, the other's restored. A bucket never seen starts as a run does — untried
+    speculation drafts until its own steps judge it — unless AR stands in the nearest bucket
+    seen: then it starts by AR and drafts first after ``probe_every`` steps (its own drafted
+    steps then judge it, as an untried bucket's do). A batch that shrinks by a request or two
+    at the end of a run, where AR stood, so does not draft at once for a few last steps."""
     if bucket == evidence._bucket:
         return
     names = _BUCKET_STATE
     evidence._stored[evidence._bucket] = tuple(getattr(evidence, n) for n in names)
     evidence._bucket = bucket
     stored = evidence._stored.pop(bucket, None)
-    for name, value in zip(names, stored or _state_copy(evidence._untried), strict=True):
+    if stored is None:
+        stored = _state_copy(evidence._untried)
+        nearest = min(evidence._stored, key=lambda b: (abs(b - bucket), b))
+        upper = evidence._stored[nearest][_UPPER]
+        if isinstance(upper, float) and upper <= 1.0 + evidence.margin:  # AR stands there
+            state = list(stored)
+            state[_SPEEDUP] = state[_UPPER] = upper
+            stored = tuple(state)
+    for name, value in zip(names, stored, strict=True):
         setattr(evidence, name, value)
 
 

@@ -645,9 +645,11 @@ def test_ar_stands_only_on_evidence_one_standard_error_below_1(noisy: bool) -> N
 def test_a_probe_that_finds_speculation_faster_looks_again_sooner(busy: bool) -> None:
     """AR stands on evidence from a quiet machine (1 token in 20 ms against AR's 10 ms: 0.5).
     The machine gets busy: AR steps take 20 ms, a drafted step 2 tokens in 30 ms (1.33× AR).
-    A probe that finds speculation faster halves the interval to the next one (one that
-    confirms AR doubles it), so speculation stands again within a few hundred steps, not
-    thousands. On a machine that stays quiet the probes confirm AR and grow apart."""
+    Each drafted step lost one AR step (20 ms for 1 token), so the first probe waits until
+    that loss is PROBE_SHARE (1 %) of AR's time: 100 steps. A probe that finds speculation
+    faster halves the interval to the next one (one that confirms AR doubles it), so
+    speculation stands again within a few hundred steps, not thousands. On a machine that
+    stays quiet the probes confirm AR and grow apart."""
     learner = LearnedCostModel(FlatPrior(), probe_every=16)
     _ar_steps(learner, 12, 10e-3)
     # a clear loss: AR stands after TURNOVER_EVIDENCE steps (not evidence/2)
@@ -663,9 +665,37 @@ def test_a_probe_that_finds_speculation_faster_looks_again_sooner(busy: bool) ->
             if _drafted_steps(learner, 1, *drafted)[-1] and busy:
                 break  # speculation stands again
     if busy:
-        assert learner.speedup_upper > 1 and ar_steps < 300 and set(gaps) == {15}
-    else:
-        assert gaps[:5] == [15, 31, 63, 127, 255]  # AR steps between probes
+        assert learner.speedup_upper > 1 and ar_steps < 300 and gaps == [99, 49]
+    else:  # AR steps between probes, up to 64 × probe_every
+        assert gaps[:7] == [99, 199, 399, 799, 1023, 1023, 1023]
+
+
+@pytest.mark.parametrize(("cycle_ms", "first_gaps"), [(60.0, [499, 999]), (10.5, [15, 31])])
+def test_probes_are_spaced_so_that_their_loss_stays_a_small_share(
+    cycle_ms: float, first_gaps: list[int]
+) -> None:
+    """While AR stands, a probe that loses L AR steps (its cycle in AR steps less the tokens
+    it commits per request) is followed by at least L / PROBE_SHARE AR steps. A drafted step
+    that commits 1 token in 60 ms against AR's 10 ms (as a batch of 8 on the CPU demo pair,
+    where the drafter takes in every skipped step's features) lost 5 AR steps: the next probe
+    waits 500 steps, then 1000, not 16 then 32. A loss of 0.05 AR steps (10.5 ms) keeps
+    the doubling from ``probe_every`` (negative control)."""
+    from bastion.learned_evidence import PROBE_SHARE
+
+    learner = LearnedCostModel(FlatPrior(), probe_every=16)
+    _ar_steps(learner, 12, 10e-3)
+    while learner.wants_draft(1):
+        _drafted_steps(learner, 1, 1, cycle_ms * 1e-3)
+    gaps: list[int] = []
+    ar_steps = 0
+    while len(gaps) < 2:
+        ar_steps += 1
+        if _ar_steps(learner, 1, 10e-3)[-1]:
+            gaps.append(ar_steps - sum(gaps))
+            assert not _drafted_steps(learner, 1, 1, cycle_ms * 1e-3)[-1]
+    loss = cycle_ms / 10.0 - 1.0
+    assert gaps == first_gaps
+    assert gaps[0] + 1 >= min(loss / PROBE_SHARE, 1024)
 
 
 def test_a_new_text_at_batch_one_restarts_the_evidence_for_ar() -> None:
@@ -688,8 +718,9 @@ def test_a_new_text_at_batch_one_restarts_the_evidence_for_ar() -> None:
         return learner
 
     learner = standing_ar()
-    # a batch of 2 has evidence of its own (untried there: it drafts), which leaves batch 1's
-    assert learner.wants_draft_for(np.array([0, 1]))
+    # a batch of 2 has evidence of its own (never seen: it starts from batch 1's, where AR
+    # stands, so it does not draft at once), which leaves batch 1's
+    assert not learner.wants_draft_for(np.array([0, 1]))
     assert not learner.wants_draft_for(ids)
     assert learner.wants_draft_for(np.array([1]))  # a new text at batch 1
     asked = _drafted_steps(learner, TURNOVER_EVIDENCE, 1, 20e-3)
@@ -835,6 +866,26 @@ def test_the_evidence_is_kept_per_batch_bucket() -> None:
     assert _steps_at(learner, 1, 2, 2, 8e-3) == [True, True]
     assert not learner.wants_draft(8) and not learner.wants_draft(6)  # bucket 8 (6 → 8)
     assert learner.wants_draft(1)
+
+
+@pytest.mark.parametrize("ar_stands", [True, False])
+def test_a_bucket_never_seen_starts_from_the_nearest_buckets_verdict(ar_stands: bool) -> None:
+    """Batch 8 (bucket 3) has judged speculation: a clear loss (1 token per request in 20 ms
+    against AR's 10 ms) or a clear win (3 in 8 ms). A request finishes early and the batch
+    shrinks to 4 (bucket 2, never seen). Where AR stands at batch 8, batch 4 starts by AR and
+    drafts first after probe_every steps (then its own drafted steps judge it, as an untried
+    bucket's do); where speculation stands, batch 4 drafts at once (the control)."""
+    learner = LearnedCostModel(FlatPrior(), probe_every=16)
+    _steps_at(learner, 8, 12, None, 10e-3)
+    _steps_at(learner, 8, 8, *((1, 20e-3) if ar_stands else (3, 8e-3)))
+    assert learner.wants_draft(8) != ar_stands
+    if not ar_stands:
+        assert learner.wants_draft(4)
+        return
+    asked = [learner.wants_draft(4), *_steps_at(learner, 4, 15, None, 10e-3)]
+    assert asked == [False] * 15 + [True]  # the 16th step since drafts
+    assert _steps_at(learner, 4, 2, 3, 8e-3) == [True, True]  # untried there: it judges
+    assert learner.wants_draft(8) is False  # batch 8's verdict is kept
 
 
 def test_a_window_of_two_drafted_steps_judges_on_two() -> None:
