@@ -70,6 +70,7 @@ def loaded(request: pytest.FixtureRequest) -> tuple[str, object, object, list[in
 # --- T = 0 -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # (CI=true or -m slow: the default run stays within 5 minutes)
 def test_base_pair_every_policy_equals_ar_at_batch_1_and_2() -> None:
     if "base" not in INSTALLED:
         pytest.skip("the base pair is not installed")

@@ -37,6 +37,7 @@ def simulated(rows: list[dict]) -> list[dict]:  # type: ignore[type-arg]
     return [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]
 
 
+@pytest.mark.slow  # (CI=true or -m slow: the default run stays within 5 minutes)
 def test_two_node_cluster_runs_plugins_from_the_users_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_ray: None
 ) -> None:

@@ -223,25 +223,13 @@ def test_interrupted_experiment_resumes_without_recomputing(
     assert simulated(rows) == simulated(reference)
 
 
+@pytest.mark.slow  # (CI=true or -m slow: the default run stays within 5 minutes)
 def test_ray_executor_matches_serial(tmp_path: Path, local_ray: None) -> None:
     pytest.importorskip("ray")
     runs = tiny_runs(True)[:2]
     serial = experiments.run_all(runs, RunStore(tmp_path / "s"), "serial")
     ray_rows = experiments.run_all(runs, RunStore(tmp_path / "r"), "ray", workers=2)
     assert simulated(ray_rows) == simulated(serial)
-
-
-def test_every_experiment_runs_quick(tmp_path: Path) -> None:
-    """Each experiment's quick grid runs end to end and writes CSV, summary (and plots): on
-    two worker processes, the CLI's default executor (the serial one is checked against the
-    others in test_executors_give_identical_rows)."""
-    for name in experiments.known_experiments():
-        summary = experiments.run_experiment(
-            name, tmp_path, executor="process", workers=2, quick=True
-        )
-        assert "Claim" in summary
-        assert (tmp_path / name / "results.csv").stat().st_size > 0
-        assert (tmp_path / name / "summary.md").exists()
 
 
 def test_cli_experiment_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
