@@ -62,7 +62,7 @@ _BUCKET_STATE = (
     "_probe_interval",
     "_fresh",
 )
-_SPEEDUP, _UPPER = _BUCKET_STATE.index("speedup"), _BUCKET_STATE.index("speedup_upper")
+_UPPER = _BUCKET_STATE.index("speedup_upper")
 
 
 class StepEvidence(DecisionCurves):
@@ -394,16 +394,13 @@ def _evidence_for(evidence: StepEvidence, bucket: int) -> None:
     evidence._stored[evidence._bucket] = tuple(getattr(evidence, n) for n in names)
     evidence._bucket = bucket
     stored = evidence._stored.pop(bucket, None)
-    if stored is None:
-        stored = _state_copy(evidence._untried)
+    for name, value in zip(names, stored or _state_copy(evidence._untried), strict=True):
+        setattr(evidence, name, value)
+    if stored is None:  # never seen: where AR stands in the nearest bucket seen, start by AR
         nearest = min(evidence._stored, key=lambda b: (abs(b - bucket), b))
         upper = evidence._stored[nearest][_UPPER]
-        if isinstance(upper, float) and upper <= 1.0 + evidence.margin:  # AR stands there
-            state = list(stored)
-            state[_SPEEDUP] = state[_UPPER] = upper
-            stored = tuple(state)
-    for name, value in zip(names, stored, strict=True):
-        setattr(evidence, name, value)
+        if isinstance(upper, float) and upper <= 1.0 + evidence.margin:
+            evidence.speedup = evidence.speedup_upper = upper
 
 
 def _state_copy(values: Iterable[object]) -> tuple[object, ...]:
