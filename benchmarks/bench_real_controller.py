@@ -19,9 +19,12 @@ two drafted steps, in its warm-up): what the learning controller costs when it d
 without its probes — its draft + build column is then its steady-state host time before the
 pass.
 
+``--where`` lists, round by round, the steps where ``bastion`` drafted (its probes and
+evidence steps) with their measured cycles.
+
 Run: ``python benchmarks/bench_real_controller.py [--pair base|small] [--batch-size 1] [--rounds 8]
 [--prompts 4] [--tokens 64]
-[--fresh] [--pinned-ar]``.
+[--fresh] [--pinned-ar] [--where]``.
 Never part of the tests.
 """
 
@@ -61,6 +64,11 @@ def main() -> None:
         "--fresh",
         action="store_true",
         help="every round's bastion run starts from a new learner (as `bastion demo` does)",
+    )
+    parser.add_argument(
+        "--where",
+        action="store_true",
+        help="also list, round by round, the steps where bastion drafted (step, B, kind, ms)",
     )
     parser.add_argument(
         "--pinned-ar",
@@ -149,9 +157,10 @@ def main() -> None:
         p: statistics.median(x for xs in tpots[p] for x in xs) / pooled_ar for p in contenders
     }
     print(
-        f"`python benchmarks/bench_real_controller.py --rounds {args.rounds} --prompts "
+        f"`python benchmarks/bench_real_controller.py --pair {args.pair} --batch-size "
+        f"{args.batch_size} --rounds {args.rounds} --prompts "
         f"{args.prompts} --tokens {args.tokens}{' --fresh' if args.fresh else ''}"
-        f"{' --pinned-ar' if args.pinned_ar else ''}` on "
+        f"{' --pinned-ar' if args.pinned_ar else ''}{' --where' if args.where else ''}` on "
         f"{platform.machine()}, Python "
         f"{platform.python_version()}; start-up: {startup['passes']} passes, "
         f"{startup['device_s']:.2f} s; AR TPOT median {statistics.median(ar_ms):.2f} ms\n"
@@ -167,12 +176,34 @@ def main() -> None:
             f"| {p} | {statistics.median(xs):.3f} | {lo:.3f}–{hi:.3f} | {min(xs):.3f} | "
             f"{max(xs):.3f} | {pooled[p]:.3f} | {statistics.median(host[p]):.1f} |"
         )
+    if args.where:
+        drafted_steps(reports, contenders.index("bastion"))
     print(
         "\ndraft + build: the engine's stages before the verify pass, per step, median over "
         "lockstep runs of each one's first timed round (planning, the draft pass, the policy's "
         "choice; for `bastion` on its AR steps, the controller's time before the pass; its "
         "observe_step after the pass is not in it)"
     )
+
+
+def drafted_steps(reports: list[list[BatchGenerationReport]], index: int) -> None:
+    """Print, per timed round, where contender ``index`` drafted: each drafted step's index in
+    its round, batch size, kind and measured cycle (draft + build + verify + the loop's rest),
+    beside the round's median AR-step cycle of the same contender."""
+    print("\nwhere `bastion` drafted (round: step/B/kind/ms …; its AR steps' median ms)")
+    for rep in reports:
+        samples = rep[index].samples
+        for r in sorted({s.run for s in samples}):
+            steps = [s for s in samples if s.run == r]
+            ms = [1e3 * (s.draft_s + s.build_s + s.verify_s + s.other_s) for s in steps]
+            ar = [m for s, m in zip(steps, ms, strict=True) if s.kind == "ar"]
+            drafted = [
+                f"{i}/{len(s.sizes)}/{s.kind}/{m:.1f}"
+                for i, (s, m) in enumerate(zip(steps, ms, strict=True))
+                if s.kind != "ar"
+            ]
+            median = f"{statistics.median(ar):.2f}" if ar else "–"
+            print(f"- round {r + 1}: {' '.join(drafted) or 'none'}; AR steps {median} ms")
 
 
 def median_interval(
