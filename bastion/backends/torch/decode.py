@@ -122,12 +122,18 @@ def _decoding(
         _release(drafter, live.index)
 
     start = clock()
+    # the clock when the last step's bookkeeping ended: what the loop spends from there to the
+    # next step's start (recording the sample, the loop's head), prefills aside, is the next
+    # step's (a request's decode time pays it: ≈ 25 µs a step on the demo pair, 0.6 % of AR's)
+    settled: float | None = None
     while pending or active:
+        prefilling = 0.0
         while pending and len(active) < batch_size:
             i = pending.popleft()
             admitted = clock()
             first, feedback = verifier.prefill(i, prompts[i])
             now = clock()
+            prefilling += now - admitted
             prefills.append(PrefillSample(len(prompts[i]), now - admitted))
             live = _Live(
                 i,
@@ -145,6 +151,7 @@ def _decoding(
         if not active:
             continue
         begin = clock()
+        between = max(begin - settled - prefilling, 0.0) if settled is not None else 0.0
         at = time.perf_counter()  # the machine's time (the turn clock counts only its turns)
         fed = [live.feedback for live in active]  # what a drafted step's drafter takes first
         requests = StepRequests.of(
@@ -204,6 +211,7 @@ def _decoding(
         diag = step.diagnostics
         diag = diag[0] if isinstance(diag, (list, tuple)) and diag else diag
         split = _stages(getattr(verifier, "last_timing", None), step.verify_s)
+        settled = clock()  # (recording this step's sample is the next step's: ``between``)
         control = (
             "repeat" if getattr(diag, "repeated", False) else "decide" if decides else "static"
         )
@@ -217,7 +225,7 @@ def _decoding(
                 step.draft_s,
                 step.build_s,
                 step.verify_s,
-                max(clock() - begin - step.draft_s - step.build_s - step.verify_s, 0.0),
+                max(settled - begin - step.draft_s - step.build_s - step.verify_s, 0.0) + between,
                 builder if step.kind == "tree" else "",
                 *split,
                 run,
