@@ -56,6 +56,9 @@ __all__ = [
     "with_speedups",
 ]
 
+# a replay's speeds: per run, a number or one per decode step (see replay)
+Speeds = Sequence[float | Sequence[float]]
+
 # two identical AR contenders in lockstep read this far apart by the median TPOT over requests
 # (95th percentile, benchmarks/bench_lockstep_noise.py, docs/benchmarks.md): policies closer
 # than this in the real run are not ranked against each other
@@ -196,7 +199,7 @@ def replay(
     n_max: int = 1024,
     seed: int = 0,
     repeats: int = 1,
-    speeds: Sequence[float] | None = None,
+    speeds: Speeds | Mapping[str, Speeds] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[TwinRow]:
     """Serve the traced requests with every policy on the simulated GPU; one row each.
@@ -207,13 +210,13 @@ def replay(
     copied per run). Every request arrives at time 0; at most ``batch_size`` are served at once,
     in order, each prompt prefilled whole. ``repeats`` runs of them (each its own noise seed),
     pooled as the real report pools its timed runs; a learning controller keeps its learner
-    from one run to the next, as it does for real. ``speeds`` (a measured truth only): run r
-    on a machine ``speeds[r]`` times as slow (the real machine's speed during its run r)."""
-    if speeds is not None:
-        if truth.measured is None:
-            raise ConfigError("speeds need a measured truth (they scale its terms)")
-        if len(speeds) != repeats:
-            raise ConfigError(f"{len(speeds)} speeds for {repeats} runs; give one per run")
+    from one run to the next, as it does for real. ``speeds`` (a measured truth only): one per
+    run — a number (run r on a machine ``speeds[r]`` times as slow) or a sequence (its k-th
+    decode step, and the prefills just before it, at ``speeds[r][k]``; the last beyond its end:
+    the real machine's speed when the real run's k-th step ran) — or a mapping from each policy
+    to its own such list."""
+    if speeds is not None and truth.measured is None:
+        raise ConfigError("speeds need a measured truth (they scale its terms)")
     if not traces:
         raise ConfigError("twin replay needs at least one trace (one per request)")
     if not all(isinstance(t, Trace) for t in traces):
@@ -231,14 +234,21 @@ def replay(
         if getattr(policy, "learns", False) and callable(copy):
             belief = copy()  # a learner of its own, from the same start-up table
         runs = []
+        paces = _run_speeds(speeds, name, repeats)
         for r in range(repeats):
-            run_truth = truth
-            if speeds is not None and truth.measured is not None:
-                scaled = truth.measured.scaled(speeds[r])
+            run_truth, pace = truth, paces[r]
+            if isinstance(pace, float) and truth.measured is not None:
+                scaled = truth.measured.scaled(pace)
                 run_truth = dataclasses.replace(truth, measured=scaled)
-            gpu = SimulatedGPU(
-                hardware, model, drafter, run_truth, seed=seed + r, max_tree_size=n_max
-            )
+            if isinstance(pace, tuple):
+                gpu: SimulatedGPU = _PacedGPU(
+                    hardware, model, drafter, run_truth, seed=seed + r, max_tree_size=n_max
+                )
+                gpu.pace = pace  # type: ignore[attr-defined]
+            else:
+                gpu = SimulatedGPU(
+                    hardware, model, drafter, run_truth, seed=seed + r, max_tree_size=n_max
+                )
             served = serve(
                 policy,
                 gpu,
@@ -253,6 +263,60 @@ def replay(
             runs.append(served)
         rows.append(_row(source, batch_size, runs))
     return with_speedups(rows)
+
+
+def _run_speeds(
+    speeds: Speeds | Mapping[str, Speeds] | None, policy: str, repeats: int
+) -> list[float | tuple[float, ...] | None]:
+    """``policy``'s speed of each run (see :func:`replay`): None (the truth as it is), a number,
+    or a tuple (one per decode step); malformed speeds are refused."""
+    if speeds is None:
+        return [None] * repeats
+    if isinstance(speeds, Mapping):
+        if policy not in speeds:
+            raise ConfigError(f"speeds name no speeds for policy {policy!r}")
+        speeds = speeds[policy]
+    if isinstance(speeds, str) or not isinstance(speeds, Sequence):
+        raise ConfigError(f"speeds must be a sequence, one per run; got {speeds!r:.60}")
+    if len(speeds) != repeats:
+        raise ConfigError(f"{len(speeds)} speeds for {repeats} runs; give one per run")
+    out: list[float | tuple[float, ...] | None] = []
+    for run in speeds:
+        values = [run] if not isinstance(run, Sequence) or isinstance(run, str) else list(run)
+        if not values or not all(
+            not isinstance(v, bool)
+            and isinstance(v, int | float)
+            and math.isfinite(v)
+            and float(v) > 0
+            for v in values
+        ):
+            raise ConfigError(
+                f"a run's speed must be a finite number > 0 or a non-empty sequence of them; "
+                f"got {run!r:.60}"
+            )
+        out.append(tuple(map(float, values)) if isinstance(run, Sequence) else float(values[0]))
+    return out
+
+
+class _PacedGPU(SimulatedGPU):
+    """A simulated device whose k-th decode step, and the prefills just before it, run
+    ``pace[k]`` times as slow (the last factor beyond the end)."""
+
+    pace: tuple[float, ...] = (1.0,)
+    _step = 0
+
+    def _factor(self) -> float:
+        return self.pace[min(self._step, len(self.pace) - 1)]
+
+    def prefill_s(self, new_tokens: Any, contexts: Any) -> float:
+        return super().prefill_s(new_tokens, contexts) * self._factor()
+
+    def step_s(self, *args: Any, **kwargs: Any) -> tuple[float, float, float]:
+        f = self._factor()
+        self._step += 1
+        draft, host, verify = super().step_s(*args, **kwargs)
+        self.unobserved_s *= f
+        return draft * f, host * f, verify * f
 
 
 def _error(sim: float, real: float) -> float:

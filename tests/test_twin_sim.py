@@ -235,6 +235,47 @@ def test_each_replayed_run_runs_at_its_measured_speed(setting: dict[str, object]
         replay(setting["traces"], ("fixed:8",), speeds=[1.0], **kw)  # type: ignore[arg-type]
 
 
+def test_a_replayed_step_runs_at_the_machines_speed_when_its_real_step_ran(
+    setting: dict[str, object],
+) -> None:
+    """Per-step speeds: the k-th decode step (and the prefills just before it) at speeds[k]."""
+    m = setting["measured"]
+    assert isinstance(m, MeasuredCosts)
+    kw = dict(
+        batch_size=1,
+        hardware=setting["hardware"],
+        model=setting["model"],
+        drafter=setting["drafter"],
+        truth=GroundTruth(name="m", noise=0.0, measured=m),
+    )
+    traces = setting["traces"]
+    even = replay(traces, ("fixed:8",), **kw)[0]  # type: ignore[arg-type]
+    first = len(even.committed[0])  # the first request's decode steps (B = 1: one at a time)
+    # a constant pace is the whole-run factor
+    same = replay(traces, ("fixed:8",), speeds=[(1.5,) * 3], **kw)[0]  # type: ignore[arg-type]
+    whole = replay(traces, ("fixed:8",), speeds=[1.5], **kw)[0]  # type: ignore[arg-type]
+    assert same.request_tpots[0] == pytest.approx(whole.request_tpots[0])
+    # fast through the first request, twice as slow after: only the later requests pay
+    pace = (1.0,) * first + (2.0,)
+    paced = replay(traces, ("fixed:8", "ar"), speeds={"fixed:8": [pace], "ar": [1.0]}, **kw)
+    tpots = np.array(paced[0].request_tpots[0])
+    assert tpots[0] == pytest.approx(even.request_tpots[0][0])
+    assert tpots[1:] == pytest.approx(2.0 * np.array(even.request_tpots[0][1:]))
+    # the second request's prefill ran in the slow part too
+    ttft = paced[0].ttft_mean_s * len(traces)  # type: ignore[arg-type]
+    assert ttft > even.ttft_mean_s * len(traces)  # type: ignore[arg-type]
+    for bad, message in [
+        ({"ar": [1.0]}, "no speeds for policy 'fixed:8'"),
+        ([()], "a run's speed must be"),
+        ([(1.0, 0.0)], "a run's speed must be"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            replay(traces, ("fixed:8",), speeds=bad, **kw)  # type: ignore[arg-type]
+    for bad in ([float("inf")], "fast"):  # refused at the door (the guard)
+        with pytest.raises(ArgumentError, match="speeds must be"):
+            replay(traces, ("fixed:8",), speeds=bad, **kw)  # type: ignore[arg-type]
+
+
 def test_plot_twin_refuses_no_rows(tmp_path: Path) -> None:
     """An empty comparison is a project error, not matplotlib's ValueError (the fuzz test found
     it)."""

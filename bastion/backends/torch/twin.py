@@ -6,13 +6,16 @@ calibration sessions (:data:`CALIBRATION_POLICIES` on calibration prompts disjoi
 predicted ones) take their steps between the predicted runs' steps, weighted so that they spread
 over the whole session (the machine's speed drifts by tens of percent over minutes; a truth timed
 before the runs would be timed on another machine). Every calibration step's stages
-(:class:`bastion.stepcosts.StepSample`) and every prefill are fitted into a measured truth
-(:func:`bastion.sim.measured_fit.fit_measured`); the predicted runs' own times are never used for
-it. Then the simulator replays exactly the requests that ran (:func:`bastion.sim.twin.replay`):
+(:class:`bastion.stepcosts.StepSample`) and every prefill are fitted into a measured truth of the
+machine at its mean speed, with the machine's drift read from the calibration steps and taken
+out (:func:`bastion.sim.measured_pace.fit_paced`); the predicted runs' own times are never used
+for it. Then the simulator replays exactly the requests that ran (:func:`bastion.sim.twin.replay`):
 the same prompts and output lengths, batch sizes and order, at T = 0 the target's recorded tokens
 and the drafter's recorded marginals at every position (dense traces), and the same belief for
-the cost-model policies. The result sets real and simulated side by side, and beside them what
-the simulator predicts without measuring (the probed profile under the bare roofline).
+the cost-model policies — each replayed step at the machine's speed when its real step ran (read
+from the calibration steps around that moment). The result sets real and simulated side by
+side, and beside them what the simulator predicts without measuring (the probed profile under
+the bare roofline).
 
 :func:`measure_truth` is the timing alone (``bastion truth measure``): the calibration sessions in
 lockstep with each other, fitted into a truth file.
@@ -40,7 +43,7 @@ from bastion.errors import BudgetError, ConfigError
 from bastion.guard import integer, public
 from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.measured import MeasuredCosts
-from bastion.sim.measured_fit import fit_measured
+from bastion.sim.measured_pace import MachinePace, fit_paced
 from bastion.sim.twin import TwinRow, compare, replay, summary, with_speedups
 from bastion.stepcosts import PrefillSample, StepSample
 from bastion.trace import Trace
@@ -88,8 +91,8 @@ class TwinResult:
     traces: list[Trace] = field(default_factory=list)  # what was replayed (dense)
     # every predicted run's steps, by (policy, batch size): what the real columns summarise
     real_samples: dict[tuple[str, int], list[StepSample]] = field(default_factory=dict)
-    # the machine's speed in each timed run (batch size → one factor per run), from the
-    # calibration steps taken during it; the replay of run r runs at its factor
+    # the machine's mean speed in each timed run (batch size → one factor per run), from the
+    # calibration steps around its steps; the replay follows it step by step
     speeds: dict[int, list[float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -194,50 +197,44 @@ def _gathered(
 
 def _fit(
     steps: list[StepSample], prefills: list[PrefillSample], seconds: float, device: str
-) -> MeasuredCosts:
+) -> tuple[MeasuredCosts, MachinePace]:
+    """The truth of the machine at its mean speed, and its speed over the timing
+    (:func:`bastion.sim.measured_pace.fit_paced`)."""
     meta = {
         "origin": f"bastion twin / truth measure, {platform.machine()} {device}, "
         f"{time.strftime('%Y-%m-%d')}",
         "device": device,
         "seconds": round(seconds, 1),
     }
-    return fit_measured(steps, prefills, meta)
+    return fit_paced(steps, prefills, meta)
 
 
-def _speeds(
-    costs: MeasuredCosts,
-    timing_at: dict[int, list[BatchGenerationReport]],
+def _paces(
+    pace: MachinePace,
     real: dict[int, list[BatchGenerationReport]],
+    policies: Sequence[str],
     repeats: int,
-) -> dict[int, list[float]]:
-    """The machine's speed in each timed run, from the calibration steps taken during it: per
-    batch size and run, their measured time over what ``costs`` says of them, stalls included
-    (1: the truth's machine; 1.1: 10 % slower, or stalled for 10 % more). The truth is fitted
-    without the stalls; a busy spell of the machine slows every policy's steps of that run, the
-    predicted ones too, so the replay of that run pays for it as well. Run r is the span of
-    the machine's time from the first step of any predicted session's run r to the last (each
-    step records when it began); the calibration steps taken in it are its measure."""
-    sums: dict[tuple[int, int], list[float]] = {}
-    for b, reports in timing_at.items():
-        spans = []
-        for r in range(repeats):
-            times = [s.at for rep in real[b] for s in rep.samples if s.run == r]
-            spans.append((min(times), max(times)) if times else (math.inf, -math.inf))
-        for report in reports:
-            for s in report.samples:
-                for r, (lo, hi) in enumerate(spans):
-                    if lo <= s.at <= hi:
-                        total = sums.setdefault((b, r), [0.0, 0.0])
-                        total[0] += s.cycle_s
-                        total[1] += costs.step_s(s)
-                        break
-    return {
-        b: [
-            sums[(b, r)][0] / sums[(b, r)][1] if sums.get((b, r), [0, 0])[1] > 0 else 1.0
-            for r in range(repeats)
-        ]
-        for b in timing_at
-    }
+) -> dict[int, dict[str, list[list[float]]]]:
+    """Per batch size and policy, per timed run, the machine's speed at each of the real run's
+    decode steps (when the step began), read from the calibration steps around that moment
+    (stalls included: a busy spell slows every session's steps alike, so the replay of a step
+    taken in it pays for it too). Only the predicted steps' start times are used, never their
+    durations."""
+    out: dict[int, dict[str, list[list[float]]]] = {}
+    for b, reports in real.items():
+        out[b] = {}
+        for name, report in zip(policies, reports, strict=True):
+            runs: list[list[float]] = []
+            for r in range(repeats):
+                times = sorted(s.at for s in report.samples if s.run == r)
+                runs.append(pace.at(times).tolist() if times else [1.0])
+            out[b][name] = runs
+    return out
+
+
+def _run_speeds(paces: dict[str, list[list[float]]], repeats: int) -> list[float]:
+    """The machine's mean speed in each timed run over every policy's steps (for the report)."""
+    return [float(np.mean([v for runs in paces.values() for v in runs[r]])) for r in range(repeats)]
 
 
 def measured_truth(costs: MeasuredCosts, name: str = "measured") -> GroundTruth:
@@ -303,7 +300,7 @@ def measure_truth(
         reports += lockstep(sessions, clocks)
     steps, prefills = _gathered(reports, _prefill_sweep(target, calibration_ids[0], repeats + 1))
     device = str(next(target.parameters()).device)
-    return _fit(steps, prefills, time.perf_counter() - start, device)
+    return _fit(steps, prefills, time.perf_counter() - start, device)[0]
 
 
 def _dense_traces(
@@ -473,12 +470,13 @@ def run_twin(
         timing = [r for reports in timing_at.values() for r in reports]
         samples, prefills = _gathered(timing, sweep)
         device = str(next(target.parameters()).device)
-        truth = measured_truth(_fit(samples, prefills, seconds["real_s"], device))
-        assert truth.measured is not None
-        speeds = _speeds(truth.measured, timing_at, real, repeats)
+        costs, pace = _fit(samples, prefills, seconds["real_s"], device)
+        truth = measured_truth(costs)
+        paces = _paces(pace, real, policies, repeats)
+        speeds = {b: _run_speeds(p, repeats) for b, p in paces.items()}
         seconds["truth_s"] = time.perf_counter() - t0
     else:
-        samples, prefills, speeds = [], [], {}
+        samples, prefills, speeds, paces = [], [], {}, {}
     # what ran: AR's outputs (every policy's, if lossless), with the drafter's marginals
     first = real[batch_sizes[0]][0]
     outputs = [r.output_ids for r in first.records]
@@ -512,7 +510,7 @@ def run_twin(
                 source=source,
                 n_max=n_max,
                 repeats=repeats,
-                speeds=speeds.get(b) if source == "sim" else None,
+                speeds=paces.get(b) if source == "sim" else None,
                 progress=progress,
             )
     seconds["sim_s"] = time.perf_counter() - t0
