@@ -240,15 +240,15 @@ def replay(
             if isinstance(pace, float) and truth.measured is not None:
                 scaled = truth.measured.scaled(pace)
                 run_truth = dataclasses.replace(truth, measured=scaled)
-            if isinstance(pace, tuple):
-                gpu: SimulatedGPU = _PacedGPU(
+            gpu = (
+                _PacedGPU(
+                    pace, hardware, model, drafter, run_truth, seed=seed + r, max_tree_size=n_max
+                )
+                if isinstance(pace, tuple)
+                else SimulatedGPU(
                     hardware, model, drafter, run_truth, seed=seed + r, max_tree_size=n_max
                 )
-                gpu.pace = pace  # type: ignore[attr-defined]
-            else:
-                gpu = SimulatedGPU(
-                    hardware, model, drafter, run_truth, seed=seed + r, max_tree_size=n_max
-                )
+            )
             served = serve(
                 policy,
                 gpu,
@@ -274,7 +274,7 @@ def _run_speeds(
         return [None] * repeats
     if isinstance(speeds, Mapping):
         if policy not in speeds:
-            raise ConfigError(f"speeds name no speeds for policy {policy!r}")
+            raise ConfigError(f"speeds has no entry for policy {policy!r}")
         speeds = speeds[policy]
     if isinstance(speeds, str) or not isinstance(speeds, Sequence):
         raise ConfigError(f"speeds must be a sequence, one per run; got {speeds!r:.60}")
@@ -302,8 +302,10 @@ class _PacedGPU(SimulatedGPU):
     """A simulated device whose k-th decode step, and the prefills just before it, run
     ``pace[k]`` times as slow (the last factor beyond the end)."""
 
-    pace: tuple[float, ...] = (1.0,)
-    _step = 0
+    def __init__(self, pace: tuple[float, ...], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pace = pace
+        self._step = 0
 
     def _factor(self) -> float:
         return self.pace[min(self._step, len(self.pace) - 1)]

@@ -284,3 +284,27 @@ def test_a_requests_decode_time_is_the_sum_of_its_steps() -> None:
         # ≥: nothing outside the steps; ≤ a few readings: the last step's own tail, after the
         # request's last token, is the step's but not the request's
         assert decode <= cycles <= decode + 4, (i, decode, cycles)
+
+
+def test_measure_truth_times_the_calibration_sessions_into_a_truth() -> None:
+    """``bastion truth measure``'s timing alone: the calibration sessions in lockstep, fitted as
+    the twin fits them, into a truth whose every step kind the simulator can price."""
+    from transformers import AutoTokenizer
+
+    from bastion.backends.torch.twin import measure_truth
+
+    tok = AutoTokenizer.from_pretrained(TARGET_DIR)
+    cal = [list(tok(t)["input_ids"]) for t in json.loads(CALIBRATION_PROMPTS_FILE.read_text())]
+    measured = measure_truth(
+        load_target(TARGET_DIR, "cpu"),
+        DRAFTER_DIR,
+        cal[:2],
+        batch_sizes=(1,),
+        repeats=1,
+        max_new_tokens=8,
+        policies=CALIBRATION,
+    )
+    assert {"ar", "chain", "tree"} <= set(measured.verify), set(measured.verify)
+    assert measured.meta["steps"] > 0 and measured.meta["device"] == "cpu"
+    for kind, n in (("ar", 1), ("chain", 16), ("tree", 16)):
+        assert 0 < measured.verify_s(kind, [n], [60]) < 1.0

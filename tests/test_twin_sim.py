@@ -265,7 +265,7 @@ def test_a_replayed_step_runs_at_the_machines_speed_when_its_real_step_ran(
     ttft = paced[0].ttft_mean_s * len(traces)  # type: ignore[arg-type]
     assert ttft > even.ttft_mean_s * len(traces)  # type: ignore[arg-type]
     for bad, message in [
-        ({"ar": [1.0]}, "no speeds for policy 'fixed:8'"),
+        ({"ar": [1.0]}, "no entry for policy 'fixed:8'"),
         ([()], "a run's speed must be"),
         ([(1.0, 0.0)], "a run's speed must be"),
     ]:

@@ -190,7 +190,8 @@ def _print(result: Any, table: str, n: int, args: argparse.Namespace) -> None:
             f"B = {b}: " + ", ".join(f"{x:.3f}" for x in v) for b, v in result.speeds.items()
         )
         print(
-            f"the machine's speed in each run (its time ÷ the truth's, calibration steps): {speeds}"
+            "the machine's speed in each run (its time ÷ the truth's, read from the calibration "
+            f"steps around each step; the replay follows it step by step): {speeds}"
         )
     exact = [e for e in result.entries if e["source"] == "sim" and e["policy"] != "ar"]
     fixed = [e for e in exact if not e["policy"].startswith("bastion")]

@@ -232,7 +232,7 @@ def _paces(
     return out
 
 
-def _run_speeds(paces: dict[str, list[list[float]]], repeats: int) -> list[float]:
+def _mean_speeds(paces: dict[str, list[list[float]]], repeats: int) -> list[float]:
     """The machine's mean speed in each timed run over every policy's steps (for the report)."""
     return [float(np.mean([v for runs in paces.values() for v in runs[r]])) for r in range(repeats)]
 
@@ -473,7 +473,7 @@ def run_twin(
         costs, pace = _fit(samples, prefills, seconds["real_s"], device)
         truth = measured_truth(costs)
         paces = _paces(pace, real, policies, repeats)
-        speeds = {b: _run_speeds(p, repeats) for b, p in paces.items()}
+        speeds = {b: _mean_speeds(p, repeats) for b, p in paces.items()}
         seconds["truth_s"] = time.perf_counter() - t0
     else:
         samples, prefills, speeds, paces = [], [], {}, {}
