@@ -24,7 +24,9 @@ tree (the pass pads every row to it), L the longest context (the cache's length)
   request's context takes before the pass (the tokens committed since its last draft);
 - ``host.<kind>_<control>`` (control ``static``: a fixed policy; ``decide``: the controller
   decided the step; ``repeat``: it repeated its last decision): the tree build or the
-  controller's choice, step_s + request_s·R + node_s·ΣN; and ``loop.<kind>_<control>``, the rest
+  controller's choice, step_s + batched_s·[R ≥ 2] + request_s·R + node_s·ΣN (batched_s: the
+  batched paths a single request's step does not take, such as the controllers' joint decision
+  over the batch); and ``loop.<kind>_<control>``, the rest
   of the step's wall time outside the draft, build and verify calls (the learning update after
   the pass, the decode loop's bookkeeping), of the same form. A missing control falls back to
   ``repeat`` ↔ ``decide``, then ``static`` of the same kind. A tree policy with its own builder
@@ -296,33 +298,43 @@ class DraftTerm:
 
 @dataclass(frozen=True)
 class HostTerm:
-    """Host work of a step outside its draft and verify calls: step_s + request_s·R + node_s·ΣN."""
+    """Host work of a step outside its draft and verify calls:
+    step_s + batched_s·[R ≥ 2] + request_s·R + node_s·ΣN.
+
+    ``batched_s`` is what a step of several requests pays once beyond a single request's: the
+    batched code paths (the controllers' joint decision over the batch, the forest) that a
+    step of one request does not take — a jump at R = 2 that no slope in R describes."""
 
     step_s: float
     request_s: float = 0.0
     node_s: float = 0.0
     samples: int = 0
+    batched_s: float = 0.0
 
     def __post_init__(self) -> None:
-        _checked(self, ("step_s", "request_s", "node_s"))
+        _checked(self, ("step_s", "request_s", "node_s", "batched_s"))
 
     def __call__(self, rows: int, nodes: float) -> float:
-        return self.step_s + self.request_s * rows + self.node_s * nodes
+        batched = self.batched_s if rows > 1 else 0.0
+        return self.step_s + batched + self.request_s * rows + self.node_s * nodes
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "step_s": self.step_s,
             "request_s": self.request_s,
             "node_s": self.node_s,
+            "batched_s": self.batched_s,
             "samples": self.samples,
         }
 
     @classmethod
     def from_dict(cls, data: object, where: str) -> HostTerm:
         keys = ("step_s", "request_s", "node_s")
-        d = _only(data, keys, where)
+        d = _only(data, (*keys, "batched_s"), where)
         step, request, node = (_num(d, k, where) for k in keys)
-        return cls(step, request, node, int(d.get("samples", 0)))
+        # a truth file written before the term: no jump
+        batched = _num(d, "batched_s", where) if "batched_s" in d else 0.0
+        return cls(step, request, node, int(d.get("samples", 0)), batched)
 
 
 @dataclass(frozen=True)
@@ -492,7 +504,7 @@ class MeasuredCosts:
             return Curve(c.knots, tuple(v * f for v in c.values))
 
         def host(t: HostTerm) -> HostTerm:
-            return HostTerm(t.step_s * f, t.request_s * f, t.node_s * f, t.samples)
+            return HostTerm(t.step_s * f, t.request_s * f, t.node_s * f, t.samples, t.batched_s * f)
 
         return dataclasses.replace(
             self,

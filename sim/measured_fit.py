@@ -163,10 +163,14 @@ def _fit_affine(x: Array, y: Array) -> Array:
 
 
 def _fit_host(samples: Sequence[StepSample], part: str) -> HostTerm:
-    x = np.array([[1.0, s.rows, sum(s.sizes)] for s in samples], dtype=np.float64)
+    x = np.array(
+        [[1.0, s.rows, sum(s.sizes), float(s.rows > 1)] for s in samples], dtype=np.float64
+    )
     y = np.array([max(getattr(s, part), 1e-9) for s in samples], dtype=np.float64)
-    step, request, node = _fit_affine(x, y).tolist()
-    return HostTerm(step, request, node, samples=len(samples))
+    if not (np.any(x[:, 3] == 0.0) and np.any(x[:, 3] == 1.0)):
+        x[:, 3] = 0.0  # one side of the jump only: nothing to tell it from the constant
+    step, request, node, batched = _fit_affine(x, y).tolist()
+    return HostTerm(step, request, node, samples=len(samples), batched_s=batched)
 
 
 def _fit_prefill(prefills: Sequence[PrefillSample]) -> PrefillTerm:

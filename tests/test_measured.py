@@ -41,8 +41,13 @@ def machine_host(
     build = {"ar": 2e-5, "chain": 6e-5, "tree": 9e-5}[kind] + 3e-6 * sum(sizes)
     build *= 2.5 if builder == "beam" else 1.0  # a beam builds its rectangle slower
     build += {"static": 0.0, "decide": 2e-4, "repeat": 5e-5}[control]
+    # the joint decision over a batch: a path a single request's decision does not take
+    build += BATCHED_DECISION_S if control == "decide" and len(sizes) > 1 else 0.0
     loop = 8e-5 + 1e-5 * len(sizes) + (4e-5 if control != "static" else 0.0)
     return build, loop
+
+
+BATCHED_DECISION_S = 8e-4
 
 
 def machine_prefill(n: int) -> float:
@@ -156,6 +161,7 @@ def test_the_truth_file_round_trips(fitted: MeasuredCosts) -> None:
                 kind, [n] * rows, [c] * rows
             )
     assert again.host_s("tree", "decide", [8]) == fitted.host_s("tree", "decide", [8])
+    assert again.host_s("tree", "decide", [8, 8]) == fitted.host_s("tree", "decide", [8, 8])
     assert again.prefill_s([77], [0]) == fitted.prefill_s([77], [0])
     assert again.meta == fitted.meta
 
@@ -304,9 +310,10 @@ def test_a_scaled_truth_is_the_same_machine_slower(fitted: MeasuredCosts) -> Non
     assert slow.draft_s("topk", [100, 140]) == pytest.approx(
         1.25 * fitted.draft_s("topk", [100, 140])
     )
-    assert sum(slow.host_s("tree", "decide", [9])) == pytest.approx(
-        1.25 * sum(fitted.host_s("tree", "decide", [9]))
-    )
+    for sizes in ([9], [9, 9]):
+        assert sum(slow.host_s("tree", "decide", sizes)) == pytest.approx(
+            1.25 * sum(fitted.host_s("tree", "decide", sizes))
+        )
     assert slow.prefill_s([64], [0]) == pytest.approx(1.25 * fitted.prefill_s([64], [0]))
     sample = make_samples()[0][-1]
     assert slow.step_s(sample) == pytest.approx(1.25 * fitted.step_s(sample))
@@ -379,3 +386,37 @@ def test_the_drafters_intake_round_trips_and_is_checked() -> None:
     # a truth file of before the term reads as one without it
     del table["draft"]["topk"]["append_s"], table["draft"]["topk"]["appended"]
     assert measured_from_dict(table).draft["topk"].append_s == 0.0
+
+
+def test_a_batched_decision_pays_its_jump_once(fitted: MeasuredCosts) -> None:
+    """A controller's decision over several requests takes a path a single request's does not
+    (the joint budget): a jump at R = 2, flat beyond. The host term carries it as batched_s."""
+    from bastion.sim.measured_fit import _fit_affine
+
+    term = fitted.host["tree_decide"]
+    assert term.batched_s == pytest.approx(BATCHED_DECISION_S, rel=0.1)
+    assert fitted.host["tree_static"].batched_s < 0.1 * BATCHED_DECISION_S  # no jump there
+    for rows in (1, 2, 3, 4):
+        build, _ = fitted.host_s("tree", "decide", [24] * rows)
+        want = machine_host("tree", "decide", [24] * rows)[0]
+        assert build == pytest.approx(want, rel=0.05), rows
+    # the negative control: the same samples under the form without the jump (a slope in R)
+    # misprice the small batches — what the twin saw for bastion:paper at B = 4
+    steps = [s for s in make_samples()[0] if s.kind == "tree" and s.control == "decide"]
+    x = np.array([[1.0, s.rows, sum(s.sizes)] for s in steps])
+    y = np.array([s.build_s for s in steps])
+    step, request, node = _fit_affine(x, y).tolist()
+    linear = step + 2 * request + 48 * node
+    assert abs(linear / machine_host("tree", "decide", [24, 24])[0] - 1) > 0.15
+
+
+def test_a_host_term_written_before_the_jump_reads_without_one() -> None:
+    from bastion.sim.measured import HostTerm
+
+    old = HostTerm.from_dict({"step_s": 1e-4, "request_s": 2e-5, "node_s": 0.0}, "host.x")
+    assert old.batched_s == 0.0 and old(3, 10) == pytest.approx(1e-4 + 6e-5)
+    keys = {"step_s": 1e-4, "request_s": 0.0, "node_s": 0.0}
+    new = HostTerm.from_dict({**keys, "batched_s": 5e-4}, "host.x")
+    assert new(1, 10) == pytest.approx(1e-4) and new(2, 10) == pytest.approx(6e-4)
+    with pytest.raises(ConfigError, match="batched_s"):
+        HostTerm.from_dict({**keys, "batched_s": -1.0}, "host.x")
