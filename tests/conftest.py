@@ -36,6 +36,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Module- and session-scoped fixtures are built before a test's own fixtures: this one
+    keeps them out of the user's calibration records (~/.cache/bastion) too."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BASTION_CALIBRATION_DIR", str(tmp_path_factory.mktemp("calibration-shared")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _private_calibration_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
