@@ -83,6 +83,48 @@ def test_the_step_goes_to_the_session_furthest_behind() -> None:
     assert order == [0, 1, 2, 0, 0, 1, 0, 2, 0, 1, 0]
 
 
+class _Cycle:
+    """Garbage only the collector frees (a reference cycle)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_no_garbage_collection_lands_inside_a_timed_step() -> None:
+    """The collector's passes (a full one walks every live object: hundreds of ms in a twin run)
+    run between turns, where no clock runs — and do run, so cyclic garbage does not pile up."""
+    import gc
+
+    from bastion.backends.torch.lockstep import GC_EVERY_TURNS
+
+    clocks = [TurnClock(time.perf_counter) for _ in range(2)]
+    inside = between = 0
+
+    def watch(phase: str, info: dict[str, int]) -> None:
+        nonlocal inside, between
+        if phase == "start":
+            timed = any(c._since is not None for c in clocks)
+            inside += timed
+            between += not timed
+
+    def session(i: int) -> Generator[bool, None, int]:
+        yield True
+        for _ in range(GC_EVERY_TURNS):
+            for _ in range(2000):  # ≈ 3 automatic collections per step when left on
+                _Cycle()
+            yield False
+        return i
+
+    gc.callbacks.append(watch)
+    try:
+        assert lockstep([session(0), session(1)], clocks) == [0, 1]
+    finally:
+        gc.callbacks.remove(watch)
+    assert inside == 0
+    assert between >= 2  # every GC_EVERY_TURNS turns: 2 · GC_EVERY_TURNS turns here
+    assert gc.isenabled()  # as it was before
+
+
 def test_a_session_that_fails_in_its_set_up_stops_the_run() -> None:
     base = FakeTime()
 

@@ -12,17 +12,21 @@ set-up, warm-up and timed runs) one step at a time: the next step goes to the co
 clock is furthest behind, and each contender's clock (:class:`TurnClock`) runs only during its own
 steps. Every contender's runs thus meet the same drift, each is timed as if it ran alone, and a
 contender that finishes its runs early leaves the others to go on alone only for the difference
-of their times. What lockstep cannot spread: a stall of the machine (hundreds of ms, a few per
-minute on a shared CPU) lands on one contender's step; a run's mean TPOT takes it whole, the
-median over requests (:meth:`.BatchGenerationReport.latency`) does not. What it does not do:
+of their times. Python's garbage collector runs only between steps, outside every clock
+(:func:`_collections_between_turns`): left automatic, its full collections were most of the
+"stalls" of hundreds of ms that landed on single steps. What lockstep cannot spread: a stall of
+the machine itself lands on one contender's step; a run's mean TPOT takes it whole, the median
+over requests (:meth:`.BatchGenerationReport.latency`) mostly does not. What it does not do:
 share a drafter between contenders (each needs its own instance: a drafter keeps per-request
 state) or interleave the warm-ups (untimed).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -124,11 +128,46 @@ def lockstep(
     live = [i for i in range(len(sessions)) if turn(i)]
     for clock in clocks:
         clock.own = 0.0
-    while live:
-        i = min(live, key=lambda k: clocks[k].own * scale[k])
-        if not turn(i):
-            live.remove(i)
+    with _collections_between_turns() as between:
+        while live:
+            i = min(live, key=lambda k: clocks[k].own * scale[k])
+            if not turn(i):
+                live.remove(i)
+            between()
     return [results[i] for i in range(len(sessions))]
+
+
+#: turns between two garbage collections of the timed part (each outside every clock)
+GC_EVERY_TURNS = 256
+
+
+@contextlib.contextmanager
+def _collections_between_turns() -> Iterator[Callable[[], None]]:
+    """Python's garbage collector, kept out of the timed steps. Left automatic, its full
+    collections walk every live object (≈ 450 000 with a model, its traces and steps loaded):
+    9 of them in a 96-second ``bastion twin`` run, 7 over 50 ms and up to 262 ms, each landing
+    whole on one step of one session — the stalls of hundreds of ms its timings showed. Here
+    what lives before the timed part is collected and frozen (never walked again), automatic
+    collection is off while it runs, and the objects made since are collected every
+    :data:`GC_EVERY_TURNS` turns between two turns, where no clock runs."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    turns = 0
+
+    def between() -> None:
+        nonlocal turns
+        turns += 1
+        if turns % GC_EVERY_TURNS == 0:
+            gc.collect()
+
+    try:
+        yield between
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
 
 
 @public(
