@@ -232,6 +232,30 @@ def test_ray_executor_matches_serial(tmp_path: Path, local_ray: None) -> None:
     assert simulated(ray_rows) == simulated(serial)
 
 
+@pytest.mark.parametrize(
+    ("run", "named"),
+    [
+        ({"spec": None}, "spec"),  # the three runs the fuzzer found crashing (CI, stop 48)
+        ({"spec": "0"}, "spec"),
+        ({"spec": ""}, "spec"),
+        ({"spec": {"policies": "chain"}}, "policies"),
+        ({"spec": {"policies": None}}, "policies"),
+        ({"spec": {}, "remap": ["a.py"]}, "remap"),
+        ({"spec": {}, "remap": {"a.py": 3}}, "remap"),
+        ({"spec": {}, "python_path": "src"}, "python_path"),
+        ({"spec": {}, "python_path": [None]}, "python_path"),
+    ],
+)
+def test_a_malformed_run_is_refused_by_name(run: dict[str, object], named: str) -> None:
+    with pytest.raises(BastionError, match=named):
+        experiments.worker.execute(run)
+
+
+def test_a_run_without_policies_simulates_the_default_ones() -> None:
+    rows, _ = experiments.worker.execute({"spec": {"requests": 1, "output_len": 16}})
+    assert [r["policy"] for r in rows] == ["ar", "chain", "fixed:64", "bastion"]
+
+
 def test_cli_experiment_unknown_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["experiment", "fig-99", "--out", "/tmp/none"]) == 2
     assert "budget-sweep" in capsys.readouterr().err

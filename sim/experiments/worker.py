@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
+from bastion.errors import ArgumentError
 from bastion.guard import mapping_with, public
 from bastion.sim.results import SPEC_COLUMNS, package_version
 from bastion.sim.simulate import SimSpec, SimulationResult, simulate
@@ -28,12 +29,35 @@ __all__ = ["execute", "records_of"]
 def _spec(spec: Mapping[str, Any]) -> SimSpec:
     """A run's spec (a JSON-able dict) as a SimSpec."""
     d = dict(spec)
-    d["policies"] = tuple(d["policies"])
+    if "policies" in d:
+        d["policies"] = tuple(d["policies"])
     return SimSpec(**d)
 
 
 # the spec fields that may name a file (a Ray cluster ships each to its workers)
 FILE_KEYS = ("model", "gpu", "workload", "truth", "arrivals", "drafter_config", "calibration_file")
+
+
+def _checked(run: Run) -> tuple[Mapping[str, Any], Mapping[str, str], list[str]]:
+    """A run's spec, remap and python_path, or an :class:`ArgumentError` saying which is not
+    what a run holds (a run comes from a file or over the wire, so it is checked here)."""
+    spec = run["spec"]
+    if not isinstance(spec, Mapping) or not all(isinstance(k, str) for k in spec):
+        raise ArgumentError(f"a run's spec must be a mapping of field names; got {spec!r:.80}")
+    policies = spec.get("policies", ())
+    if isinstance(policies, str | bytes) or not isinstance(policies, list | tuple):
+        raise ArgumentError(f"a run's policies must be a list; got {policies!r:.80}")
+    remap = run.get("remap", {})
+    if not isinstance(remap, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in remap.items()
+    ):
+        raise ArgumentError(f"a run's remap must map paths to paths; got {remap!r:.80}")
+    python_path = run.get("python_path", ())
+    if not isinstance(python_path, list | tuple) or not all(
+        isinstance(e, str) for e in python_path
+    ):
+        raise ArgumentError(f"a run's python_path must be a list of paths; got {python_path!r:.80}")
+    return spec, remap, list(python_path)
 
 
 def _remapped(spec: Mapping[str, Any], remap: Mapping[str, str]) -> dict[str, Any]:
@@ -42,8 +66,13 @@ def _remapped(spec: Mapping[str, Any], remap: Mapping[str, str]) -> dict[str, An
     for key in FILE_KEYS:
         if isinstance(d.get(key), str) and d[key] in remap:
             d[key] = remap[d[key]]
+    if "policies" not in d:
+        return d
     policies = []
     for p in d["policies"]:
+        if not isinstance(p, str):  # a policy object (in-process runs): nothing to remap
+            policies.append(p)
+            continue
         path, sep, rest = p.partition(".py:")
         policies.append(remap[path + ".py"] + ":" + rest if sep and path + ".py" in remap else p)
     d["policies"] = policies
@@ -54,11 +83,12 @@ def _remapped(spec: Mapping[str, Any], remap: Mapping[str, str]) -> dict[str, An
 def execute(run: Run) -> tuple[list[Row], list[Row]]:
     """Run one spec: (one record per policy, one row per policy and request), each tagged with
     the run's spec, key, experiment and the bastion version that computed it."""
-    for entry in run.get("python_path", ()):
+    given, remap, python_path = _checked(run)
+    for entry in python_path:
         path = os.path.abspath(entry)
         if path not in sys.path:
             sys.path.insert(0, path)
-    spec = _spec(_remapped(run["spec"], run.get("remap", {})))
+    spec = _spec(_remapped(given, remap))
     return records_of(simulate(spec), run)
 
 
