@@ -141,7 +141,9 @@ def test_twin_cli_writes_records_truth_traces_and_plot(tmp_path: Path, capsys) -
     # the written truth drives the twin instead of a new timing
     argv2 = [*[a for a in argv if a != "--json"][:-2], "--truth", str(out / "truth.toml")]
     assert main(argv2) == 0
-    assert "replayed step-exactly: 2 of 2" in capsys.readouterr().out  # chain, fixed:4
+    printed = capsys.readouterr().out
+    assert "replayed step-exactly: 2 of 2" in printed  # chain, fixed:4
+    assert "decision mix within 0 points;" in printed  # every policy's mix, fixed ones too
 
 
 @pytest.mark.parametrize(

@@ -178,11 +178,13 @@ def _print(result: Any, table: str, n: int, args: argparse.Namespace) -> None:
     )
     print(table)
     for source, s in result.summary.items():
+        gap = s["mix_gap_max"] * 100  # NaN: no learning controller ran
+        mix = "—" if gap != gap else f"{gap:.0f} point{'' if round(gap) == 1 else 's'}"
         print(
             f"{source}: speedup over AR off by {s['speedup_error_mean'] * 100:.1f} % on average, "
             f"{s['speedup_error_max'] * 100:.1f} % at worst; TPOT off by "
             f"{s['tpot_error_mean'] * 100:.1f} % on average, {s['tpot_error_max'] * 100:.1f} % at "
-            f"worst; decision mix within {s['mix_gap_max'] * 100:.0f} points; ranking: "
+            f"worst; decision mix within {mix}; ranking: "
             f"{int(s['ranking_flips'])} of {int(s['ranked_pairs'])} pairs flipped"
         )
     if result.speeds:
