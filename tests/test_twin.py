@@ -310,3 +310,23 @@ def test_measure_truth_times_the_calibration_sessions_into_a_truth() -> None:
     assert measured.meta["steps"] > 0 and measured.meta["device"] == "cpu"
     for kind, n in (("ar", 1), ("chain", 16), ("tree", 16)):
         assert 0 < measured.verify_s(kind, [n], [60]) < 1.0
+
+
+@pytest.mark.parametrize("target", [None, "model", object()])
+def test_a_target_that_is_not_a_model_is_refused_by_name(target: object) -> None:
+    """The fuzzer found measure_truth(None, …) raising AttributeError from inside; the twin's,
+    the dense recorder's and the cost model resolver's targets are checked as generate's are."""
+    from bastion.backends.torch.prepare import resolve_cost_model
+    from bastion.backends.torch.record import dense_marginals
+    from bastion.backends.torch.twin import measure_truth
+    from bastion.errors import ArgumentError
+
+    calls = [
+        lambda: measure_truth(target, Path(DRAFTER_DIR), [[1, 2, 3]]),
+        lambda: run_twin(target, Path(DRAFTER_DIR), [[1, 2, 3]], [[4, 5, 6]]),
+        lambda: dense_marginals(target, None, [1, 2, 3], 1),
+        lambda: resolve_cost_model(target, None, None, None, 8),
+    ]
+    for call in calls:
+        with pytest.raises(ArgumentError, match="target"):
+            call()

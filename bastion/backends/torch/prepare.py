@@ -27,7 +27,7 @@ import torch
 
 from bastion.batch import BatchMarginals, StepRequests
 from bastion.errors import BackendError, BudgetError, CheckpointError, ConfigError
-from bastion.guard import public
+from bastion.guard import has, public
 from bastion.interfaces import BatchDrafter, CostModel, DraftContext, Drafter, TreePolicy
 from bastion.tree import DraftMarginals
 
@@ -158,7 +158,7 @@ def _eos_set(target: Any, eos_token_id: int | Sequence[int] | None) -> frozenset
     return frozenset(int(e) for e in eos_token_id)
 
 
-@public
+@public(target=has("config", "parameters"))
 def resolve_cost_model(
     target: Any,
     drafter: Drafter | BatchDrafter | None,

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from bastion.guard import public
+from bastion.guard import has, public
 from bastion.tree import DraftMarginals
 
 from .drafter import DFlashDrafter
@@ -26,7 +26,7 @@ from .drafter import DFlashDrafter
 __all__ = ["dense_marginals"]
 
 
-@public
+@public(target=has("config", "parameters"))
 @torch.no_grad()
 def dense_marginals(
     target: Any,

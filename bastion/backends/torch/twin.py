@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from bastion.errors import BudgetError, ConfigError
-from bastion.guard import integer, public
+from bastion.guard import has, integer, public
 from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.measured import MeasuredCosts
 from bastion.sim.measured_pace import MachinePace, fit_paced
@@ -260,7 +260,9 @@ def _usable(policies: Sequence[str], beliefs: dict[str, Any]) -> list[str]:
     ]
 
 
-@public(repeats=integer(1, 100), max_new_tokens=integer(2, 1 << 16))
+@public(
+    target=has("config", "parameters"), repeats=integer(1, 100), max_new_tokens=integer(2, 1 << 16)
+)
 def measure_truth(
     target: Any,
     drafter_dir: Path,
@@ -363,6 +365,7 @@ def _real_row(report: BatchGenerationReport, name: str) -> TwinRow:
 
 
 @public(
+    target=has("config", "parameters"),
     max_new_tokens=integer(2, 1 << 16),
     repeats=integer(1, 100),
     warmup=integer(0, 100),
