@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bastion.cost import notices
 from bastion.cost.calibration import CalibrationCache, calibrate_or_load, inputs_digest
 from bastion.cost.hardware import get_profile
 from bastion.cost.models import get_model
@@ -14,7 +15,7 @@ from bastion.cost.roofline import verify_pass
 
 
 def test_changed_inputs_recalibrate_and_reuse_is_announced(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, hw = get_model("qwen3-8b"), get_profile("h100-sxm")
     calls = []
@@ -28,6 +29,12 @@ def test_changed_inputs_recalibrate_and_reuse_is_announced(
     first = calibrate_or_load(model, hw, verify, **kw)
     swept = len(calls)
     assert swept > 0 and "reusing" not in capsys.readouterr().err
+    # read back by the process that measured it: the measurement, not a reuse
+    again = calibrate_or_load(model, hw, verify, **kw)
+    assert len(calls) == swept and again.calibration == first.calibration
+    assert "reusing" not in capsys.readouterr().err
+    # read by a later process (one that measured nothing): a reuse, announced
+    monkeypatch.setattr(notices, "_MEASURED_HERE", set())
     again = calibrate_or_load(model, hw, verify, **kw)
     assert len(calls) == swept and again.calibration == first.calibration
     assert "reusing the calibration record" in capsys.readouterr().err

@@ -31,7 +31,10 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_calibrate_target_on_cpu_writes_and_reuses_a_record(
-    model_dirs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    model_dirs: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     tdir, _ = model_dirs
     argv = ["calibrate", "--target", str(tdir), "--device", "cpu", "--cache-dir", str(tmp_path)]
@@ -47,8 +50,15 @@ def test_calibrate_target_on_cpu_writes_and_reuses_a_record(
     stamp = path.stat().st_mtime_ns
     assert main([*argv, *GRID]) == 0  # cached: no new sweep, the file is untouched
     assert path.stat().st_mtime_ns == stamp
-    # the probed CPU profile is kept, under a name keyed by this machine; reuse is announced
+    # the probed CPU profile is kept, under a name keyed by this machine
     assert len(list(tmp_path.glob("this-machine-*.toml"))) == 1
+    # what this process measured is not announced as a reuse; in a later process it is
+    assert "reusing" not in capsys.readouterr().err
+    from bastion.cost import notices
+
+    monkeypatch.setattr(notices, "_MEASURED_HERE", set())
+    assert main([*argv, *GRID]) == 0
+    assert path.stat().st_mtime_ns == stamp
     assert "reusing the calibration record" in capsys.readouterr().err
     model = cached_cost_model(load_target(tdir, "cpu"), cache=CalibrationCache(tmp_path))
     assert model is not None and model.mode == "static"

@@ -41,7 +41,7 @@ import numpy.typing as npt
 from bastion.cost.fitting import fit_max_affine, loo_errors
 from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import ModelSpec
-from bastion.cost.notices import announce_reuse, warn_if_poor
+from bastion.cost.notices import announce_reuse, measured_here, warn_if_poor
 from bastion.cost.opcounts import RooflineOptions
 from bastion.cost.parallel import comm_line
 from bastion.cost.roofline import verify_pass
@@ -400,6 +400,7 @@ class CalibrationCache:
     def save(self, record: CalibrationRecord) -> Path:
         path = self.path_for(record.key)
         write_text_atomic(path, json.dumps(record.to_dict(), indent=2) + "\n")
+        measured_here(path)
         return path
 
 
@@ -560,6 +561,7 @@ def calibrate_or_load(
         model, hw, points, backend=backend, dtype=dtype, **calibrate_kwargs
     )
     write_json_atomic(store.path_for(record.key), record.to_dict())
+    measured_here(store.path_for(record.key))
     warn_if_poor(record, store.path_for(record.key))
     return record
 

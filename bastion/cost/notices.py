@@ -13,6 +13,10 @@ from bastion.errors import ArgumentError
 
 POOR_FIT = 0.25  # a record whose held-out error (cv_mape) exceeds this is flagged as suspect
 
+# records this process measured and wrote: reading one back later in the same run is not a
+# reuse of an old measurement, so it is not announced as one
+_MEASURED_HERE: set[Path] = set()
+
 
 def warn_if_poor(record: Any, path: Path) -> bool:
     """One stderr line when ``record`` (a ``CalibrationRecord``: its ``cv_mape`` and
@@ -33,8 +37,17 @@ def warn_if_poor(record: Any, path: Path) -> bool:
     return True
 
 
+def measured_here(path: Path) -> None:
+    """Note that this process measured and wrote the record at ``path``."""
+    _MEASURED_HERE.add(Path(path).resolve())
+
+
 def announce_reuse(path: Path) -> None:
-    """One stderr line whenever a cached record stands in for a measurement."""
+    """One stderr line whenever a cached record stands in for a measurement: one written
+    before this process started (or by another), not one this process measured
+    (:func:`measured_here`)."""
+    if Path(path).resolve() in _MEASURED_HERE:
+        return
     print(
         f"bastion: reusing the calibration record {path} (--refit to measure again)",
         file=sys.stderr,

@@ -45,7 +45,7 @@ from bastion.cost.calibration import (
 from bastion.cost.costmodel import RooflineCostModel
 from bastion.cost.hardware import HardwareProfile, get_profile, load_profile, profile_to_toml
 from bastion.cost.models import ModelSpec
-from bastion.cost.notices import announce_reuse, warn_if_poor
+from bastion.cost.notices import announce_reuse, measured_here, warn_if_poor
 from bastion.errors import BackendError, ConfigError
 from bastion.files import write_json_atomic, write_text_atomic
 from bastion.guard import has, public
@@ -131,6 +131,7 @@ def device_profile(
     log.info("probing this machine for a CPU profile (once; kept at %s)", path)
     profile = probe_profile(CPU_PROFILE, quick=True)
     write_text_atomic(path, profile_to_toml(profile))
+    measured_here(path)
     return profile
 
 
@@ -168,6 +169,7 @@ def calibrate_target(
     )
     record = calibrate(spec, hw, points, backend=backend, dtype=dtype, tile_candidates=(0, 64, 128))
     write_json_atomic(store.path_for(record.key), record.to_dict())
+    measured_here(store.path_for(record.key))
     warn_if_poor(record, store.path_for(record.key))
     return record, hw, spec
 
@@ -283,6 +285,7 @@ def calibrate_drafter(
     timing = fit_draft_timing(points)
     path = _drafter_record_path(target, drafter, store)
     write_json_atomic(path, timing.to_dict())
+    measured_here(path)
     log.info("drafter timing %s (RMSE %.3f ms) cached at %s", timing, timing.rmse_s * 1e3, path)
     return timing
 
