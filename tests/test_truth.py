@@ -236,6 +236,17 @@ def test_kernel_steps_differ_between_gpus() -> None:
     assert found["h100-sxm"] != a100 and found["b200"] != a100, found
 
 
+@pytest.mark.parametrize("kwargs", [{"max_tokens": 10**9}, {"reference_tokens": 1 << 40}])
+def test_step_factors_refuses_a_table_too_long_to_build(kwargs: dict[str, int]) -> None:
+    """The fuzzer found a junk max_tokens allocating until the memory cap (a MemoryError)."""
+    from bastion.cost.kernels import step_factors
+    from bastion.errors import ArgumentError
+
+    g = gpu(GroundTruth())
+    with pytest.raises(ArgumentError, match="tokens"):
+        step_factors(g.model, g.hardware, g.options, **kwargs)
+
+
 def test_kernel_shape_multiplies_each_gemm_by_its_own_factor() -> None:
     """verify_curve with model = "kernel" = the same truth without a shape, plus each GEMM's
     time × (its step factor − 1), operator by operator (price_pass on the truth's device)."""

@@ -70,7 +70,7 @@ from bastion.cost.models import ModelSpec
 from bastion.cost.opcounts import RooflineOptions, gemm_dims
 from bastion.cost.roofline import verify_pass
 from bastion.errors import ConfigError
-from bastion.guard import array, is_finite, number, public
+from bastion.guard import array, integer, is_finite, number, public
 
 __all__ = [
     "GEMM_KINDS",
@@ -444,7 +444,10 @@ def _expert_gemm(
     return np.asarray(gemm_time(rows, k_in, n_out, dev, p, opt.bytes_per_param, groups=u))
 
 
-@public
+MAX_FACTOR_TOKENS = 1 << 17  # step_factors' longest table (≈ 350 MB of work at 1 << 17)
+
+
+@public(max_tokens=integer(2, MAX_FACTOR_TOKENS), reference_tokens=integer(2, MAX_FACTOR_TOKENS))
 def step_factors(
     model: ModelSpec,
     hw: HardwareProfile,
