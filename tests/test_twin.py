@@ -133,6 +133,7 @@ def test_twin_cli_writes_records_truth_traces_and_plot(tmp_path: Path, capsys) -
         ("real", "chain"),
         ("sim", "chain"),
     }
+    assert data["dtype"] == "float32"  # the CPU's default
     for name in ("twin.json", "comparison.txt", "truth.toml", "twin-tpot.png"):
         assert (out / name).is_file(), name
     truth = truth_from_dict(tomllib.loads((out / "truth.toml").read_text()), "truth.toml")
@@ -144,6 +145,24 @@ def test_twin_cli_writes_records_truth_traces_and_plot(tmp_path: Path, capsys) -
     printed = capsys.readouterr().out
     assert "replayed step-exactly: 2 of 2" in printed  # chain, fixed:4
     assert "decision mix within 0 points;" in printed  # every policy's mix, fixed ones too
+
+
+def test_twin_in_bfloat16_replays_what_ran_in_bfloat16(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """--dtype bfloat16 loads both models in bf16 (the drafter follows the target), times and
+    replays that run; outputs that differ from AR's are the precision's, reported, not a
+    failure."""
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps(["def f(x):\n    return"]))
+    cal = tmp_path / "c.json"
+    cal.write_text(json.dumps(["import os\nimport sys\n"]))
+    argv = ["twin", "--prompts", str(prompts), "--calibration-prompts", str(cal)]
+    argv += ["--policy", "ar,fixed:4", "--batch-size", "1", "--max-new-tokens", "8"]
+    argv += ["--repeats", "1", "--warmup", "0", "--dtype", "bfloat16", "--out", str(tmp_path / "o")]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "on cpu in bfloat16" in printed
+    assert "replayed step-exactly: 1 of 1" in printed
+    assert json.loads((tmp_path / "o" / "twin.json").read_text())["dtype"] == "bfloat16"
 
 
 @pytest.mark.parametrize(
@@ -161,6 +180,12 @@ def test_twin_cli_writes_records_truth_traces_and_plot(tmp_path: Path, capsys) -
 def test_twin_flags_are_validated(argv: list[str], message: str, capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_twin_refuses_a_precision_it_does_not_run(capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as exc:  # argparse's choices: exit status 2
+        main(["twin", "--dtype", "float16"])
+    assert exc.value.code == 2 and "--dtype" in capsys.readouterr().err
 
 
 def test_prompts_that_are_also_calibration_prompts_are_refused(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -69,7 +69,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Path, Any]:
             raise ConfigError(f"{flag} {d}: no config.json (a model directory)")
     if args.device.startswith("cuda") and not args.gpu:
         raise ConfigError("--device cuda needs --gpu NAME, the GPU's profile (`bastion hw list`)")
-    target = load_target(target_dir, args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else None  # None: the device's default
+    target = load_target(target_dir, args.device, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     hardware = device_profile(torch.device(args.device), args.gpu, CalibrationCache())
     return target, tokenizer, drafter_dir, hardware
@@ -141,14 +142,17 @@ def run_twin_cmd(args: argparse.Namespace) -> int:
         unmeasured=_unmeasured(target, args.device),
         progress=say,
     )
+    precision = str(next(target.parameters()).dtype).removeprefix("torch.")
     table = format_comparison(result.entries)
     if args.out:
-        _write_out(Path(args.out), result, table)
+        _write_out(Path(args.out), result, table, precision)
     if args.json:
-        print(json.dumps(json_safe(result.to_json()), indent=2))
+        print(json.dumps({**json_safe(result.to_json()), "dtype": precision}, indent=2))
     else:
-        _print(result, table, len(texts), args)
-    return 0 if result.identical else 1
+        _print(result, table, len(texts), args, precision)
+    # below float32 a pass's sums depend on its shape, so near-ties may decode differently in a
+    # tree's pass than in AR's: a difference there is the precision's, not a lossless violation
+    return 0 if result.identical or precision != "float32" else 1
 
 
 def _unmeasured(target: Any, device: str) -> dict[str, Any]:
@@ -170,10 +174,11 @@ def _unmeasured(target: Any, device: str) -> dict[str, Any]:
     return {"roofline": bare, DEFAULT_TRUTH: get_truth(DEFAULT_TRUTH)}
 
 
-def _print(result: Any, table: str, n: int, args: argparse.Namespace) -> None:
+def _print(result: Any, table: str, n: int, args: argparse.Namespace, precision: str) -> None:
     how = "measured in the same lockstep" if not args.truth else f"from {args.truth}"
     print(
-        f"{n} prompts × {args.max_new_tokens} new tokens on {args.device}, T = 0; real → simulated "
+        f"{n} prompts × {args.max_new_tokens} new tokens on {args.device} in {precision}, T = 0; "
+        "real → simulated "
         f"(error); truth {how}; TPOT: the median over requests"
     )
     print(table)
@@ -199,7 +204,16 @@ def _print(result: Any, table: str, n: int, args: argparse.Namespace) -> None:
     fixed = [e for e in exact if not e["policy"].startswith("bastion")]
     same = sum(e["committed_exact"] for e in fixed)
     print(f"fixed-size policies replayed step-exactly: {same} of {len(fixed)}")
-    verdict = "identical" if result.identical else "DIFFERENT — losslessness violated"
+    if result.identical:
+        verdict = "identical"
+    elif precision != "float32":
+        verdict = (
+            f"different on some prompts — expected in {precision}, whose sums depend on the "
+            "pass's shape (AR's own output changes with the batch size); float32 is the "
+            "lossless check"
+        )
+    else:
+        verdict = "DIFFERENT — losslessness violated"
     print(f"outputs of all policies vs AR: {verdict}")
     _busy(result.truth.measured)
     parts = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in result.seconds.items())
@@ -220,13 +234,13 @@ def _busy(measured: Any) -> None:
         )
 
 
-def _write_out(out: Path, result: Any, table: str) -> None:
+def _write_out(out: Path, result: Any, table: str, precision: str) -> None:
     from bastion.files import write_json_atomic, write_text_atomic
     from bastion.sim.twin import plot_twin
     from bastion.trace import write_trace
 
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "twin.json", json_safe(result.to_json()))
+    write_json_atomic(out / "twin.json", {**json_safe(result.to_json()), "dtype": precision})
     write_text_atomic(out / "comparison.txt", table + "\n")
     if result.truth.measured is not None:
         write_text_atomic(out / "truth.toml", _truth_toml(result.truth.measured))
@@ -309,6 +323,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--drafter", metavar="DIR", help="DFlash drafter directory (default: the pair's)"
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="the models' precision (default: float32 on a CPU, bfloat16 on CUDA); bfloat16 is "
+        "not batch-invariant, so outputs may differ from AR's there (reported, not a failure)",
+    )
     p.add_argument("--gpu", metavar="NAME", help="the GPU's hardware profile (with --device cuda)")
     p.add_argument(
         "--batch-size", action="append", default=[], help="batch sizes, e.g. 1,4 (default: 1,4)"
