@@ -110,6 +110,8 @@ def read_text_file(
     """The UTF-8 text of ``path``; a missing file, a directory, an unreadable, oversized or
     binary file is a :class:`ConfigError` naming the file."""
     p = Path(path)
+    if "\x00" in str(p):  # the OS refuses such a name (a ValueError from os.stat)
+        raise ConfigError(f"{what} {str(p)!r} is not a file name: it holds a NUL character")
     try:
         if p.is_dir():
             raise ConfigError(f"{what} {p} is a directory; give a file")

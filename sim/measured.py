@@ -124,7 +124,11 @@ def _finite(x: object) -> bool:
 
 def _floats(values: object, what: str) -> tuple[float, ...]:
     """A tuple of finite numbers, or a ConfigError saying what ``values`` was."""
-    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+    if (
+        isinstance(values, str | bytes)
+        or not hasattr(values, "__iter__")
+        or (isinstance(values, np.ndarray) and values.ndim != 1)
+    ):
         raise ConfigError(
             f"a measured curve's {what} must be a list of numbers; got {values!r:.60}"
         )

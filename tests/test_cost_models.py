@@ -169,3 +169,18 @@ def test_dflash_drafter_config() -> None:
     assert (d.block_size, d.taps, d.model.layers) == (8, 3, 1)
     d2 = DrafterSpec.dflash_for(get_model("qwen3-8b"))
     assert (d2.block_size, d2.taps, d2.model.hidden, d2.model.layers) == (16, 5, 4096, 5)
+
+
+def test_a_path_with_a_nul_character_is_refused_by_name() -> None:
+    """The fuzzer found os.stat's ValueError ("embedded null byte") escaping the file reader."""
+    from bastion.cost.models import DrafterSpec
+    from bastion.errors import BastionError
+    from bastion.files import read_json_file, read_text_file
+
+    for call in (
+        lambda: DrafterSpec.from_dflash_config("\x00"),
+        lambda: read_text_file("a\x00b.txt", "notes"),
+        lambda: read_json_file("config\x00.json", "config"),
+    ):
+        with pytest.raises(BastionError, match="NUL character"):  # the guard's, or the reader's
+            call()

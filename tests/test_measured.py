@@ -420,3 +420,12 @@ def test_a_host_term_written_before_the_jump_reads_without_one() -> None:
     assert new(1, 10) == pytest.approx(1e-4) and new(2, 10) == pytest.approx(6e-4)
     with pytest.raises(ConfigError, match="batched_s"):
         HostTerm.from_dict({**keys, "batched_s": -1.0}, "host.x")
+
+
+@pytest.mark.parametrize(
+    "knots", [np.array(2**63, dtype=np.uint64), np.array(3.0), 4.0, "1,2", None]
+)
+def test_a_curve_of_no_sequence_is_refused(knots: object) -> None:
+    """The fuzzer found a 0-d array (iterable by attribute, not in fact) raising TypeError."""
+    with pytest.raises(ConfigError, match="knots must be a list of numbers"):
+        Curve(knots=knots, values=(1.0,))  # type: ignore[arg-type]
