@@ -46,7 +46,7 @@ from bastion.cost.opcounts import RooflineOptions
 from bastion.cost.parallel import comm_line
 from bastion.cost.roofline import verify_pass
 from bastion.errors import ArgumentError, ConfigError
-from bastion.files import read_json_file, write_json_atomic, write_text_atomic
+from bastion.files import read_json_file, write_json_atomic
 from bastion.guard import array, each, forwarded, integer, public
 
 __all__ = [
@@ -398,8 +398,10 @@ class CalibrationCache:
         return CalibrationRecord.from_dict(data, origin=str(path))
 
     def save(self, record: CalibrationRecord) -> Path:
+        """Write ``record`` (atomically) where :meth:`load` finds it, as measured by this
+        process; returns its path."""
         path = self.path_for(record.key)
-        write_text_atomic(path, json.dumps(record.to_dict(), indent=2) + "\n")
+        write_json_atomic(path, record.to_dict())
         measured_here(path)
         return path
 
@@ -560,9 +562,7 @@ def calibrate_or_load(
     record = forwarded(calibrate)(
         model, hw, points, backend=backend, dtype=dtype, **calibrate_kwargs
     )
-    write_json_atomic(store.path_for(record.key), record.to_dict())
-    measured_here(store.path_for(record.key))
-    warn_if_poor(record, store.path_for(record.key))
+    warn_if_poor(record, store.save(record))
     return record
 
 

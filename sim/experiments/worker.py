@@ -70,7 +70,7 @@ def _remapped(spec: Mapping[str, Any], remap: Mapping[str, str]) -> dict[str, An
         return d
     policies = []
     for p in d["policies"]:
-        if not isinstance(p, str):  # a policy object (in-process runs): nothing to remap
+        if not isinstance(p, str):  # not a spec string: nothing to remap (SimSpec judges it)
             policies.append(p)
             continue
         path, sep, rest = p.partition(".py:")

@@ -168,9 +168,7 @@ def calibrate_target(
         verify_timer(model, repeats=1), tokens=tokens, contexts=contexts, repeats=repeats
     )
     record = calibrate(spec, hw, points, backend=backend, dtype=dtype, tile_candidates=(0, 64, 128))
-    write_json_atomic(store.path_for(record.key), record.to_dict())
-    measured_here(store.path_for(record.key))
-    warn_if_poor(record, store.path_for(record.key))
+    warn_if_poor(record, store.save(record))
     return record, hw, spec
 
 
