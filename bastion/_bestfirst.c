@@ -18,8 +18,8 @@
  *
  * beam(...), eagle(...): BeamPolicy's and EaglePolicy's trees for a batch (_bestfirst_shaped.c).
  *
- * draws(...): the simulator's synthetic drafter, one request's block of steps from its random
- *   draws (_bestfirst_draws.c).
+ * draws(...): the simulator's synthetic drafter, the drafted steps' marginals and target tokens
+ *   from their requests' random draws (_bestfirst_draws.c).
  *
  * paper(...): the paper controller's joint budget on a calibrated roofline it prices itself
  *   (_bestfirst_paper.c); request(...): the paper's per-request rule at batch > 1, the same
@@ -58,7 +58,7 @@ static PyMethodDef methods[] = {
     {"learn", bf_learn, METH_VARARGS, "A tree step folded into both calibrations, in place."},
     {"beam", bf_beam, METH_VARARGS, "Beam trees for B requests (see _bestfirst_shaped.c)."},
     {"eagle", bf_eagle, METH_VARARGS, "EAGLE trees for B requests (see _bestfirst_shaped.c)."},
-    {"draws", bf_draws, METH_VARARGS, "A synthetic block of steps (see _bestfirst_draws.c)."},
+    {"draws", bf_draws, METH_VARARGS, "Synthetic steps from their draws (see _bestfirst_draws.c)."},
     {"paper", bf_paper, METH_VARARGS, "The paper controller's joint budget (_bestfirst_paper.c)."},
     {"joint_price", bf_joint_price, METH_VARARGS,
      "A calibrated roofline's joint curve along a growth (_bestfirst_paper.c)."},

@@ -1,23 +1,27 @@
 /*
- * The synthetic drafter's block of steps: draws(...) turns one request's random draws into its
- * next block of marginals and target tokens, what bastion.sim.synthetic.SyntheticSource._refill
- * computes in numpy (its reference), operation for operation: the same products, quotients
- * and comparisons in the same order (no fused multiply-adds, see _bestfirst.h), so the arrays
- * are identical. The cumulative sums of the target's law are added in rank order; numpy forms
- * them as a product with a triangular matrix of ones, whose sums the tests check are the same.
+ * The synthetic drafter's steps: draws(...) turns the random draws of the requested steps into
+ * their marginals and target tokens, what bastion.sim.synthetic.SyntheticSource._refill_numpy
+ * computes in numpy for a whole block (its reference), operation for operation: the same
+ * products, quotients and comparisons in the same order (no fused multiply-adds, see
+ * _bestfirst.h), so the arrays are identical. The cumulative sums of the target's law are added
+ * in rank order; numpy forms them as a product with a triangular matrix of ones, whose sums the
+ * tests check are the same. A request draws a block of steps at once (its generator's order);
+ * a step's marginals are computed here when the step is drafted, for the steps drafted only
+ * (a request that finishes mid-block leaves the rest of its block undrawn into marginals).
  *
- * draws(bank, pick, head, u, length, law, target_u, steps, depth, k, bank_size, branch_rate,
+ * draws(bank, pick, head, u, length, law, target_u, rows, depth, k, bank_size, branch_rate,
  *       fork_rate, fork_ratio_min, probs, target) -> None
  *   bank:     [2 * bank_size, k] runner-up spreads (the second half shifted for forks)
- *   pick:     [steps, depth] int64 rows of the bank's first half
- *   head:     [steps, depth] head masses
- *   u:        [steps, 2 * depth + 5] uniforms: the branch's 5 per step, then 2 per position
- *   length:   [steps] branch lengths
+ *   pick:     [n, depth] int64 rows of the bank's first half, per stored step
+ *   head:     [n, depth] head masses
+ *   u:        [n, 2 * depth + 5] uniforms: the branch's 5 per step, then 2 per position
+ *   length:   [n] branch lengths
  *   law:      [depth, k] the target's law per rank, c_r * a_k
- *   target_u: [steps, depth] the target's uniforms
- *   probs:    [steps, depth, k] written: the marginals, each row sorted descending
- *   target:   [steps, depth + 1] int64 written: the target's rank per position (k: outside
- *             the row), -1 after the last
+ *   target_u: [n, depth] the target's uniforms
+ *   rows:     [B] int64: which of the n stored steps to compute, in the batch's order
+ *   probs:    [B, depth, k] written: the marginals, each row sorted descending
+ *   target:   [B, depth + 1] int64 written: the target's rank per position (k: outside the
+ *             row), -1 after the last
  */
 #include "_bestfirst.h"
 
@@ -78,35 +82,45 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
 }
 
 PyObject *bf_draws(PyObject *self, PyObject *args) {
-    Py_buffer bank, pick, head, u, length, law, tu, probs, target;
-    Py_ssize_t steps, depth, k, bank_size;
+    Py_buffer bank, pick, head, u, length, law, tu, rowsb, probs, target;
+    Py_ssize_t depth, k, bank_size;
     double branch_rate, fork_rate, ratio_min;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*nnnndddw*w*", &bank, &pick, &head, &u, &length,
-                          &law, &tu, &steps, &depth, &k, &bank_size, &branch_rate, &fork_rate,
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*nnndddw*w*", &bank, &pick, &head, &u, &length,
+                          &law, &tu, &rowsb, &depth, &k, &bank_size, &branch_rate, &fork_rate,
                           &ratio_min, &probs, &target))
         return NULL;
     Py_ssize_t dsz = (Py_ssize_t)sizeof(double), isz = (Py_ssize_t)sizeof(int64_t);
-    if (steps < 1 || depth < 1 || k < 1 || k > DRAWS_MAX_K || bank_size < 1 ||
+    Py_ssize_t n = length.len / dsz, b = rowsb.len / isz;
+    if (n < 1 || b < 1 || depth < 1 || k < 1 || k > DRAWS_MAX_K || bank_size < 1 ||
         !bf_holds_exactly(bank.len, dsz, 2 * bank_size, k, 1) ||
-        !bf_holds_exactly(pick.len, isz, steps, depth, 1) ||
-        !bf_holds_exactly(head.len, dsz, steps, depth, 1) ||
-        !bf_holds_exactly(u.len, dsz, steps, 2 * depth + 5, 1) ||
-        !bf_holds_exactly(length.len, dsz, steps, 1, 1) ||
+        !bf_holds_exactly(pick.len, isz, n, depth, 1) ||
+        !bf_holds_exactly(head.len, dsz, n, depth, 1) ||
+        !bf_holds_exactly(u.len, dsz, n, 2 * depth + 5, 1) ||
+        !bf_holds_exactly(length.len, dsz, n, 1, 1) ||
         !bf_holds_exactly(law.len, dsz, depth, k, 1) ||
-        !bf_holds_exactly(tu.len, dsz, steps, depth, 1) ||
-        !bf_holds_exactly(probs.len, dsz, steps, depth, k) ||
-        !bf_holds_exactly(target.len, isz, steps, depth + 1, 1)) {
-        PyErr_SetString(PyExc_ValueError, "draws: buffers do not match steps, depth and k");
+        !bf_holds_exactly(tu.len, dsz, n, depth, 1) ||
+        !bf_holds_exactly(rowsb.len, isz, b, 1, 1) ||
+        !bf_holds_exactly(probs.len, dsz, b, depth, k) ||
+        !bf_holds_exactly(target.len, isz, b, depth + 1, 1)) {
+        PyErr_SetString(PyExc_ValueError, "draws: buffers do not match rows, depth and k");
         goto done;
     }
     {
-        const int64_t *pk = (const int64_t *)pick.buf;
-        for (Py_ssize_t i = 0; i < steps * depth; i++)
-            if (pk[i] < 0 || pk[i] >= bank_size) {
-                PyErr_SetString(PyExc_ValueError, "draws: a bank row out of range");
+        const int64_t *pk = (const int64_t *)pick.buf, *want = (const int64_t *)rowsb.buf;
+        for (Py_ssize_t i = 0; i < b; i++) {
+            if (want[i] < 0 || want[i] >= n) {
+                PyErr_SetString(PyExc_ValueError, "draws: a step out of range");
                 goto done;
             }
+            for (Py_ssize_t d = 0; d < depth; d++) {
+                int64_t row = pk[want[i] * depth + d];
+                if (row < 0 || row >= bank_size) {
+                    PyErr_SetString(PyExc_ValueError, "draws: a bank row out of range");
+                    goto done;
+                }
+            }
+        }
         const double *bk = (const double *)bank.buf, *hd = (const double *)head.buf;
         const double *uu = (const double *)u.buf, *len = (const double *)length.buf;
         const double *lw = (const double *)law.buf, *tgu = (const double *)tu.buf;
@@ -115,47 +129,48 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
         double keep = 1.0 - ratio_min;
         /* First pass: each position's bank row (its fork and branch flags kept), and a
            prefetch of it. The rows are picked at random from a bank of ~1 MB, which the rest of
-           a simulated step evicts from the caches between blocks (at batch 1 a block is drawn
-           every 64 steps): touching them all first lets the memory system fetch many at once
-           instead of one per position. */
-        int64_t *rows = (int64_t *)malloc((size_t)(steps * depth) * sizeof(int64_t));
-        unsigned char *flags = (unsigned char *)malloc((size_t)(steps * depth));
+           a simulated step evicts from the caches between steps: touching them all first lets
+           the memory system fetch many at once instead of one per position. */
+        int64_t *rows = (int64_t *)malloc((size_t)(b * depth) * sizeof(int64_t));
+        unsigned char *flags = (unsigned char *)malloc((size_t)(b * depth));
         if (rows == NULL || flags == NULL) {
             free(rows);
             free(flags);
             PyErr_NoMemory();
             goto done;
         }
-        for (Py_ssize_t s = 0; s < steps; s++) {
+        for (Py_ssize_t i = 0; i < b; i++) {
+            Py_ssize_t s = want[i];
             const double *us = uu + s * (2 * depth + 5);
             /* the step's branch: from depth `start` for `len` positions */
             double start = floor(us[1] * (double)depth), end = start + len[s];
             int branching = us[0] < branch_rate;
             for (Py_ssize_t d = 0; d < depth; d++) {
-                Py_ssize_t i = s * depth + d;
                 int branch = branching && (double)d >= start && (double)d < end;
                 int fork = branch || us[5 + d] < fork_rate;
-                rows[i] = (pk[i] + (fork ? bank_size : 0)) * k;
-                flags[i] = (unsigned char)(fork | (branch << 1));
+                rows[i * depth + d] = (pk[s * depth + d] + (fork ? bank_size : 0)) * k;
+                flags[i * depth + d] = (unsigned char)(fork | (branch << 1));
 #if defined(__GNUC__) || defined(__clang__)
-                for (Py_ssize_t c = 0; c < k; c += 8) __builtin_prefetch(bk + rows[i] + c, 0, 1);
+                for (Py_ssize_t c = 0; c < k; c += 8)
+                    __builtin_prefetch(bk + rows[i * depth + d] + c, 0, 1);
 #endif
             }
         }
-        for (Py_ssize_t s = 0; s < steps; s++) {
+        for (Py_ssize_t i = 0; i < b; i++) {
+            Py_ssize_t s = want[i];
             const double *us = uu + s * (2 * depth + 5);
             /* the target on the branch's second side with probability v / (1 + v) */
             double vb = ratio_min + keep * us[3];
             int second = us[4] < vb / (1.0 + vb);
             for (Py_ssize_t d = 0; d < depth; d++) {
-                Py_ssize_t i = s * depth + d;
-                int fork = flags[i] & 1, branch = flags[i] >> 1;
+                Py_ssize_t at = i * depth + d;
+                int fork = flags[at] & 1, branch = flags[at] >> 1;
                 double vf = ratio_min + keep * us[5 + depth + d];
-                tg[s * (depth + 1) + d] =
-                    draws_one(bk + rows[i], hd[i], fork, branch, second, branch ? vb : vf,
-                              lw + d * k, tgu[i], k, out + i * k, w, tmp);
+                tg[i * (depth + 1) + d] = draws_one(bk + rows[at], hd[s * depth + d], fork, branch,
+                                                    second, branch ? vb : vf, lw + d * k,
+                                                    tgu[s * depth + d], k, out + at * k, w, tmp);
             }
-            tg[s * (depth + 1) + depth] = -1;
+            tg[i * (depth + 1) + depth] = -1;
         }
         free(rows);
         free(flags);
@@ -170,6 +185,7 @@ done:
     PyBuffer_Release(&length);
     PyBuffer_Release(&law);
     PyBuffer_Release(&tu);
+    PyBuffer_Release(&rowsb);
     PyBuffer_Release(&probs);
     PyBuffer_Release(&target);
     return result;

@@ -10,11 +10,15 @@ step to step, not only with depth.
 
 Two things make it cheap enough to simulate thousands of request-steps per second:
 
-- **Blocks.** Each request draws ``block_steps`` steps of marginals and target tokens at once
-  from its own generator (seeded by the run's seed and the request's index, so a request's stream
-  does not depend on which other requests share its batch), into a slot of a preallocated array;
-  a step then gathers every request's current step with one fancy index. All of a block's
-  draws (noise, forks, branches, spreads, target uniforms) are whole-array operations.
+- **Blocks.** Each request draws the randomness of ``block_steps`` steps at once from its own
+  generator (seeded by the run's seed and the request's index, so a request's stream does not
+  depend on which other requests share its batch), into a slot of a preallocated array; all of
+  a block's draws (noise, forks, branches, spreads, target uniforms) are whole-array
+  operations. With the compiled kernel a step turns every request's current draws into its
+  marginals and target tokens in one call (the steps a request never drafts, after it finishes
+  mid-block, are never computed); without it the whole block is computed in numpy when drawn
+  and a step gathers every request's current step with one fancy index. Both give the same
+  arrays (tested).
 - **A bank of runner-up spreads.** The Dirichlet draw of the runner-up mass is taken from a bank
   of ``bank_size`` (default 4096) Dirichlet rows drawn once per source, each row picked uniformly
   at random per position and step. The law of one row is exactly the Dirichlet's; rows repeat
@@ -111,8 +115,25 @@ class SyntheticSource:
         self._bank_size = bank_size
         self._ids = np.broadcast_to(np.arange(w.k, dtype=np.int64), (1, w.depth, w.k))
         self._slots = 0
-        self._probs = np.empty((0, block_steps, w.depth, w.k))
-        self._target = np.empty((0, block_steps, w.depth + 1), np.int64)
+        # the compiled path keeps each block's draws and computes a step when it is drafted;
+        # the numpy path computes the block's marginals and target tokens when it is drawn
+        self._compiled = _draws is not None and w.k <= _DRAWS_MAX_K
+        per_step = {  # what one stored step holds, per path: (name, shape of one step, dtype)
+            True: [
+                ("_head", (w.depth,), np.float64),
+                ("_u", (2 * w.depth + 5,), np.float64),
+                ("_pick", (w.depth,), np.int64),
+                ("_length", (), np.float64),
+                ("_tu", (w.depth,), np.float64),
+            ],
+            False: [
+                ("_probs", (w.depth, w.k), np.float64),
+                ("_target", (w.depth + 1,), np.int64),
+            ],
+        }[self._compiled]
+        self._stored = per_step
+        for name, shape, dtype in per_step:
+            setattr(self, name, np.empty((0, block_steps, *shape), dtype))
         self._cursor = np.empty(0, np.int64)
         self._top1 = np.empty((0, w.depth))
         self._rngs: list[np.random.Generator | None] = []
@@ -124,10 +145,11 @@ class SyntheticSource:
         """Room for ``slots`` requests in flight: the blocks of the slots in use are kept, the
         new ones left unwritten (a block is written whole before it is read)."""
         w, old = self.workload, self._slots
-        probs = np.empty((slots, *self._probs.shape[1:]))
-        target = np.empty((slots, *self._target.shape[1:]), np.int64)
-        probs[:old], target[:old] = self._probs, self._target  # (nothing to copy at first)
-        self._probs, self._target = probs, target
+        for name, _, dtype in self._stored:
+            kept = getattr(self, name)
+            grown = np.empty((slots, *kept.shape[1:]), dtype)
+            grown[:old] = kept  # (nothing to copy at first)
+            setattr(self, name, grown)
         self._cursor = np.concatenate((self._cursor, np.zeros(slots - old, np.int64)))
         self._top1 = np.concatenate((self._top1, np.empty((slots - old, w.depth))))
         self._rngs.extend([None] * (slots - old))
@@ -163,7 +185,8 @@ class SyntheticSource:
         return rng
 
     def _refill(self, slot: int) -> None:
-        """Draw the next ``block_steps`` steps of ``slot`` in one vectorised pass.
+        """Draw the next ``block_steps`` steps of ``slot`` in one vectorised pass (with the
+        compiled kernel, their draws: a step's marginals are computed when it is drafted).
 
         Per step: a confidence shift e_s, and a branch (whether, where, how long, its ratio,
         the side the target takes); per position: noise η, an isolated fork and its ratio, a
@@ -177,31 +200,18 @@ class SyntheticSource:
         logit = self._top1[slot][None, :] + w.step_sd * z[:, :1] + w.position_sd * z[:, 1:]
         # h: the head mass, kept in (0, 1) however large the log-odds
         head = np.minimum(1.0 / (1.0 + np.exp(-logit)), 1.0 - 1e-12)  # [S, D], C-contiguous
+        self._cursor[slot] = 0
+        if self._compiled:  # kept as drawn: draft() computes each step's rows (_draws)
+            self._head[slot] = head
+            u = rng.random(out=self._u[slot])  # branch: 5 per step; forks: 2 per position
+            self._pick[slot] = rng.integers(0, self._bank_size, size=(steps, depth))
+            rng.random(out=self._tu[slot])  # the target's uniforms (used last)
+            self._length[slot] = 1.0 + np.floor(np.log(u[:, 2]) / self._log_stay)
+            return
         u = rng.random((steps, 2 * depth + 5))  # branch: 5 per step; forks: 2 per position
         pick = rng.integers(0, self._bank_size, size=(steps, depth))
         target_u = rng.random((steps, depth))  # the target's uniforms (used last)
         length = 1.0 + np.floor(np.log(u[:, 2]) / self._log_stay)  # [S]
-        self._cursor[slot] = 0
-        if _draws is not None and w.k <= _DRAWS_MAX_K:  # the rest in one compiled call
-            _draws(
-                self._bank,
-                pick,
-                head,
-                u,
-                length,
-                self._law_rows,
-                target_u,
-                steps,
-                depth,
-                w.k,
-                self._bank_size,
-                float(w.branch_rate),
-                float(w.fork_rate),
-                float(w.fork_ratio_min),
-                self._probs[slot],
-                self._target[slot],
-            )
-            return
         self._refill_numpy(slot, head[:, :, None], u, pick, target_u[:, :, None], length[:, None])
 
     def _refill_numpy(
@@ -213,7 +223,8 @@ class SyntheticSource:
         target_u: npt.NDArray[np.float64],
         length: npt.NDArray[np.float64],
     ) -> None:
-        """:meth:`_refill` from its draws in numpy (the reference of the compiled kernel)."""
+        """:meth:`_refill` from its draws in numpy, the whole block at once (the reference of
+        the compiled kernel, which computes each step when it is drafted)."""
         w = self.workload
         steps, depth = self.block_steps, w.depth
         cols = np.arange(depth)[None, :]
@@ -282,6 +293,8 @@ class SyntheticSource:
         The second array is ``[B, depth + 1]``: the target's token at positions 1 … depth and
         after them (−1: not drafted, never matched)."""
         del context_lens  # synthetic streams are indexed by step, not by position
+        if self._compiled:
+            return self._draft_compiled(slots)
         if slots.shape[0] == 1:  # batch 1: the slot's row, without index arrays
             slot = int(slots[0])
             step = int(self._cursor[slot])
@@ -308,6 +321,53 @@ class SyntheticSource:
         ids = self._id_views.get(probs.shape[0])
         if ids is None:
             ids = self._rank_ids(probs.shape[0])
+        return BatchMarginals(ids, probs), target
+
+    def _draft_compiled(self, slots: IntArray) -> tuple[BatchMarginals, IntArray]:
+        """:meth:`draft` with the compiled kernel: every slot's current step computed from its
+        block's draws in one call."""
+        w, block = self.workload, self.block_steps
+        if slots.shape[0] == 1:  # batch 1: without index arrays
+            slot = int(slots[0])
+            step = int(self._cursor[slot])
+            if step >= block:
+                self._refill(slot)
+                step = 0
+            self._cursor[slot] = step + 1
+            rows = np.array([slot * block + step], np.int64)
+        else:
+            cursor = self._cursor[slots]
+            spent = cursor >= block
+            if np.count_nonzero(spent):
+                for slot in slots[spent].tolist():
+                    self._refill(slot)
+                cursor = self._cursor[slots]
+            self._cursor[slots] = cursor + 1
+            rows = slots * block + cursor  # (slot, step) as one index into the blocks
+        b = rows.shape[0]
+        probs = np.empty((b, w.depth, w.k))
+        target = np.empty((b, w.depth + 1), np.int64)
+        _draws(
+            self._bank,
+            self._pick,
+            self._head,
+            self._u,
+            self._length,
+            self._law_rows,
+            self._tu,
+            rows,
+            w.depth,
+            w.k,
+            self._bank_size,
+            float(w.branch_rate),
+            float(w.fork_rate),
+            float(w.fork_ratio_min),
+            probs,
+            target,
+        )
+        ids = self._id_views.get(b)
+        if ids is None:
+            ids = self._rank_ids(b)
         return BatchMarginals(ids, probs), target
 
     def _rank_ids(self, b: int) -> IntArray:

@@ -1,6 +1,8 @@
-"""The synthetic drafter's compiled block of steps (``_bestfirst_draws.c``) is its numpy
-reference array for array, for the shipped workloads and for parameters that exercise every
-branch (K = 1, 2, 3, forks and branches everywhere, rows out of order)."""
+"""The synthetic drafter's compiled steps (``_bestfirst_draws.c``, each step computed from its
+block's draws when it is drafted) are its numpy reference (the whole block computed when drawn)
+array for array, for the shipped workloads and for parameters that exercise every branch
+(K = 1, 2, 3, forks and branches everywhere, rows out of order), at batch 1 and in batches whose
+requests cross their blocks' ends at different steps."""
 
 from __future__ import annotations
 
@@ -28,21 +30,31 @@ VARIANTS = [
 @needs_kernel
 @pytest.mark.parametrize("workload", ["math", "chat", "qwen3-coder-30b-a3b-code"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_compiled_block_is_the_numpy_block(
+def test_compiled_steps_are_the_numpy_block(
     workload: str, variant: dict[str, float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     w = get_workload(workload).with_(**variant)
     for temperature in (0.0, 1.0):
         compiled = synthetic.SyntheticSource(w, 3, temperature, block_steps=16)
-        reference = synthetic.SyntheticSource(w, 3, temperature, block_steps=16)
-        kernel = synthetic._draws
-        for index in range(6):
-            slot = index % 3
-            compiled.admit(slot, index)
-            compiled._refill(slot)
-            monkeypatch.setattr(synthetic, "_draws", None)
-            reference.admit(slot, index)
-            reference._refill(slot)
-            monkeypatch.setattr(synthetic, "_draws", kernel)
-            assert np.array_equal(compiled._probs[slot], reference._probs[slot])
-            assert np.array_equal(compiled._target[slot], reference._target[slot])
+        with monkeypatch.context() as patch:  # the numpy path: chosen when a source is made
+            patch.setattr(synthetic, "_draws", None)
+            reference = synthetic.SyntheticSource(w, 3, temperature, block_steps=16)
+        assert compiled._compiled and not reference._compiled
+        for source in (compiled, reference):
+            for slot in range(3):
+                source.admit(slot, slot)
+        ctx = np.zeros(3, np.int64)
+        # batch 1 for a while (slot 0 crosses two block ends), then batches of every slot
+        # (each slot at its own step), then slots 2 and 1 (out of order)
+        plan = [np.array([0])] * 40 + [np.arange(3)] * 20 + [np.array([2, 1])] * 20
+        for step, slots in enumerate(plan):
+            if step == 50:  # a slot re-admitted mid-run starts a fresh block
+                for source in (compiled, reference):
+                    source.admit(1, 7)
+            (got, got_target), (want, want_target) = (
+                compiled.draft(slots, ctx[: slots.shape[0]]),
+                reference.draft(slots, ctx[: slots.shape[0]]),
+            )
+            assert np.array_equal(got.probs, want.probs), (workload, variant, step)
+            assert np.array_equal(got.token_ids, want.token_ids)
+            assert np.array_equal(got_target, want_target), (workload, variant, step)
