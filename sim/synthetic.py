@@ -87,6 +87,16 @@ class SyntheticSource:
     returns every listed slot's next step and advances it.
     """
 
+    # the stored blocks, [slots, block_steps, …]: the compiled path's draws (_head, _u,
+    # _pick, _length, _tu) or the numpy path's marginals and target tokens (_probs, _target)
+    _head: npt.NDArray[np.float64]
+    _u: npt.NDArray[np.float64]
+    _pick: IntArray
+    _length: npt.NDArray[np.float64]
+    _tu: npt.NDArray[np.float64]
+    _probs: npt.NDArray[np.float64]
+    _target: IntArray
+
     def __init__(
         self,
         workload: Workload,
@@ -347,6 +357,7 @@ class SyntheticSource:
         b = rows.shape[0]
         probs = np.empty((b, w.depth, w.k))
         target = np.empty((b, w.depth + 1), np.int64)
+        assert _draws is not None  # (the compiled path is chosen only with the kernel)
         _draws(
             self._bank,
             self._pick,
