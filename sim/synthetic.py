@@ -222,78 +222,7 @@ class SyntheticSource:
         pick = rng.integers(0, self._bank_size, size=(steps, depth))
         target_u = rng.random((steps, depth))  # the target's uniforms (used last)
         length = 1.0 + np.floor(np.log(u[:, 2]) / self._log_stay)  # [S]
-        self._refill_numpy(slot, head[:, :, None], u, pick, target_u[:, :, None], length[:, None])
-
-    def _refill_numpy(
-        self,
-        slot: int,
-        head: npt.NDArray[np.float64],
-        u: npt.NDArray[np.float64],
-        pick: IntArray,
-        target_u: npt.NDArray[np.float64],
-        length: npt.NDArray[np.float64],
-    ) -> None:
-        """:meth:`_refill` from its draws in numpy, the whole block at once (the reference of
-        the compiled kernel, which computes each step when it is drafted)."""
-        w = self.workload
-        steps, depth = self.block_steps, w.depth
-        cols = np.arange(depth)[None, :]
-        # a branch: from depth j0 for L positions, two continuations the drafter cannot tell
-        # apart; the target follows one of them (the second with probability v/(1+v))
-        start = np.floor(u[:, 1:2] * depth)
-        branch = (u[:, :1] < w.branch_rate) & (cols >= start) & (cols < start + length)
-        ratio = w.fork_ratio_min + (1.0 - w.fork_ratio_min) * np.concatenate(
-            (np.broadcast_to(u[:, 3:4], (steps, depth)), u[:, 5 + depth :]), axis=1
-        )  # [S, 2D]: the branch's ratio per step, then each isolated fork's
-        second = u[:, 4:5] < ratio[:, :1] / (1.0 + ratio[:, :1])  # the target's side
-        fork = branch | (u[:, 5 : 5 + depth] < w.fork_rate)
-        forks = bool(fork.any())
-        if forks:  # a fork's runners-up come from the bank's shifted half
-            pick += self._bank_size * fork
-        probs = np.take(self._bank, pick, axis=0)  # runners-up (descending) in columns 1 (2) …
-        probs *= 1.0 - head
-        if forks:
-            v = np.where(branch, ratio[:, :depth], ratio[:, depth:])
-            h = head[:, :, 0]
-            if w.k >= 2:  # (with K = 1 the second candidate is not kept, but q₁ is split)
-                probs[:, :, 1] = np.where(fork, h * v / (1.0 + v), probs[:, :, 1])
-            probs[:, :, 0] = np.where(fork, h / (1.0 + v), h)
-        else:
-            probs[:, :, :1] = head
-        law = self._law
-        # the target's law per rank: c_r·a_k·q[r], where a fork's second candidate counts as
-        # a head candidate (λ, not λ₂); on a branch the whole head mass goes to the side the
-        # target follows
-        weights = probs * law
-        if forks and w.k >= 2:
-            weights[:, :, 1] = np.where(fork, probs[:, :, 1] * law[:, :, 0], weights[:, :, 1])
-        if forks and w.k >= 2 and branch.any():
-            total = weights[:, :, 0] + weights[:, :, 1]
-            side = branch & second
-            weights[:, :, 0] = np.where(branch, np.where(side, 0.0, total), weights[:, :, 0])
-            weights[:, :, 1] = np.where(branch, np.where(side, total, 0.0), weights[:, :, 1])
-        # the bank's runners-up are sorted, so a row can be out of order only where they meet
-        # the head candidates (columns 0–2)
-        if w.k >= 3:
-            unsorted = (probs[:, :, 1] > probs[:, :, 0]) | (probs[:, :, 2] > probs[:, :, 1])
-        else:
-            unsorted = np.asarray((probs[:, :, 1:] > probs[:, :, :-1]).any(axis=2))
-        if unsorted.any():  # a runner-up above the head (low confidence): keep rows sorted
-            order = np.argsort(-probs[unsorted], axis=1, kind="stable")
-            probs[unsorted] = np.take_along_axis(probs[unsorted], order, axis=1)
-            weights[unsorted] = np.take_along_axis(weights[unsorted], order, axis=1)
-        self._probs[slot] = probs
-        # the target's token: rank r with probability weights[r] (rows scaled down to a total
-        # of 1 where they would exceed it), else outside (rank K): the number of cumulative
-        # weights below a uniform
-        # (cumulative sums and the count as small matrix products: much faster than
-        # cumsum/sum along a 16-wide axis)
-        k = w.k
-        cdf = (weights.reshape(-1, k) @ self._upper).reshape(steps, depth, k)
-        cdf /= np.maximum(cdf[:, :, -1:], 1.0)
-        below = (target_u > cdf).reshape(-1, k).astype(np.float64) @ self._ones
-        self._target[slot, :, :depth] = below.reshape(steps, depth)
-        self._target[slot, :, depth] = -1
+        _refill_numpy(self, slot, head[:, :, None], u, pick, target_u[:, :, None], length[:, None])
 
     # -- one step ---------------------------------------------------------------------------------
 
@@ -390,3 +319,76 @@ class SyntheticSource:
         ids.flags.writeable = False
         self._id_views[b] = ids
         return ids
+
+
+def _refill_numpy(
+    src: SyntheticSource,
+    slot: int,
+    head: npt.NDArray[np.float64],
+    u: npt.NDArray[np.float64],
+    pick: IntArray,
+    target_u: npt.NDArray[np.float64],
+    length: npt.NDArray[np.float64],
+) -> None:
+    """:meth:`SyntheticSource._refill` from its draws in numpy, the whole block of ``slot``
+    at once (the reference of the compiled kernel, which computes each step when it is
+    drafted)."""
+    w = src.workload
+    steps, depth = src.block_steps, w.depth
+    cols = np.arange(depth)[None, :]
+    # a branch: from depth j0 for L positions, two continuations the drafter cannot tell
+    # apart; the target follows one of them (the second with probability v/(1+v))
+    start = np.floor(u[:, 1:2] * depth)
+    branch = (u[:, :1] < w.branch_rate) & (cols >= start) & (cols < start + length)
+    ratio = w.fork_ratio_min + (1.0 - w.fork_ratio_min) * np.concatenate(
+        (np.broadcast_to(u[:, 3:4], (steps, depth)), u[:, 5 + depth :]), axis=1
+    )  # [S, 2D]: the branch's ratio per step, then each isolated fork's
+    second = u[:, 4:5] < ratio[:, :1] / (1.0 + ratio[:, :1])  # the target's side
+    fork = branch | (u[:, 5 : 5 + depth] < w.fork_rate)
+    forks = bool(fork.any())
+    if forks:  # a fork's runners-up come from the bank's shifted half
+        pick += src._bank_size * fork
+    probs = np.take(src._bank, pick, axis=0)  # runners-up (descending) in columns 1 (2) …
+    probs *= 1.0 - head
+    if forks:
+        v = np.where(branch, ratio[:, :depth], ratio[:, depth:])
+        h = head[:, :, 0]
+        if w.k >= 2:  # (with K = 1 the second candidate is not kept, but q₁ is split)
+            probs[:, :, 1] = np.where(fork, h * v / (1.0 + v), probs[:, :, 1])
+        probs[:, :, 0] = np.where(fork, h / (1.0 + v), h)
+    else:
+        probs[:, :, :1] = head
+    law = src._law
+    # the target's law per rank: c_r·a_k·q[r], where a fork's second candidate counts as
+    # a head candidate (λ, not λ₂); on a branch the whole head mass goes to the side the
+    # target follows
+    weights = probs * law
+    if forks and w.k >= 2:
+        weights[:, :, 1] = np.where(fork, probs[:, :, 1] * law[:, :, 0], weights[:, :, 1])
+    if forks and w.k >= 2 and branch.any():
+        total = weights[:, :, 0] + weights[:, :, 1]
+        side = branch & second
+        weights[:, :, 0] = np.where(branch, np.where(side, 0.0, total), weights[:, :, 0])
+        weights[:, :, 1] = np.where(branch, np.where(side, total, 0.0), weights[:, :, 1])
+    # the bank's runners-up are sorted, so a row can be out of order only where they meet
+    # the head candidates (columns 0–2)
+    if w.k >= 3:
+        unsorted = (probs[:, :, 1] > probs[:, :, 0]) | (probs[:, :, 2] > probs[:, :, 1])
+    else:
+        unsorted = np.asarray((probs[:, :, 1:] > probs[:, :, :-1]).any(axis=2))
+    if unsorted.any():  # a runner-up above the head (low confidence): keep rows sorted
+        order = np.argsort(-probs[unsorted], axis=1, kind="stable")
+        probs[unsorted] = np.take_along_axis(probs[unsorted], order, axis=1)
+        weights[unsorted] = np.take_along_axis(weights[unsorted], order, axis=1)
+    src._probs[slot] = probs
+    # the target's token: rank r with probability weights[r] (rows scaled down to a total
+    # of 1 where they would exceed it), else outside (rank K): the number of cumulative
+    # weights below a uniform
+    # (cumulative sums and the count as small matrix products: much faster than
+    # cumsum/sum along a 16-wide axis)
+    k = w.k
+    cdf = (weights.reshape(-1, k) @ src._upper).reshape(steps, depth, k)
+    cdf /= np.maximum(cdf[:, :, -1:], 1.0)
+    below = (target_u > cdf).reshape(-1, k).astype(np.float64) @ src._ones
+    src._target[slot, :, :depth] = below.reshape(steps, depth)
+    src._target[slot, :, depth] = -1
