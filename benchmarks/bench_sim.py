@@ -14,13 +14,20 @@ The GPU's memory is modelled as ``bastion simulate`` does by default (0.9 of it:
 activations, a paged KV cache; admission, lookahead reserved per step, trees cut to the free
 blocks); ``--memory off`` serves without a memory limit (its use still counted).
 
+``--fingerprint`` adds a column: a short hash of the cell's simulated results (elapsed time, τ,
+mean N, throughput, steps and every request's TTFT, TPOT and E2E, exactly as floats), so two
+versions of the code can be checked bit-identical cell by cell (a speed change must not move
+it, or must say why).
+
 Run: ``python benchmarks/bench_sim.py [--repeats 3] [--concurrency 1,4,8,16,32,64]
-[--policies ar,chain,...] [--memory on|off] [--model NAME] [--tp N]``. Never part of the tests.
+[--policies ar,chain,...] [--memory on|off] [--model NAME] [--tp N] [--fingerprint]``. Never
+part of the tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import statistics
 import time
 
@@ -42,6 +49,11 @@ def main() -> None:
     parser.add_argument("--memory", choices=("on", "off"), default="on")
     parser.add_argument("--model", default="qwen3-8b", help="a bundled model (default qwen3-8b)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs (default 1)")
+    parser.add_argument(
+        "--fingerprint",
+        action="store_true",
+        help="add a column: a hash of each cell's simulated results (to compare versions)",
+    )
     args = parser.parse_args()
     model = get_model(args.model)
     hw = get_profile("h100-sxm")
@@ -54,11 +66,12 @@ def main() -> None:
         f"calibration sweep + "
         f"fit: {calib_s:.2f} s\n"
     )
+    extra = " results |" if args.fingerprint else ""
     print(
         "| C | policy | requests | throughput tok/s | τ | mean N | simulated s | "
-        "wall s | simulated / wall | simulated / CPU |"
+        "wall s | simulated / wall | simulated / CPU |" + extra
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---|" if extra else ""))
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         requests = 8 if concurrency == 1 else max(16, 2 * concurrency)
         spec = SimSpec(
@@ -80,14 +93,24 @@ def main() -> None:
                 r = serve(policy, gpu, source, requests, concurrency, cm, memory=memory)
                 walls.append(time.perf_counter() - start)
                 cpus.append(time.process_time() - cpu)
-                results.append((r.elapsed_s, r.tau, r.mean_tree_size, r.throughput))
+                results.append(
+                    (
+                        r.elapsed_s,
+                        r.tau,
+                        r.mean_tree_size,
+                        r.throughput,
+                        r.steps,
+                        tuple((q.ttft_s, q.tpot_s, q.e2e_s) for q in r.requests),
+                    )
+                )
             assert len(set(results)) == 1, "same seed, different result"
-            sim_s, tau, mean_n, tput = results[0]
+            sim_s, tau, mean_n, tput = results[0][:4]
+            digest = hashlib.sha256(repr(results[0]).encode()).hexdigest()[:12]
             wall, cpu_s = statistics.median(walls), statistics.median(cpus)
             print(
                 f"| {concurrency} | {name} | {requests} | {tput:.0f} | {tau:.2f} | "
                 f"{mean_n:.1f} | {sim_s:.2f} | {wall:.3f} | {sim_s / wall:.0f}× | "
-                f"{sim_s / cpu_s:.0f}× |",
+                f"{sim_s / cpu_s:.0f}× |" + (f" `{digest}` |" if args.fingerprint else ""),
                 flush=True,
             )
 
