@@ -65,7 +65,8 @@ def choose_per_request(
     if model.drafter is not None:  # type: ignore[union-attr]  # as RooflineCostModel.draft_s
         draft = model._drafter_pricer().total_s(req.size, int(own.sum()))  # type: ignore[union-attr]
     previous = req.previous_tree_sizes
-    starts = np.where(previous > 0, np.maximum(64, 2 * previous), policy.initial_budget)
+    # each request's first budget as AdaptivePolicy.choose starts it (1.5× its last, ≥ 16)
+    starts = np.where(previous > 0, np.maximum(16, 3 * previous // 2), policy.initial_budget)
     depth, k = probs.shape[1:]
     out = kernel(
         np.ascontiguousarray(probs, np.float64),
