@@ -21,6 +21,9 @@
  * draws(...): the simulator's synthetic drafter, the drafted steps' marginals and target tokens
  *   from their requests' random draws (_bestfirst_draws.c).
  *
+ * joint(...), floor(...): the learning controller's joint budget and the stepped decision floor
+ *   it is priced from (_bestfirst_joint.c).
+ *
  * paper(...): the paper controller's joint budget on a calibrated roofline it prices itself
  *   (_bestfirst_paper.c); request(...): the paper's per-request rule at batch > 1, the same
  *   way (_bestfirst_request.c).
@@ -40,7 +43,7 @@
  *   switched off.
  *
  * The sources: _bestfirst_tree.c (the heap, one request's tree, build()), _bestfirst_size.c
- * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint()),
+ * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint(), floor()),
  * _bestfirst_learn.c (accept(), learn(), calibrate()), _bestfirst_shaped.c (beam(), eagle()),
  * _bestfirst_draws.c (draws()), _bestfirst_paper.c (paper()), _bestfirst_request.c (request()),
  * _bestfirst_kv.c (blocks(), sums()); _bestfirst.h declares what they share.
@@ -53,6 +56,8 @@ static PyMethodDef methods[] = {
     {"chunk", bf_chunk, METH_VARARGS, bf_chunk_doc},
     {"forest", bf_forest, METH_VARARGS, "B best-first trees grown together in merged order."},
     {"joint", bf_joint, METH_VARARGS, "The learning controller's joint budget (see above)."},
+    {"floor", bf_floor, METH_VARARGS,
+     "The learning controller's stepped decision floor (see _bestfirst_joint.c)."},
     {"accept", bf_accept, METH_VARARGS, "Accepted paths of a batch of trees against targets."},
     {"calibrate", bf_calibrate, METH_VARARGS, "Calibrated marginals, rows re-sorted (see above)."},
     {"learn", bf_learn, METH_VARARGS, "A tree step folded into both calibrations, in place."},

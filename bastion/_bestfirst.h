@@ -92,6 +92,7 @@ BF_PRIVATE PyObject *bf_chunk(PyObject *self, PyObject *args);     /* _bestfirst
 BF_PRIVATE PyObject *bf_choose(PyObject *self, PyObject *args);    /* _bestfirst_size.c */
 BF_PRIVATE PyObject *bf_forest(PyObject *self, PyObject *args);    /* _bestfirst_forest.c */
 BF_PRIVATE PyObject *bf_joint(PyObject *self, PyObject *args);     /* _bestfirst_joint.c */
+BF_PRIVATE PyObject *bf_floor(PyObject *self, PyObject *args);     /* _bestfirst_joint.c */
 BF_PRIVATE PyObject *bf_accept(PyObject *self, PyObject *args);    /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_learn(PyObject *self, PyObject *args);     /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_calibrate(PyObject *self, PyObject *args); /* _bestfirst_learn.c */

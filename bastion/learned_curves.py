@@ -31,6 +31,11 @@ from bastion.interfaces import CostCurve
 from bastion.learned_prior import MODE_CONTEXT_STEP, PricedPrior, mean_context
 from bastion.observed import SizeCalibration
 
+try:  # the compiled decision floor (bastion._bestfirst.floor); the numpy below without it
+    from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised where no compiler is available
+    _kernel = None
+
 __all__: list[str] = []  # a part of bastion.learned's LearnedCostModel, public there
 
 IntArray = npt.NDArray[np.int64]
@@ -191,7 +196,26 @@ class DecisionCurves:
         hit = self._joint_cache.get(key)
         if hit is None or hit[0] != stamp:
             even = self.priced.even(ctx, top)
-            n_cells = int(lattice_index([top])[0]) + 1
+            n_cells = bisect_left(_LATTICE_POINTS, top) + 1
+            floor = getattr(_kernel, "floor", None)
+            if floor is not None and n_cells <= LATTICE.shape[0]:  # the numpy below, compiled
+                table = self.table
+                best = floor(
+                    np.ascontiguousarray(even, np.float64),
+                    table.ratios("tree", b),
+                    table.count("tree", b),
+                    np.ascontiguousarray(self.sizes.factors(b), np.float64),
+                    float(table.noise("tree", b)),
+                    int(table.window),
+                    b,
+                    top,
+                    n_cells,
+                    LATTICE,
+                )
+                if len(self._joint_cache) > 64:
+                    self._joint_cache.clear()
+                hit = self._joint_cache[key] = (stamp, np.frombuffer(best, np.float64))
+                return _cells_of(b, top), hit[1]
             points = LATTICE[:n_cells]
             # the factors do not depend on the context: a new context step reuses them
             units = self._units.get(b)
