@@ -18,8 +18,9 @@
  *
  * beam(...), eagle(...): BeamPolicy's and EaglePolicy's trees for a batch (_bestfirst_shaped.c).
  *
- * draws(...): the simulator's synthetic drafter, the drafted steps' marginals and target tokens
- *   from their requests' random draws (_bestfirst_draws.c).
+ * draws(...), neg_logit(...): the simulator's synthetic drafter, the drafted steps' marginals
+ *   and target tokens from their requests' random draws, and a block's log-odds
+ *   (_bestfirst_draws.c).
  *
  * joint(...), floor(...): the learning controller's joint budget and the stepped decision floor
  *   it is priced from (_bestfirst_joint.c).
@@ -45,8 +46,8 @@
  * The sources: _bestfirst_tree.c (the heap, one request's tree, build()), _bestfirst_size.c
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint(), floor()),
  * _bestfirst_learn.c (accept(), learn(), calibrate()), _bestfirst_shaped.c (beam(), eagle()),
- * _bestfirst_draws.c (draws()), _bestfirst_paper.c (paper()), _bestfirst_request.c (request()),
- * _bestfirst_kv.c (blocks(), sums()); _bestfirst.h declares what they share.
+ * _bestfirst_draws.c (draws(), neg_logit()), _bestfirst_paper.c (paper()), _bestfirst_request.c
+ * (request()), _bestfirst_kv.c (blocks(), sums()); _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
 
@@ -64,6 +65,8 @@ static PyMethodDef methods[] = {
     {"beam", bf_beam, METH_VARARGS, "Beam trees for B requests (see _bestfirst_shaped.c)."},
     {"eagle", bf_eagle, METH_VARARGS, "EAGLE trees for B requests (see _bestfirst_shaped.c)."},
     {"draws", bf_draws, METH_VARARGS, "Synthetic steps from their draws (see _bestfirst_draws.c)."},
+    {"neg_logit", bf_neg_logit, METH_VARARGS,
+     "A synthetic block's negated head log-odds (see _bestfirst_draws.c)."},
     {"paper", bf_paper, METH_VARARGS, "The paper controller's joint budget (_bestfirst_paper.c)."},
     {"joint_price", bf_joint_price, METH_VARARGS,
      "A calibrated roofline's joint curve along a growth (_bestfirst_paper.c)."},

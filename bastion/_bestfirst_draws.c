@@ -9,19 +9,26 @@
  * a step's marginals are computed here when the step is drafted, for the steps drafted only
  * (a request that finishes mid-block leaves the rest of its block undrawn into marginals).
  *
- * draws(bank, pick, head, u, length, law, target_u, rows, depth, k, bank_size, branch_rate,
- *       fork_rate, fork_ratio_min, probs, target) -> None
+ * draws(bank, pick, fall, u, log_u, law, target_u, rows, depth, k, bank_size, branch_rate,
+ *       fork_rate, fork_ratio_min, log_stay, probs, target) -> None
  *   bank:     [2 * bank_size, k] runner-up spreads (the second half shifted for forks)
  *   pick:     [n, depth] int64 rows of the bank's first half, per stored step
- *   head:     [n, depth] head masses
+ *   fall:     [n, depth] exp(-logit) of the head masses (numpy's exp): the head mass is
+ *             min(1 / (1 + fall), 1 - 1e-12), as _refill_numpy computes it
  *   u:        [n, 2 * depth + 5] uniforms: the branch's 5 per step, then 2 per position
- *   length:   [n] branch lengths
+ *   log_u:    [n] log of each step's third uniform (numpy's log): the branch's length is
+ *             1 + floor(log_u / log_stay), log_stay the log of its geometric stay
  *   law:      [depth, k] the target's law per rank, c_r * a_k
  *   target_u: [n, depth] the target's uniforms
  *   rows:     [B] int64: which of the n stored steps to compute, in the batch's order
  *   probs:    [B, depth, k] written: the marginals, each row sorted descending
  *   target:   [B, depth + 1] int64 written: the target's rank per position (k: outside the
  *             row), -1 after the last
+ *
+ * neg_logit(top1, z, step_sd, position_sd, out) -> None: a block's negated head log-odds,
+ * -((top1[d] + step_sd * z[s, 0]) + position_sd * z[s, 1 + d]) into out [steps, depth] (z:
+ * [steps, depth + 1] normals, top1: [depth]), numpy's operations in numpy's order; the caller
+ * takes numpy's exp of it in place (the fall above).
  */
 #include "_bestfirst.h"
 
@@ -82,22 +89,22 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
 }
 
 PyObject *bf_draws(PyObject *self, PyObject *args) {
-    Py_buffer bank, pick, head, u, length, law, tu, rowsb, probs, target;
+    Py_buffer bank, pick, fall, u, log_u, law, tu, rowsb, probs, target;
     Py_ssize_t depth, k, bank_size;
-    double branch_rate, fork_rate, ratio_min;
+    double branch_rate, fork_rate, ratio_min, log_stay;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*nnndddw*w*", &bank, &pick, &head, &u, &length,
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*nnnddddw*w*", &bank, &pick, &fall, &u, &log_u,
                           &law, &tu, &rowsb, &depth, &k, &bank_size, &branch_rate, &fork_rate,
-                          &ratio_min, &probs, &target))
+                          &ratio_min, &log_stay, &probs, &target))
         return NULL;
     Py_ssize_t dsz = (Py_ssize_t)sizeof(double), isz = (Py_ssize_t)sizeof(int64_t);
-    Py_ssize_t n = length.len / dsz, b = rowsb.len / isz;
+    Py_ssize_t n = log_u.len / dsz, b = rowsb.len / isz;
     if (n < 1 || b < 1 || depth < 1 || k < 1 || k > DRAWS_MAX_K || bank_size < 1 ||
         !bf_holds_exactly(bank.len, dsz, 2 * bank_size, k, 1) ||
         !bf_holds_exactly(pick.len, isz, n, depth, 1) ||
-        !bf_holds_exactly(head.len, dsz, n, depth, 1) ||
+        !bf_holds_exactly(fall.len, dsz, n, depth, 1) ||
         !bf_holds_exactly(u.len, dsz, n, 2 * depth + 5, 1) ||
-        !bf_holds_exactly(length.len, dsz, n, 1, 1) ||
+        !bf_holds_exactly(log_u.len, dsz, n, 1, 1) ||
         !bf_holds_exactly(law.len, dsz, depth, k, 1) ||
         !bf_holds_exactly(tu.len, dsz, n, depth, 1) ||
         !bf_holds_exactly(rowsb.len, isz, b, 1, 1) ||
@@ -121,8 +128,8 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
                 }
             }
         }
-        const double *bk = (const double *)bank.buf, *hd = (const double *)head.buf;
-        const double *uu = (const double *)u.buf, *len = (const double *)length.buf;
+        const double *bk = (const double *)bank.buf, *fl = (const double *)fall.buf;
+        const double *uu = (const double *)u.buf, *lu = (const double *)log_u.buf;
         const double *lw = (const double *)law.buf, *tgu = (const double *)tu.buf;
         double *out = (double *)probs.buf, w[DRAWS_MAX_K], tmp[DRAWS_MAX_K];
         int64_t *tg = (int64_t *)target.buf;
@@ -142,8 +149,9 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
         for (Py_ssize_t i = 0; i < b; i++) {
             Py_ssize_t s = want[i];
             const double *us = uu + s * (2 * depth + 5);
-            /* the step's branch: from depth `start` for `len` positions */
-            double start = floor(us[1] * (double)depth), end = start + len[s];
+            /* the step's branch: from depth `start` for 1 + floor(log u / log stay) positions */
+            double start = floor(us[1] * (double)depth);
+            double end = start + (1.0 + floor(lu[s] / log_stay));
             int branching = us[0] < branch_rate;
             for (Py_ssize_t d = 0; d < depth; d++) {
                 int branch = branching && (double)d >= start && (double)d < end;
@@ -166,8 +174,10 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
                 Py_ssize_t at = i * depth + d;
                 int fork = flags[at] & 1, branch = flags[at] >> 1;
                 double vf = ratio_min + keep * us[5 + depth + d];
-                tg[i * (depth + 1) + d] = draws_one(bk + rows[at], hd[s * depth + d], fork, branch,
-                                                    second, branch ? vb : vf, lw + d * k,
+                double h = 1.0 / (1.0 + fl[s * depth + d]); /* np.minimum(h, 1 - 1e-12) */
+                h = h != h ? h : (h <= 1.0 - 1e-12 ? h : 1.0 - 1e-12);
+                tg[i * (depth + 1) + d] = draws_one(bk + rows[at], h, fork, branch, second,
+                                                    branch ? vb : vf, lw + d * k,
                                                     tgu[s * depth + d], k, out + at * k, w, tmp);
             }
             tg[i * (depth + 1) + depth] = -1;
@@ -180,13 +190,46 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
 done:
     PyBuffer_Release(&bank);
     PyBuffer_Release(&pick);
-    PyBuffer_Release(&head);
+    PyBuffer_Release(&fall);
     PyBuffer_Release(&u);
-    PyBuffer_Release(&length);
+    PyBuffer_Release(&log_u);
     PyBuffer_Release(&law);
     PyBuffer_Release(&tu);
     PyBuffer_Release(&rowsb);
     PyBuffer_Release(&probs);
     PyBuffer_Release(&target);
+    return result;
+}
+
+PyObject *bf_neg_logit(PyObject *self, PyObject *args) {
+    Py_buffer top1b, zb, outb;
+    double step_sd, position_sd;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*ddw*", &top1b, &zb, &step_sd, &position_sd, &outb))
+        return NULL;
+    Py_ssize_t dsz = (Py_ssize_t)sizeof(double), depth = top1b.len / dsz;
+    Py_ssize_t steps = depth > 0 ? zb.len / dsz / (depth + 1) : 0;
+    if (depth < 1 || steps < 1 || !bf_holds_exactly(top1b.len, dsz, depth, 1, 1) ||
+        !bf_holds_exactly(zb.len, dsz, steps, depth + 1, 1) ||
+        !bf_holds_exactly(outb.len, dsz, steps, depth, 1)) {
+        PyErr_SetString(PyExc_ValueError, "neg_logit: buffers do not match steps and depth");
+        goto done;
+    }
+    {
+        const double *top1 = (const double *)top1b.buf, *z = (const double *)zb.buf;
+        double *out = (double *)outb.buf;
+        for (Py_ssize_t s = 0; s < steps; s++) {
+            const double *zs = z + s * (depth + 1);
+            double shift = step_sd * zs[0];
+            for (Py_ssize_t d = 0; d < depth; d++)
+                out[s * depth + d] = -((top1[d] + shift) + position_sd * zs[1 + d]);
+        }
+        result = Py_None;
+        Py_INCREF(result);
+    }
+done:
+    PyBuffer_Release(&top1b);
+    PyBuffer_Release(&zb);
+    PyBuffer_Release(&outb);
     return result;
 }

@@ -51,6 +51,7 @@ try:  # the optional compiled kernel (setup.py): a block's arithmetic in one cal
 except ImportError:  # pragma: no cover - exercised where no compiler is available
     _kernel = None
 _draws = getattr(_kernel, "draws", None)
+_neg_logit = getattr(_kernel, "neg_logit", None)
 
 __all__ = ["SyntheticSource"]
 
@@ -87,12 +88,12 @@ class SyntheticSource:
     returns every listed slot's next step and advances it.
     """
 
-    # the stored blocks, [slots, block_steps, …]: the compiled path's draws (_head, _u,
-    # _pick, _length, _tu) or the numpy path's marginals and target tokens (_probs, _target)
-    _head: npt.NDArray[np.float64]
+    # the stored blocks, [slots, block_steps, …]: the compiled path's draws (_fall, _u,
+    # _pick, _log_u, _tu) or the numpy path's marginals and target tokens (_probs, _target)
+    _fall: npt.NDArray[np.float64]
     _u: npt.NDArray[np.float64]
     _pick: IntArray
-    _length: npt.NDArray[np.float64]
+    _log_u: npt.NDArray[np.float64]
     _tu: npt.NDArray[np.float64]
     _probs: npt.NDArray[np.float64]
     _target: IntArray
@@ -127,13 +128,13 @@ class SyntheticSource:
         self._slots = 0
         # the compiled path keeps each block's draws and computes a step when it is drafted;
         # the numpy path computes the block's marginals and target tokens when it is drawn
-        self._compiled = _draws is not None and w.k <= _DRAWS_MAX_K
+        self._compiled = _draws is not None and _neg_logit is not None and w.k <= _DRAWS_MAX_K
         per_step = {  # what one stored step holds, per path: (name, shape of one step, dtype)
             True: [
-                ("_head", (w.depth,), np.float64),
+                ("_fall", (w.depth,), np.float64),  # exp(−logit) of the head masses
                 ("_u", (2 * w.depth + 5,), np.float64),
                 ("_pick", (w.depth,), np.int64),
-                ("_length", (), np.float64),
+                ("_log_u", (), np.float64),  # log of the branch length's uniform
                 ("_tu", (w.depth,), np.float64),
             ],
             False: [
@@ -207,17 +208,22 @@ class SyntheticSource:
         assert rng is not None
         steps, depth = self.block_steps, w.depth
         z = rng.standard_normal((steps, depth + 1))  # column 0: the step's shift
-        logit = self._top1[slot][None, :] + w.step_sd * z[:, :1] + w.position_sd * z[:, 1:]
-        # h: the head mass, kept in (0, 1) however large the log-odds
-        head = np.minimum(1.0 / (1.0 + np.exp(-logit)), 1.0 - 1e-12)  # [S, D], C-contiguous
         self._cursor[slot] = 0
         if self._compiled:  # kept as drawn: draft() computes each step's rows (_draws)
-            self._head[slot] = head
+            # numpy's exp and log of the draws (the kernel takes the rest of the arithmetic
+            # below, the same operations, when a step is drafted)
+            fall = self._fall[slot]
+            assert _neg_logit is not None
+            _neg_logit(self._top1[slot], z, float(w.step_sd), float(w.position_sd), fall)
+            np.exp(fall, out=fall)
             u = rng.random(out=self._u[slot])  # branch: 5 per step; forks: 2 per position
             self._pick[slot] = rng.integers(0, self._bank_size, size=(steps, depth))
             rng.random(out=self._tu[slot])  # the target's uniforms (used last)
-            self._length[slot] = 1.0 + np.floor(np.log(u[:, 2]) / self._log_stay)
+            np.log(u[:, 2], out=self._log_u[slot])
             return
+        logit = self._top1[slot][None, :] + w.step_sd * z[:, :1] + w.position_sd * z[:, 1:]
+        # h: the head mass, kept in (0, 1) however large the log-odds
+        head = np.minimum(1.0 / (1.0 + np.exp(-logit)), 1.0 - 1e-12)  # [S, D], C-contiguous
         u = rng.random((steps, 2 * depth + 5))  # branch: 5 per step; forks: 2 per position
         pick = rng.integers(0, self._bank_size, size=(steps, depth))
         target_u = rng.random((steps, depth))  # the target's uniforms (used last)
@@ -290,9 +296,9 @@ class SyntheticSource:
         _draws(
             self._bank,
             self._pick,
-            self._head,
+            self._fall,
             self._u,
-            self._length,
+            self._log_u,
             self._law_rows,
             self._tu,
             rows,
@@ -302,6 +308,7 @@ class SyntheticSource:
             float(w.branch_rate),
             float(w.fork_rate),
             float(w.fork_ratio_min),
+            float(self._log_stay),
             probs,
             target,
         )

@@ -24,6 +24,7 @@ VARIANTS = [
     {"k": 1, "fork_rate": 0.9, "branch_rate": 0.9},
     {"depth": 3, "k": 5, "branch_rate": 1.0},
     {"difficulty_sd": 3.0, "step_sd": 2.0},  # low confidence: runners-up above the head
+    {"step_sd": 40.0},  # log-odds far beyond ±27.6: head masses held below 1 − 1e-12
 ]
 
 
