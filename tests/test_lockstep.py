@@ -83,6 +83,21 @@ def test_the_step_goes_to_the_session_furthest_behind() -> None:
     assert order == [0, 1, 2, 0, 0, 1, 0, 2, 0, 1, 0]
 
 
+@pytest.mark.parametrize("weights", [False, 1.0, "ab", [1.0], [1.0, 0.0], [1.0, True], [1, None]])
+def test_weights_that_are_not_one_positive_number_per_session_are_refused(weights) -> None:  # type: ignore[no-untyped-def]
+    """A project error, not Python's (the fuzz test found ``weights=False`` escaping as a
+    TypeError from ``len``)."""
+    base = FakeTime()
+    clocks = [TurnClock(base) for _ in range(2)]
+
+    def session() -> Generator[bool, None, float]:
+        yield True
+        return 0.0
+
+    with pytest.raises(BastionError, match="weights"):
+        lockstep([session(), session()], clocks, weights=weights)
+
+
 class _Cycle:
     """Garbage only the collector frees (a reference cycle)."""
 

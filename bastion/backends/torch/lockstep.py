@@ -103,12 +103,17 @@ def lockstep(
         raise BudgetError(f"{len(sessions)} sessions for {len(clocks)} clocks; give one each")
     scale = [1.0] * len(sessions)
     if weights is not None:
-        if len(weights) != len(sessions) or not all(
-            isinstance(w, int | float) and not isinstance(w, bool) and 0 < w < float("inf")
-            for w in weights
+        if (
+            not isinstance(weights, Sequence)
+            or isinstance(weights, str)
+            or len(weights) != len(sessions)
+            or not all(
+                isinstance(w, int | float) and not isinstance(w, bool) and 0 < w < float("inf")
+                for w in weights
+            )
         ):
             raise BudgetError(
-                f"lockstep: weights must be one finite number > 0 per session; got {weights!r}"
+                f"lockstep: weights must be one finite number > 0 per session; got {weights!r:.80}"
             )
         scale = [1.0 / float(w) for w in weights]
     results: dict[int, _T] = {}
