@@ -78,7 +78,7 @@ BF_PRIVATE Py_ssize_t bf_forest_grow(const double *p, Py_ssize_t b, Py_ssize_t d
                                     fentry *heap, int64_t *count, int64_t *g_req,
                                     int64_t *g_pos, int64_t *g_par, int64_t *g_dep,
                                     int64_t *g_rnk, double *g_sco, int *more,
-                                    Py_ssize_t *hn_io, Py_ssize_t *m_io);
+                                    Py_ssize_t *hn_io, Py_ssize_t added);
 BF_PRIVATE void bf_forest_scatter(Py_ssize_t b, Py_ssize_t m, const int64_t *keep,
                                   const int64_t *g_req, const int64_t *g_pos,
                                   const int64_t *g_par, const int64_t *g_dep,

@@ -61,15 +61,16 @@ static void fpop(fentry *heap, Py_ssize_t *n) {
    depth, rank and score into g_*[j] and each request's node count (root included) into count.
    Returns the nodes added; *more says whether some request could still grow. heap holds
    B + total + 1. *hn_io < 0 starts afresh; otherwise the growth resumes where the last call
-   with this heap, count and g_* stopped (*hn_io entries in the heap, *m_io nodes added): the
-   merged order does not depend on where a round stopped, so growing on to a larger total adds
-   the very nodes a fresh growth to it would (the joint budget's rounds grow on, not anew). */
+   with this heap, count and g_* stopped (*hn_io entries in the heap, `added` nodes: what it
+   returned): the merged order does not depend on where a round stopped, so growing on to a
+   larger total adds the very nodes a fresh growth to it would (the joint budget's rounds grow
+   on, not anew). */
 Py_ssize_t bf_forest_grow(const double *p, Py_ssize_t b, Py_ssize_t depth, Py_ssize_t k,
                           const int64_t *cap, Py_ssize_t total, fentry *heap, int64_t *count,
                           int64_t *g_req, int64_t *g_pos, int64_t *g_par, int64_t *g_dep,
                           int64_t *g_rnk, double *g_sco, int *more, Py_ssize_t *hn_io,
-                          Py_ssize_t *m_io) {
-    Py_ssize_t hn = *hn_io, m = *m_io;
+                          Py_ssize_t added) {
+    Py_ssize_t hn = *hn_io, m = added;
     if (hn < 0) {
         hn = m = 0;
         for (Py_ssize_t r = 0; r < b; r++) {
@@ -125,7 +126,6 @@ Py_ssize_t bf_forest_grow(const double *p, Py_ssize_t b, Py_ssize_t depth, Py_ss
     for (Py_ssize_t i = 0; i < hn && !any; i++) any = count[heap[i].request] < cap[heap[i].request];
     *more = any;
     *hn_io = hn;
-    *m_io = m;
     return m;
 }
 
@@ -207,9 +207,9 @@ PyObject *bf_forest(PyObject *self, PyObject *args) {
         goto done;
     }
     int more = 0;
-    Py_ssize_t hn = -1, grown = 0;
+    Py_ssize_t hn = -1;
     Py_ssize_t m = bf_forest_grow(p, b, depth, k, cap, total, heap, count, g_req, g_pos, g_par,
-                                  g_dep, g_rnk, g_sco, &more, &hn, &grown);
+                                  g_dep, g_rnk, g_sco, &more, &hn, 0);
     Py_ssize_t n = b + m;
     o_par = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
     o_dep = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));

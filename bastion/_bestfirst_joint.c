@@ -79,7 +79,7 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
         /* the per-node arrays grow with the rounds (most can be 30 000 nodes where a round
          * grows a few hundred: allocating for it cost more than the round) */
         size_t cap_nodes = 0;
-        Py_ssize_t hn = -1, grown = 0; /* the forest's growth, resumed round after round */
+        Py_ssize_t hn = -1; /* the forest's heap, its growth resumed round after round */
         count = calloc((size_t)b, sizeof(int64_t));
         cap = malloc((size_t)b * sizeof(int64_t));
         alloc = calloc((size_t)b, sizeof(int64_t));
@@ -116,7 +116,7 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
 #undef GROW
             }
             m = bf_forest_grow(p, b, depth, k, cap, total, heap, count, g_req, g_pos, g_par, g_dep,
-                               g_rnk, g_sco, &more, &hn, &grown);
+                               g_rnk, g_sco, &more, &hn, m);
             /* a chain grown beyond the priced totals: the Python loop prices more (the request
              * may ask for more: a lattice that holds fewer nodes ends the chain first) */
             if (m > ntot - 1) {

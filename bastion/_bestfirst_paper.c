@@ -161,7 +161,7 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
         }
         const int64_t *tid = (const int64_t *)ids.buf;
         size_t cap_nodes = 0;
-        Py_ssize_t hn = -1, grown = 0; /* the forest's growth, resumed round after round */
+        Py_ssize_t hn = -1; /* the forest's heap, its growth resumed round after round */
         count = calloc((size_t)b, sizeof(int64_t));
         cap = malloc((size_t)b * sizeof(int64_t));
         alloc = calloc((size_t)b, sizeof(int64_t));
@@ -220,7 +220,7 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
 #undef GROW
             }
             m = bf_forest_grow(p, b, depth, k, cap, total, heap, count, g_req, g_pos, g_par, g_dep,
-                               g_rnk, g_sco, &more, &hn, &grown);
+                               g_rnk, g_sco, &more, &hn, m);
             /* the chain's passes: a node added to a request holding n raises the pairs by
                c + 2n + 1 (joint_shapes), priced as joint_seconds, checked as _chain_costs */
             double pairs = pairs0;

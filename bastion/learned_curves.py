@@ -195,45 +195,47 @@ class DecisionCurves:
         stamp = (self.table.stamp("tree"), self.sizes.version >> REFRESH_SHIFT)
         hit = self._joint_cache.get(key)
         if hit is None or hit[0] != stamp:
-            even = self.priced.even(ctx, top)
-            n_cells = bisect_left(_LATTICE_POINTS, top) + 1
-            floor = getattr(_kernel, "floor", None)
-            if floor is not None and n_cells <= LATTICE.shape[0]:  # the numpy below, compiled
-                table = self.table
-                best = floor(
-                    np.ascontiguousarray(even, np.float64),
-                    table.ratios("tree", b),
-                    table.count("tree", b),
-                    np.ascontiguousarray(self.sizes.factors(b), np.float64),
-                    float(table.noise("tree", b)),
-                    int(table.window),
-                    b,
-                    top,
-                    n_cells,
-                    LATTICE,
-                )
-                if len(self._joint_cache) > 64:
-                    self._joint_cache.clear()
-                hit = self._joint_cache[key] = (stamp, np.frombuffer(best, np.float64))
-                return _cells_of(b, top), hit[1]
-            points = LATTICE[:n_cells]
-            # the factors do not depend on the context: a new context step reuses them
-            units = self._units.get(b)
-            if units is None or units[0] != stamp:
-                if len(self._units) > 64:
-                    self._units.clear()
-                units = self._units[b] = (stamp, self._deciding(LATTICE, _ONES, b))
-            unit = units[1][:n_cells]
-            # a lattice point beyond ``top`` (the last cell's) is priced at ``top`` itself
-            reach = np.minimum(points, top)
-            ok = reach >= b
-            at_point = np.full(n_cells, np.inf)
-            at_point[ok] = even[reach[ok] - b] * unit[ok]
-            best_above = np.minimum.accumulate(at_point[::-1])[::-1]
             if len(self._joint_cache) > 64:
                 self._joint_cache.clear()
+            best_above = self._floor(self.priced.even(ctx, top), b, top, stamp)
             hit = self._joint_cache[key] = (stamp, best_above)
         return _cells_of(b, top), hit[1]
+
+    def _floor(self, even: FloatArray, b: int, top: int, stamp: tuple[Any, ...]) -> FloatArray:
+        """:meth:`_joint_deciding`'s cheapest decision cost at or above each lattice cell up to
+        ``top``, from the even-spread prior ``even`` at totals B … (``stamp``: the table's and
+        the size calibration's, as of now): the compiled ``floor()`` where it is built, else
+        numpy (its reference, the same operations)."""
+        n_cells = bisect_left(_LATTICE_POINTS, top) + 1
+        table = self.table
+        floor = getattr(_kernel, "floor", None)
+        if floor is not None and n_cells <= LATTICE.shape[0]:
+            best = floor(
+                np.ascontiguousarray(even, np.float64),
+                table.ratios("tree", b),
+                table.count("tree", b),
+                np.ascontiguousarray(self.sizes.factors(b), np.float64),
+                float(table.noise("tree", b)),
+                int(table.window),
+                b,
+                top,
+                n_cells,
+                LATTICE,
+            )
+            return np.frombuffer(best, np.float64)
+        # the factors do not depend on the context: a new context step reuses them
+        units = self._units.get(b)
+        if units is None or units[0] != stamp:
+            if len(self._units) > 64:
+                self._units.clear()
+            units = self._units[b] = (stamp, self._deciding(LATTICE, _ONES, b))
+        unit = units[1][:n_cells]
+        # a lattice point beyond ``top`` (the last cell's) is priced at ``top`` itself
+        reach = np.minimum(LATTICE[:n_cells], top)
+        ok = reach >= b
+        at_point = np.full(n_cells, np.inf)
+        at_point[ok] = even[reach[ok] - b] * unit[ok]
+        return np.minimum.accumulate(at_point[::-1])[::-1]
 
     def joint_cycle(self, context_lens: IntArray, total: int) -> float:
         """Batch > 1: the learned cycle of the batch with ``total`` tree nodes spread evenly

@@ -32,6 +32,15 @@ except ImportError:  # pragma: no cover - exercised where no compiler is availab
 __all__: list[str] = []  # a part of AdaptivePolicy's choose_batch, public there
 
 
+def first_budget(previous: Any) -> Any:
+    """The first tree budget of a request whose last tree had ``previous`` nodes (a number or
+    an array of them), as the paper's per-request rule starts it here and in
+    ``AdaptivePolicy.choose``: 1.5 times it, at least 16. The tree does not depend on it (the
+    stop rule's bound is exact); it sets how much is grown and priced beyond the decision, and
+    a start of twice it, at least 64, grew and priced rows the decision never needed."""
+    return np.maximum(16, 3 * previous // 2)
+
+
 def choose_per_request(
     policy: Any, marginals: BatchMarginals, context: BatchPolicyContext
 ) -> BatchChoice | None:
@@ -65,8 +74,7 @@ def choose_per_request(
     if model.drafter is not None:  # type: ignore[union-attr]  # as RooflineCostModel.draft_s
         draft = model._drafter_pricer().total_s(req.size, int(own.sum()))  # type: ignore[union-attr]
     previous = req.previous_tree_sizes
-    # each request's first budget as AdaptivePolicy.choose starts it (1.5× its last, ≥ 16)
-    starts = np.where(previous > 0, np.maximum(16, 3 * previous // 2), policy.initial_budget)
+    starts = np.where(previous > 0, first_budget(previous), policy.initial_budget)
     depth, k = probs.shape[1:]
     out = kernel(
         np.ascontiguousarray(probs, np.float64),

@@ -56,7 +56,7 @@ from bastion.interfaces import (
     TreeChoice,
     TreePolicy,
 )
-from bastion.per_request import choose_per_request
+from bastion.per_request import choose_per_request, first_budget
 from bastion.shaped import beam_batch, eagle_batch
 from bastion.tree import DraftMarginals, DraftTree, best_first_tree
 
@@ -360,10 +360,7 @@ class AdaptivePolicy:
         cost_model, load = context.cost_model, context.load
         start = self.initial_budget
         if context.previous_tree_size:  # begin near the last choice: fewer growth rounds
-            # (1.5× it, at least 16: the tree is the same whatever the start, the stop rule's
-            # bound being exact; a start of twice it, at least 64, grew and priced rows the
-            # decision never needed — bastion.per_request starts its requests the same way)
-            start = max(16, 3 * context.previous_tree_size // 2)
+            start = int(first_budget(context.previous_tree_size))
         tree, diag = choose_tree(
             marginals,
             lambda n: cost_model.cost_curve(n, load),

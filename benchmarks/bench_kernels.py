@@ -35,15 +35,11 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+from bench_sim import Cells  # its sibling (run as a script, its folder is on the path)
 
 from bastion import _bestfirst as kernel_module  # type: ignore[attr-defined]
-from bastion.cost.hardware import get_profile
-from bastion.cost.models import DrafterSpec, get_model
 from bastion.errors import BastionError
 from bastion.policies import make_policy
-from bastion.sim.gpu import SimulatedGPU
-from bastion.sim.serving import serve
-from bastion.sim.simulate import SimSpec, calibrated_cost_model, request_source
 
 # module globals that hold a kernel function bound at import (the rest call it by attribute)
 BOUND = {"bastion.sim.synthetic": ("_draws", "draws"), "bastion.budget": ("_chunk", "chunk")}
@@ -78,25 +74,10 @@ def load_build(path: str) -> ModuleType:
 
 def record_serve(concurrency: int, policy_name: str) -> tuple[dict[str, list[tuple]], float]:
     """Serve the cell once with every kernel call recorded; (calls per kernel, serve CPU s)."""
-    model, hw = get_model("qwen3-8b"), get_profile("h100-sxm")
-    drafter = DrafterSpec.dflash_for(model)
-    cost_model, _ = calibrated_cost_model(SimulatedGPU(hw, model, drafter))
-    requests = 8 if concurrency == 1 else max(16, 2 * concurrency)
-    spec = SimSpec(
-        model="qwen3-8b",
-        concurrency=concurrency,
-        requests=requests,
-        gpu_memory_utilization=0.9,
-    )
+    cells = Cells()  # bench_sim's cells: qwen3-8b, h100-sxm, math, memory on
 
     def run_once() -> float:
-        policy = make_policy(policy_name)
-        cm = cost_model if getattr(policy, "uses_cost_model", False) else None
-        memory = spec.memory_plan(getattr(policy, "uses_drafter", True))
-        source, gpu = request_source(spec), SimulatedGPU(hw, model, drafter)
-        start = time.process_time()
-        serve(policy, gpu, source, requests, concurrency, cm, memory=memory)
-        return time.process_time() - start
+        return cells.serve(policy_name, concurrency)[2]
 
     run_once()  # warm: the prior's anchors, caches of the cost model
     cpu = statistics.median(run_once() for _ in range(3))  # the serve unrecorded

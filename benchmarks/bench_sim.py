@@ -35,10 +35,51 @@ from bastion.cost.hardware import get_profile
 from bastion.cost.models import DrafterSpec, get_model
 from bastion.policies import make_policy
 from bastion.sim.gpu import SimulatedGPU
-from bastion.sim.serving import serve
+from bastion.sim.serving import ServingResult, serve
 from bastion.sim.simulate import SimSpec, calibrated_cost_model, request_source
 
 POLICIES = "ar,chain,fixed:16,fixed:64,beam:4x15,eagle,bastion:paper,bastion:per-request,bastion"
+
+
+def requests_at(concurrency: int) -> int:
+    """The requests a cell serves: 8 at C = 1, else 2·C (at least 16)."""
+    return 8 if concurrency == 1 else max(16, 2 * concurrency)
+
+
+class Cells:
+    """A bundled model on h100-sxm with the ``math`` workload, its cost model calibrated once
+    (``calibration_s``): :meth:`serve` serves one cell, as this benchmark times it."""
+
+    def __init__(self, model_name: str = "qwen3-8b", tp: int = 1, memory: bool = True) -> None:
+        self.model_name, self.tp, self.memory = model_name, tp, memory
+        self.model = get_model(model_name)
+        self.hw = get_profile("h100-sxm")
+        self.drafter = DrafterSpec.dflash_for(self.model)
+        t0 = time.perf_counter()
+        self.cost_model, _ = calibrated_cost_model(self.gpu())
+        self.calibration_s = time.perf_counter() - t0
+
+    def gpu(self) -> SimulatedGPU:
+        return SimulatedGPU(self.hw, self.model, self.drafter, tp=self.tp)
+
+    def serve(self, policy_name: str, concurrency: int) -> tuple[ServingResult, float, float]:
+        """One serve of the cell with a fresh policy: its result and the serving loop's wall
+        and CPU seconds (set-up outside them)."""
+        requests = requests_at(concurrency)
+        spec = SimSpec(
+            model=self.model_name,
+            tp=self.tp,
+            concurrency=concurrency,
+            requests=requests,
+            gpu_memory_utilization=0.9 if self.memory else None,
+        )
+        policy = make_policy(policy_name)
+        cm = self.cost_model if getattr(policy, "uses_cost_model", False) else None
+        memory = spec.memory_plan(getattr(policy, "uses_drafter", True))
+        source, gpu = request_source(spec), self.gpu()
+        start, cpu = time.perf_counter(), time.process_time()
+        r = serve(policy, gpu, source, requests, concurrency, cm, memory=memory)
+        return r, time.perf_counter() - start, time.process_time() - cpu
 
 
 def main() -> None:
@@ -55,16 +96,11 @@ def main() -> None:
         help="add a column: a hash of each cell's simulated results (to compare versions)",
     )
     args = parser.parse_args()
-    model = get_model(args.model)
-    hw = get_profile("h100-sxm")
-    drafter = DrafterSpec.dflash_for(model)
-    t0 = time.perf_counter()
-    cost_model, _ = calibrated_cost_model(SimulatedGPU(hw, model, drafter, tp=args.tp))
-    calib_s = time.perf_counter() - t0
+    cells = Cells(args.model, args.tp, args.memory == "on")
     print(
         f"# bench_sim — {args.model} · h100-sxm × {args.tp} · math, memory {args.memory}; "
         f"calibration sweep + "
-        f"fit: {calib_s:.2f} s\n"
+        f"fit: {cells.calibration_s:.2f} s\n"
     )
     extra = " results |" if args.fingerprint else ""
     print(
@@ -73,26 +109,12 @@ def main() -> None:
     )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---|" if extra else ""))
     for concurrency in (int(c) for c in args.concurrency.split(",")):
-        requests = 8 if concurrency == 1 else max(16, 2 * concurrency)
-        spec = SimSpec(
-            model=args.model,
-            tp=args.tp,
-            concurrency=concurrency,
-            requests=requests,
-            gpu_memory_utilization=0.9 if args.memory == "on" else None,
-        )
         for name in args.policies.split(","):
             walls, cpus, results = [], [], []
             for _ in range(args.repeats):
-                policy = make_policy(name)
-                cm = cost_model if getattr(policy, "uses_cost_model", False) else None
-                memory = spec.memory_plan(getattr(policy, "uses_drafter", True))
-                source = request_source(spec)
-                gpu = SimulatedGPU(hw, model, drafter, tp=args.tp)
-                start, cpu = time.perf_counter(), time.process_time()
-                r = serve(policy, gpu, source, requests, concurrency, cm, memory=memory)
-                walls.append(time.perf_counter() - start)
-                cpus.append(time.process_time() - cpu)
+                r, wall, cpu = cells.serve(name, concurrency)
+                walls.append(wall)
+                cpus.append(cpu)
                 results.append(
                     (
                         r.elapsed_s,
@@ -108,8 +130,8 @@ def main() -> None:
             digest = hashlib.sha256(repr(results[0]).encode()).hexdigest()[:12]
             wall, cpu_s = statistics.median(walls), statistics.median(cpus)
             print(
-                f"| {concurrency} | {name} | {requests} | {tput:.0f} | {tau:.2f} | "
-                f"{mean_n:.1f} | {sim_s:.2f} | {wall:.3f} | {sim_s / wall:.0f}× | "
+                f"| {concurrency} | {name} | {requests_at(concurrency)} | {tput:.0f} | "
+                f"{tau:.2f} | {mean_n:.1f} | {sim_s:.2f} | {wall:.3f} | {sim_s / wall:.0f}× | "
                 f"{sim_s / cpu_s:.0f}× |" + (f" `{digest}` |" if args.fingerprint else ""),
                 flush=True,
             )

@@ -238,40 +238,43 @@ class SyntheticSource:
         The second array is ``[B, depth + 1]``: the target's token at positions 1 … depth and
         after them (−1: not drafted, never matched)."""
         del context_lens  # synthetic streams are indexed by step, not by position
-        if self._compiled:
-            return self._draft_compiled(slots)
-        if slots.shape[0] == 1:  # batch 1: the slot's row, without index arrays
-            slot = int(slots[0])
-            step = int(self._cursor[slot])
-            if step >= self.block_steps:
-                self._refill(slot)
-                step = 0
-            self._cursor[slot] = step + 1
-            probs = self._probs[slot, step][None].copy()
-            ids = self._id_views.get(1)
-            if ids is None:
-                ids = self._rank_ids(1)
-            return BatchMarginals(ids, probs), self._target[slot, step][None].copy()
-        cursor = self._cursor[slots]
-        spent = cursor >= self.block_steps
-        if np.count_nonzero(spent):
-            for slot in slots[spent].tolist():
-                self._refill(slot)
-            cursor = self._cursor[slots]
-        self._cursor[slots] = cursor + 1
-        row = slots * self.block_steps + cursor  # (slot, step) as one index into the blocks
+        rows = self._advance(slots)
         w = self.workload
-        probs = self._probs.reshape(-1, w.depth, w.k).take(row, axis=0)
-        target = self._target.reshape(-1, w.depth + 1).take(row, axis=0)
-        ids = self._id_views.get(probs.shape[0])
+        if self._compiled:  # every slot's current step computed from its block's draws
+            probs = np.empty((rows.shape[0], w.depth, w.k))
+            target = np.empty((rows.shape[0], w.depth + 1), np.int64)
+            assert _draws is not None  # (the compiled path is chosen only with the kernel)
+            _draws(
+                self._bank,
+                self._pick,
+                self._fall,
+                self._u,
+                self._log_u,
+                self._law_rows,
+                self._tu,
+                rows,
+                w.depth,
+                w.k,
+                self._bank_size,
+                float(w.branch_rate),
+                float(w.fork_rate),
+                float(w.fork_ratio_min),
+                float(self._log_stay),
+                probs,
+                target,
+            )
+        else:  # gathered from the blocks computed when drawn
+            probs = self._probs.reshape(-1, w.depth, w.k).take(rows, axis=0)
+            target = self._target.reshape(-1, w.depth + 1).take(rows, axis=0)
+        ids = self._id_views.get(rows.shape[0])
         if ids is None:
-            ids = self._rank_ids(probs.shape[0])
+            ids = self._rank_ids(rows.shape[0])
         return BatchMarginals(ids, probs), target
 
-    def _draft_compiled(self, slots: IntArray) -> tuple[BatchMarginals, IntArray]:
-        """:meth:`draft` with the compiled kernel: every slot's current step computed from its
-        block's draws in one call."""
-        w, block = self.workload, self.block_steps
+    def _advance(self, slots: IntArray) -> IntArray:
+        """Each slot's current step as one index into the stored blocks (slot · block_steps +
+        step), every slot moved on a step; a slot whose block is spent draws the next first."""
+        block = self.block_steps
         if slots.shape[0] == 1:  # batch 1: without index arrays
             slot = int(slots[0])
             step = int(self._cursor[slot])
@@ -279,43 +282,15 @@ class SyntheticSource:
                 self._refill(slot)
                 step = 0
             self._cursor[slot] = step + 1
-            rows = np.array([slot * block + step], np.int64)
-        else:
+            return np.array([slot * block + step], np.int64)
+        cursor = self._cursor[slots]
+        spent = cursor >= block
+        if np.count_nonzero(spent):
+            for slot in slots[spent].tolist():
+                self._refill(slot)
             cursor = self._cursor[slots]
-            spent = cursor >= block
-            if np.count_nonzero(spent):
-                for slot in slots[spent].tolist():
-                    self._refill(slot)
-                cursor = self._cursor[slots]
-            self._cursor[slots] = cursor + 1
-            rows = slots * block + cursor  # (slot, step) as one index into the blocks
-        b = rows.shape[0]
-        probs = np.empty((b, w.depth, w.k))
-        target = np.empty((b, w.depth + 1), np.int64)
-        assert _draws is not None  # (the compiled path is chosen only with the kernel)
-        _draws(
-            self._bank,
-            self._pick,
-            self._fall,
-            self._u,
-            self._log_u,
-            self._law_rows,
-            self._tu,
-            rows,
-            w.depth,
-            w.k,
-            self._bank_size,
-            float(w.branch_rate),
-            float(w.fork_rate),
-            float(w.fork_ratio_min),
-            float(self._log_stay),
-            probs,
-            target,
-        )
-        ids = self._id_views.get(b)
-        if ids is None:
-            ids = self._rank_ids(b)
-        return BatchMarginals(ids, probs), target
+        self._cursor[slots] = cursor + 1
+        return slots * block + cursor
 
     def _rank_ids(self, b: int) -> IntArray:
         """The token ids of a step of ``b`` requests, [B, D, K]: every row's ranks 0 … K − 1.
