@@ -9,21 +9,26 @@
  * a step's marginals are computed here when the step is drafted, for the steps drafted only
  * (a request that finishes mid-block leaves the rest of its block undrawn into marginals).
  *
- * draws(bank, pick, fall, u, log_u, law, target_u, rows, depth, k, bank_size, branch_rate,
- *       fork_rate, fork_ratio_min, log_stay, probs, target) -> None
- *   bank:     [2 * bank_size, k] runner-up spreads (the second half shifted for forks)
+ * draws(bank, bank_sum, pick, fall, u, log_u, law, law_max, target_u, rows, depth, k,
+ *       bank_size, branch_rate, fork_rate, fork_ratio_min, log_stay, probs, target) -> None
+ *   bank:     [2 * bank_size, k] runner-up spreads (the second half shifted for forks), ≥ 0
+ *   bank_sum: [2 * bank_size] each bank row's sum
  *   pick:     [n, depth] int64 rows of the bank's first half, per stored step
  *   fall:     [n, depth] exp(-logit) of the head masses (numpy's exp): the head mass is
  *             min(1 / (1 + fall), 1 - 1e-12), as _refill_numpy computes it
  *   u:        [n, 2 * depth + 5] uniforms: the branch's 5 per step, then 2 per position
  *   log_u:    [n] log of each step's third uniform (numpy's log): the branch's length is
  *             1 + floor(log_u / log_stay), log_stay the log of its geometric stay
- *   law:      [depth, k] the target's law per rank, c_r * a_k
+ *   law:      [depth, k] the target's law per rank, c_r * a_k, ≥ 0
+ *   law_max:  [depth] each law row's largest
  *   target_u: [n, depth] the target's uniforms
  *   rows:     [B] int64: which of the n stored steps to compute, in the batch's order
  *   probs:    [B, depth, k] written: the marginals, each row sorted descending
  *   target:   [B, depth + 1] int64 written: the target's rank per position (k: outside the
  *             row), -1 after the last
+ * Where a row's weights provably total below 1 (bank_sum and law_max bound them), its
+ * cumulative sums are formed only up to the target's rank (the count is the same: they only
+ * rise); elsewhere all of them, and scaled down where the total exceeds 1.
  *
  * neg_logit(top1, z, step_sd, position_sd, out) -> None: a block's negated head log-odds,
  * -((top1[d] + step_sd * z[s, 0]) + position_sd * z[s, 1 + d]) into out [steps, depth] (z:
@@ -36,10 +41,14 @@
 
 /* One position's row: marginals p (from its bank row), the target's law w, sorted together
    where the head fell below a runner-up (numpy's stable argsort of -p), then the target's rank:
-   how many of the cumulative law (scaled down to a total of 1 where above) lie below tu. */
+   how many of the cumulative law (scaled down to a total of 1 where above) lie below tu.
+   Where the row is in order and its total weight is below 1 (bound < 1), the weights and their
+   cumulative sums are formed only up to the target's rank: the sums only rise (every weight is
+   >= 0), so the count below tu is where the first of them reaches it, and the values formed
+   are those of the full computation below. */
 static int64_t draws_one(const double *row, double h, int fork, int branch, int second, double v,
                          const double *law, double tu, Py_ssize_t k, double *p, double *w,
-                         double *tmp) {
+                         double *tmp, double bound) {
     double om = 1.0 - h;
     for (Py_ssize_t r = 0; r < k; r++) p[r] = row[r] * om;
     if (fork) {
@@ -48,18 +57,37 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
     } else {
         p[0] = h;
     }
+    int unsorted = 0;
+    if (k >= 3) {
+        unsorted = p[1] > p[0] || p[2] > p[1];
+    } else {
+        for (Py_ssize_t r = 0; r + 1 < k; r++) unsorted |= p[r + 1] > p[r];
+    }
+    if (!unsorted && bound < 1.0) {
+        double w0 = p[0] * law[0], w1 = 0.0;
+        if (k >= 2) w1 = p[1] * (fork ? law[0] : law[1]);
+        if (branch && k >= 2) { /* the whole head mass to the side the target follows */
+            double total = w0 + w1;
+            w0 = second ? 0.0 : total;
+            w1 = second ? total : 0.0;
+        }
+        double c = w0;
+        if (!(tu > c)) return 0;
+        if (k < 2) return 1;
+        c = c + w1;
+        if (!(tu > c)) return 1;
+        for (Py_ssize_t r = 2; r < k; r++) {
+            c = c + p[r] * law[r];
+            if (!(tu > c)) return (int64_t)r;
+        }
+        return (int64_t)k;
+    }
     for (Py_ssize_t r = 0; r < k; r++) w[r] = p[r] * law[r];
     if (fork && k >= 2) w[1] = p[1] * law[0];
     if (branch && k >= 2) { /* the whole head mass to the side the target follows */
         double total = w[0] + w[1];
         w[0] = second ? 0.0 : total;
         w[1] = second ? total : 0.0;
-    }
-    int unsorted = 0;
-    if (k >= 3) {
-        unsorted = p[1] > p[0] || p[2] > p[1];
-    } else {
-        for (Py_ssize_t r = 0; r + 1 < k; r++) unsorted |= p[r + 1] > p[r];
     }
     if (unsorted) { /* stable insertion sort by p descending, w along */
         for (Py_ssize_t i = 1; i < k; i++) {
@@ -89,23 +117,26 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
 }
 
 PyObject *bf_draws(PyObject *self, PyObject *args) {
-    Py_buffer bank, pick, fall, u, log_u, law, tu, rowsb, probs, target;
+    Py_buffer bank, bank_sum, pick, fall, u, log_u, law, law_max, tu, rowsb, probs, target;
     Py_ssize_t depth, k, bank_size;
     double branch_rate, fork_rate, ratio_min, log_stay;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*nnnddddw*w*", &bank, &pick, &fall, &u, &log_u,
-                          &law, &tu, &rowsb, &depth, &k, &bank_size, &branch_rate, &fork_rate,
-                          &ratio_min, &log_stay, &probs, &target))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*y*nnnddddw*w*", &bank, &bank_sum, &pick,
+                          &fall, &u, &log_u, &law, &law_max, &tu, &rowsb, &depth, &k,
+                          &bank_size, &branch_rate, &fork_rate, &ratio_min, &log_stay, &probs,
+                          &target))
         return NULL;
     Py_ssize_t dsz = (Py_ssize_t)sizeof(double), isz = (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t n = log_u.len / dsz, b = rowsb.len / isz;
     if (n < 1 || b < 1 || depth < 1 || k < 1 || k > DRAWS_MAX_K || bank_size < 1 ||
         !bf_holds_exactly(bank.len, dsz, 2 * bank_size, k, 1) ||
+        !bf_holds_exactly(bank_sum.len, dsz, 2 * bank_size, 1, 1) ||
         !bf_holds_exactly(pick.len, isz, n, depth, 1) ||
         !bf_holds_exactly(fall.len, dsz, n, depth, 1) ||
         !bf_holds_exactly(u.len, dsz, n, 2 * depth + 5, 1) ||
         !bf_holds_exactly(log_u.len, dsz, n, 1, 1) ||
         !bf_holds_exactly(law.len, dsz, depth, k, 1) ||
+        !bf_holds_exactly(law_max.len, dsz, depth, 1, 1) ||
         !bf_holds_exactly(tu.len, dsz, n, depth, 1) ||
         !bf_holds_exactly(rowsb.len, isz, b, 1, 1) ||
         !bf_holds_exactly(probs.len, dsz, b, depth, k) ||
@@ -131,6 +162,7 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
         const double *bk = (const double *)bank.buf, *fl = (const double *)fall.buf;
         const double *uu = (const double *)u.buf, *lu = (const double *)log_u.buf;
         const double *lw = (const double *)law.buf, *tgu = (const double *)tu.buf;
+        const double *bsum = (const double *)bank_sum.buf, *lmax = (const double *)law_max.buf;
         double *out = (double *)probs.buf, w[DRAWS_MAX_K], tmp[DRAWS_MAX_K];
         int64_t *tg = (int64_t *)target.buf;
         double keep = 1.0 - ratio_min;
@@ -156,11 +188,11 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
             for (Py_ssize_t d = 0; d < depth; d++) {
                 int branch = branching && (double)d >= start && (double)d < end;
                 int fork = branch || us[5 + d] < fork_rate;
-                rows[i * depth + d] = (pk[s * depth + d] + (fork ? bank_size : 0)) * k;
+                rows[i * depth + d] = pk[s * depth + d] + (fork ? bank_size : 0);
                 flags[i * depth + d] = (unsigned char)(fork | (branch << 1));
 #if defined(__GNUC__) || defined(__clang__)
                 for (Py_ssize_t c = 0; c < k; c += 8)
-                    __builtin_prefetch(bk + rows[i * depth + d] + c, 0, 1);
+                    __builtin_prefetch(bk + rows[i * depth + d] * k + c, 0, 1);
 #endif
             }
         }
@@ -176,9 +208,13 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
                 double vf = ratio_min + keep * us[5 + depth + d];
                 double h = 1.0 / (1.0 + fl[s * depth + d]); /* np.minimum(h, 1 - 1e-12) */
                 h = h != h ? h : (h <= 1.0 - 1e-12 ? h : 1.0 - 1e-12);
-                tg[i * (depth + 1) + d] = draws_one(bk + rows[at], h, fork, branch, second,
-                                                    branch ? vb : vf, lw + d * k,
-                                                    tgu[s * depth + d], k, out + at * k, w, tmp);
+                /* an upper bound of the row's total weight: the marginals sum to at most
+                   h + (1 - h) * (the bank row's sum), each weighted by at most the law's
+                   largest; the margin covers every rounding of the sums (< 1e-13 relative) */
+                double bound = (h + (1.0 - h) * bsum[rows[at]]) * lmax[d] * (1.0 + 1e-9);
+                tg[i * (depth + 1) + d] =
+                    draws_one(bk + rows[at] * k, h, fork, branch, second, branch ? vb : vf,
+                              lw + d * k, tgu[s * depth + d], k, out + at * k, w, tmp, bound);
             }
             tg[i * (depth + 1) + depth] = -1;
         }
@@ -189,11 +225,13 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
     }
 done:
     PyBuffer_Release(&bank);
+    PyBuffer_Release(&bank_sum);
     PyBuffer_Release(&pick);
     PyBuffer_Release(&fall);
     PyBuffer_Release(&u);
     PyBuffer_Release(&log_u);
     PyBuffer_Release(&law);
+    PyBuffer_Release(&law_max);
     PyBuffer_Release(&tu);
     PyBuffer_Release(&rowsb);
     PyBuffer_Release(&probs);

@@ -123,6 +123,9 @@ class SyntheticSource:
         self._branch_stay = min(1.0 - 1.0 / w.branch_len, 1.0 - 1e-12)  # geometric length
         self._log_stay = np.log(self._branch_stay)
         self._bank = _spread_bank(w.k, w.concentration, w.tail_alpha, seed, bank_size)
+        # bounds of a row's total weight, for the compiled kernel's shortcut (see _draws)
+        self._bank_sum = self._bank.sum(axis=1)
+        self._law_max = self._law_rows.max(axis=1)
         self._bank_size = bank_size
         self._ids = np.broadcast_to(np.arange(w.k, dtype=np.int64), (1, w.depth, w.k))
         self._slots = 0
@@ -246,11 +249,13 @@ class SyntheticSource:
             assert _draws is not None  # (the compiled path is chosen only with the kernel)
             _draws(
                 self._bank,
+                self._bank_sum,
                 self._pick,
                 self._fall,
                 self._u,
                 self._log_u,
                 self._law_rows,
+                self._law_max,
                 self._tu,
                 rows,
                 w.depth,
