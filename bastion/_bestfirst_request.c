@@ -76,7 +76,47 @@ typedef struct {
     Py_ssize_t ops;
     double rate[2], tile[2], ac, bc, am, bm, gamma;
     double comm, c0, c1; /* tensor parallelism's all-reduces (comm != 0): c0 + c1 T */
+    double *q;           /* scratch of price_rows: ROWS quotients per distinct column, */
+    const double **col;  /* each operator's row of them (or `zeros`), */
+    double *acc;         /* 8 rows of partial sums */
 } pricing;
+
+#define ROWS 32 /* the rows price_rows prices together */
+static const double zeros[ROWS];
+
+/* pairwise() of n operators' rows at once: a[op] holds ROWS values, one per curve row, and
+   out[i] is pairwise() of (a[0][i], ..., a[n - 1][i]) - the same additions in the same order,
+   row by row (so any row's sum is the scalar one's) */
+static void pairwise_rows(const double *const *a, Py_ssize_t n, Py_ssize_t m, double *acc,
+                          double *out) {
+    if (n > 128) {
+        Py_ssize_t n2 = n / 2;
+        n2 -= n2 % 8;
+        double left[ROWS], right[ROWS];
+        pairwise_rows(a, n2, m, acc, left);
+        pairwise_rows(a + n2, n - n2, m, acc, right);
+        for (Py_ssize_t i = 0; i < m; i++) out[i] = left[i] + right[i];
+        return;
+    }
+    if (n < 8) {
+        for (Py_ssize_t i = 0; i < m; i++) out[i] = -0.0;
+        for (Py_ssize_t op = 0; op < n; op++)
+            for (Py_ssize_t i = 0; i < m; i++) out[i] += a[op][i];
+        return;
+    }
+    for (int f = 0; f < 8; f++) memcpy(acc + f * ROWS, a[f], (size_t)m * sizeof(double));
+    Py_ssize_t op;
+    for (op = 8; op < n - (n % 8); op += 8)
+        for (int f = 0; f < 8; f++)
+            for (Py_ssize_t i = 0; i < m; i++) acc[f * ROWS + i] += a[op + f][i];
+    for (Py_ssize_t i = 0; i < m; i++) {
+        const double *r = acc + i;
+        out[i] = ((r[0] + r[ROWS]) + (r[2 * ROWS] + r[3 * ROWS])) +
+                 ((r[4 * ROWS] + r[5 * ROWS]) + (r[6 * ROWS] + r[7 * ROWS]));
+    }
+    for (; op < n; op++)
+        for (Py_ssize_t i = 0; i < m; i++) out[i] += a[op][i];
+}
 
 #if defined(__GNUC__) || defined(__clang__)
 typedef double v2d __attribute__((vector_size(16))); /* two lanes: SSE2 / NEON */
@@ -157,15 +197,62 @@ typedef struct {
     double c, s_o, p_o, kv_o;
 } situation;
 
-static double row_s(const pricing *pr, const situation *st, Py_ssize_t row, double *tm) {
-    double nn = (double)row, pairs = nn * (st->c + nn) + st->p_o;
-    return pass_s(pr, 1, nn + st->s_o, pairs, st->c + nn + st->kv_o, pairs, tm);
+/* rows first ... first + count - 1 of the curve into v[0 ... count - 1]: each row is
+   pass_s(pr, 1, N + s_o, pairs, c + N + kv_o, pairs) with pairs = N (c + N) + p_o, the same
+   operations in the same order, computed ROWS rows at a time (each operation a loop over the
+   rows, which the compiler vectorises) */
+static void price_rows(const pricing *pr, const situation *st, Py_ssize_t first,
+                       Py_ssize_t count, double *v) {
+    Py_ssize_t ops = pr->ops;
+    for (Py_ssize_t r0 = 0; r0 < count; r0 += ROWS) {
+        Py_ssize_t m = count - r0 < ROWS ? count - r0 : ROWS;
+        double t[ROWS], pairs[ROWS], kv[ROWS], padded[ROWS], s[2][ROWS];
+        for (Py_ssize_t i = 0; i < m; i++) {
+            double nn = (double)(first + r0 + i);
+            pairs[i] = nn * (st->c + nn) + st->p_o;
+            t[i] = nn + st->s_o;
+            kv[i] = st->c + nn + st->kv_o;
+        }
+        for (int b = 0; b < 2; b++) {
+            double tile = pr->tile[b], rate = pr->rate[b];
+            for (Py_ssize_t i = 0; i < m; i++)
+                padded[i] = tile > 0.0 ? ceil(t[i] / tile) * tile : t[i];
+            const double *co = pr->branch[b];
+            const int32_t *map = pr->map[b];
+            for (Py_ssize_t j = 0; j < pr->unique[b]; j++) {
+                double c0 = co[j], c1 = co[ops + j], c2 = co[2 * ops + j];
+                double c3 = co[3 * ops + j], c4 = co[4 * ops + j], c5 = co[5 * ops + j];
+                double *q = pr->q + j * ROWS;
+                for (Py_ssize_t i = 0; i < m; i++)
+                    q[i] = (c0 + t[i] * c1 + padded[i] * c2 + pairs[i] * c3 + kv[i] * c4 +
+                            pairs[i] * c5) /
+                           rate;
+            }
+            for (Py_ssize_t op = 0; op < ops; op++)
+                pr->col[op] = map[op] >= 0 ? pr->q + map[op] * ROWS : zeros;
+            pairwise_rows(pr->col, ops, m, pr->acc, s[b]);
+        }
+        for (Py_ssize_t i = 0; i < m; i++) {
+            double cc = pr->ac * s[0][i] + pr->bc, mm = pr->am * s[1][i] + pr->bm;
+            double x = cc != cc || mm != mm ? NAN : (cc >= mm ? cc : mm); /* np.maximum */
+            if (pr->comm != 0.0) x = x + (pr->c0 + pr->c1 * t[i]);
+            v[r0 + i] = pr->gamma != 0.0 ? pr->gamma * x : x;
+        }
+    }
+}
+
+static double row_s(const pricing *pr, const situation *st, Py_ssize_t row) {
+    double x;
+    price_rows(pr, st, row, 1, &x);
+    return x;
 }
 
 static void price_to(const pricing *pr, const situation *st, double *v, Py_ssize_t *priced,
-                     Py_ssize_t upto, double *tm) {
-    for (Py_ssize_t row = *priced + 1; row <= upto; row++) v[row - 1] = row_s(pr, st, row, tm);
-    if (upto > *priced) *priced = upto;
+                     Py_ssize_t upto) {
+    if (upto > *priced) {
+        price_rows(pr, st, *priced + 1, upto - *priced, v + *priced);
+        *priced = upto;
+    }
 }
 
 /* One growth round of choose_tree (bf_size_round, rule bounded) where the curve is proved
@@ -182,7 +269,7 @@ static int lazy_round(const pricing *pr, const situation *st, const double *p,
                       double ar, double base, double a_ceiling, double *v, Py_ssize_t *priced,
                       int64_t *ints, double *floats, entry *heap, double *tm, Py_ssize_t *n_out,
                       Py_ssize_t *chosen_out) {
-    price_to(pr, st, v, priced, budget, tm);
+    price_to(pr, st, v, priced, budget);
     int ok = isfinite(draft) && draft >= 0 && isfinite(prep) && prep >= 0 && isfinite(ar) &&
              ar > 0;
     int monotone = 1;
@@ -218,12 +305,12 @@ static int lazy_round(const pricing *pr, const situation *st, const double *p,
     double a_far = a_n + (double)(n_max - n) * rho, a_top = a_n + (double)(ahead - n) * rho;
     if (a_ceiling < a_far) a_far = a_ceiling;
     if (a_ceiling < a_top) a_top = a_ceiling;
-    double far = (base + a_far) / (dp + (ahead > *priced ? row_s(pr, st, ahead, tm)
+    double far = (base + a_far) / (dp + (ahead > *priced ? row_s(pr, st, ahead)
                                                          : v[ahead - 1]));
     if (far * ar > s_hat[best]) return 0; /* the bound is at least its last term */
     double near = (base + a_top) / (dp + v[n - 1]); /* and every other term at most this */
     if ((near > far ? near : far) * ar <= s_hat[best]) return 1;
-    price_to(pr, st, v, priced, ahead, tm);
+    price_to(pr, st, v, priced, ahead);
     double bound = 0.0;
     for (Py_ssize_t j = n + 1; j <= ahead; j++) {
         double an = a_n + (double)(j - n) * rho;
@@ -261,7 +348,8 @@ PyObject *bf_request(PyObject *self, PyObject *args) {
     size_t cap_v = 0, cap_t = 0, cap_i = 0, cap_f = 0, cap_h = 0, cap_o = 0, cap_d = 0;
     size_t cap_o1 = 0, cap_o2 = 0, cap_o3 = 0, cap_s = 0;
     int64_t *offsets = NULL, *built = NULL, *budgets = NULL, *sizes = NULL;
-    double *expected = NULL, *ars = NULL;
+    double *expected = NULL, *ars = NULL, *rows_q = NULL;
+    const double **rows_col = NULL;
     if (depth < 1 || k < 1 || b < 2 || n_max < 1 || n_max > INT32_MAX / 4 || ops < 1 ||
         !bf_holds_exactly(probs.len, f8, b, depth, k) ||
         !bf_holds_exactly(ids.len, i8, b, depth, k) || startb.len != b * i8 ||
@@ -294,7 +382,17 @@ PyObject *bf_request(PyObject *self, PyObject *args) {
                       ops,
                       {sc[0], sc[1]},
                       {sc[2], sc[3]},
-                      sc[4], sc[5], sc[6], sc[7], sc[8], sc[9], sc[10], sc[11]};
+                      sc[4], sc[5], sc[6], sc[7], sc[8], sc[9], sc[10], sc[11],
+                      NULL, NULL, NULL};
+        rows_q = malloc((size_t)(ops + 8) * ROWS * sizeof(double));
+        rows_col = malloc((size_t)ops * sizeof(double *));
+        if (!rows_q || !rows_col) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        pr.q = rows_q;
+        pr.acc = rows_q + ops * ROWS;
+        pr.col = rows_col;
         for (int f = 0; f < 4; f++) {
             if (pr.unique[f] < 0 || pr.unique[f] > ops) {
                 PyErr_SetString(PyExc_ValueError, "request: bad column counts");
@@ -361,7 +459,7 @@ PyObject *bf_request(PyObject *self, PyObject *args) {
                                     (double *)v, &priced, (int64_t *)ints, (double *)floats,
                                     (entry *)heap, tm, &n, &chosen);
                 } else {
-                    price_to(&pr, &here, (double *)v, &priced, ahead, tm);
+                    price_to(&pr, &here, (double *)v, &priced, ahead);
                     st = bf_size_round(p + j * depth * k, tid + j * depth * k, depth, k, budget,
                                        ahead, n_max, RULE_BOUNDED, -1, (const double *)v, draft,
                                        prep, dp, ar, base, a_ceiling, (int64_t *)ints,
@@ -412,6 +510,8 @@ PyObject *bf_request(PyObject *self, PyObject *args) {
             (char *)o_diag, at_diag * f8, (char *)ars, b * f8);
     }
 done:
+    free(rows_q);
+    free((void *)rows_col);
     free(v);
     free(tmp);
     free(ints);
