@@ -145,7 +145,7 @@ class BatchStepRecord:
     def record(self, i: int) -> StepRecord:
         """Request i's share of the step as a single-request :class:`StepRecord`."""
         diag = self.diagnostics
-        if isinstance(diag, (list, tuple)) and len(diag) == self.size:
+        if isinstance(diag, Sequence) and len(diag) == self.size:
             diag = diag[i]
         return StepRecord(
             self.trees.tree(i),

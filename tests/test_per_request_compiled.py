@@ -130,3 +130,63 @@ def test_compiled_rule_prices_the_all_reduces_as_python(name: str, tp: int, mode
         fast = per_request.choose_per_request(policy, m, context)
         assert fast is not None
         assert _same(fast, PerRequestPolicy(policy).choose_batch(m, context))
+
+
+@needs_kernel
+def test_its_diagnostics_read_as_a_sequence_of_each_requests() -> None:
+    """The compiled rule's diagnostics are made when first read: as a sequence they are the
+    Python rule's, one per request (length, index from either end, slices, iteration), and a
+    step's per-request record gets its own."""
+    cm = _model("qwen3-8b", "static")
+    rng = np.random.default_rng(11)
+    m, req = _step(rng, 6)
+    policy = AdaptivePolicy(joint=False)
+    context = BatchPolicyContext(req, cm)
+    fast = per_request.choose_per_request(policy, m, context)
+    slow = PerRequestPolicy(policy).choose_batch(m, context)
+    assert fast is not None
+    got, want = fast.diagnostics, slow.diagnostics
+    assert isinstance(got, per_request.RequestDiagnostics) and len(got) == len(want) == 6
+    assert [d.tree_size for d in got] == [d.tree_size for d in want]
+    assert got[-1] is got[5] and got[1:3] == [got[1], got[2]]
+    for i in range(6):
+        assert np.array_equal(got[i].s_hat, want[i].s_hat) and got[i].mode == "bounded"
+    with pytest.raises(IndexError):
+        got[6]
+    assert "BudgetDiagnostics(tree_size=" in repr(got)
+
+
+class _Marginals:
+    """A drafter that hands request i its row of a step's marginals."""
+
+    def __init__(self, m: BatchMarginals) -> None:
+        self.m = m
+
+    def draft(self, context):  # type: ignore[no-untyped-def]
+        from bastion.tree import DraftMarginals
+
+        i = int(context.request_id)
+        return DraftMarginals(self.m.token_ids[i], self.m.probs[i])
+
+
+class _RootOnly:
+    def verify(self, request_id: int, tree):  # type: ignore[no-untyped-def]
+        from bastion.batch import VerifyResult
+
+        return VerifyResult((0,), (), 7)
+
+
+@needs_kernel
+def test_a_steps_record_hands_each_request_its_own_diagnostics() -> None:
+    """Through the engine: the compiled rule's diagnostics split per request in a step's
+    record (``BatchStepRecord.record(i)``), as a list of them would."""
+    from bastion.engine import SpecEngine
+
+    cm = _model("qwen3-8b", "static")
+    m, req = _step(np.random.default_rng(12), 4)
+    engine = SpecEngine(_Marginals(m), AdaptivePolicy(joint=False), _RootOnly(), cost_model=cm)
+    step = engine.step(req)
+    assert isinstance(step.diagnostics, per_request.RequestDiagnostics)
+    for i in range(4):
+        assert step.record(i).diagnostics is step.diagnostics[i]
+        assert step.record(i).diagnostics.tree_size == step.trees.sizes[i]

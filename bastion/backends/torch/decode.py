@@ -209,7 +209,7 @@ def _decoding(
                 still.append(live)
         active = still
         diag = step.diagnostics
-        diag = diag[0] if isinstance(diag, (list, tuple)) and diag else diag
+        diag = diag[0] if isinstance(diag, Sequence) and diag else diag
         split = _stages(getattr(verifier, "last_timing", None), step.verify_s)
         settled = clock()  # (recording this step's sample is the next step's: ``between``)
         control = (
