@@ -227,9 +227,12 @@ def load_arrays(requests: StepRequests) -> tuple[np.ndarray, np.ndarray]:
     sizes = requests.previous_tree_sizes
     expected = requests.previous_expected
     known = sizes > 0
-    if not np.all(known):
-        guess = max(1, int(sizes[known].mean())) if np.any(known) else 1
-        typical = float(expected[known].mean()) if np.any(known) else 1.0
+    if not known.all():
+        count = int(np.count_nonzero(known))
+        guess, typical = 1, 1.0
+        if count:  # the known ones' means, as np.mean forms them: (exact) sum / count
+            guess = max(1, int(int(np.add.reduce(sizes[known])) / count))
+            typical = float(np.add.reduce(expected[known]) / count)
         sizes = np.where(known, sizes, guess)
         expected = np.where(known, expected, typical)
     return sizes, expected
