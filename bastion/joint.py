@@ -416,11 +416,10 @@ def _choose_paper_compiled(
     b, depth, k = probs.shape
     n_max = _check_int(n_max, "n_max")
     initial = _check_int(initial_budget, "initial_budget")
-    price = joint_pricing(cost_model, ctx) if ctx.shape == (b,) and ctx.min() >= 0 else None
-    if price is None:
+    priced = joint_pricing(cost_model, ctx) if ctx.shape == (b,) and ctx.min() >= 0 else None
+    if priced is None:
         return None
-    step = cost_model.context_bucket  # type: ignore[attr-defined]
-    buckets = (-(-ctx.astype(np.int64) // step) * step).astype(np.float64)
+    price, buckets = priced
     most = b * (n_max - 1)
     out = _compiled.paper(
         np.ascontiguousarray(probs, np.float64),

@@ -13,6 +13,7 @@ affine pricers' coefficients (:func:`joint_seconds`), and :func:`growth_bound` p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,29 +234,30 @@ def growth_bound(
     return max(step, 0.0)
 
 
-def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> Array | None:
+def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> tuple[Array, Array] | None:
     """The 28 numbers ``paper()`` prices a :class:`~bastion.cost.costmodel.RooflineCostModel`'s
     joint curve from (see ``_bestfirst_paper.c``), for a step of requests with ``contexts``:
     what :func:`joint_seconds` and :func:`growth_bound` read in the calibrated modes (static,
     ema+calib) of a dense target, where every count is a whole number, tensor parallelism's
-    all-reduces included. None where the model is not such a model, and the caller prices the
-    curve as the model does."""
+    all-reduces included; and the contexts rounded up to the model's bucket (float64), which
+    ``paper()`` also reads. None where the model is not such a model, and the caller prices
+    the curve as the model does."""
     if not calibrated_dense(model):
         return None
     fixed = _joint_fixed(model)
     if fixed is None:
         return None
+    step = model.context_bucket
+    bucketed = -(-contexts.astype(np.int64) // step) * step
     draft = 0.0
     if model.drafter is not None:  # as joint_cost_curve
-        step = model.context_bucket
-        context_sum = float((-(-contexts.astype(np.int64) // step) * step).sum())
-        draft = model._drafter_pricer().total_s(contexts.shape[0], context_sum)
+        draft = model._drafter_pricer().total_s(contexts.shape[0], float(bucketed.sum()))
     prep = model.prep_s
-    if not (np.isfinite(draft) and draft >= 0 and np.isfinite(prep) and prep >= 0):
+    if not (math.isfinite(draft) and draft >= 0 and math.isfinite(prep) and prep >= 0):
         return None
     price = fixed.copy()
     price[23] = draft + prep
-    return price
+    return price, bucketed.astype(np.float64)
 
 
 def calibrated_dense(model: Any) -> bool:
