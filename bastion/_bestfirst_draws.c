@@ -11,7 +11,9 @@
  *
  * draws(bank, bank_sum, pick, fall, u, log_u, law, law_max, target_u, rows, depth, k,
  *       bank_size, branch_rate, fork_rate, fork_ratio_min, log_stay, probs, target) -> None
- *   bank:     [2 * bank_size, k] runner-up spreads (the second half shifted for forks), ≥ 0
+ *   bank:     [2 * bank_size, k] runner-up spreads (the second half shifted for forks), ≥ 0;
+ *             only the first half is read (a fork's row is its first-half row one rank down,
+ *             what the second half holds: half the memory a step touches)
  *   bank_sum: [2 * bank_size] each bank row's sum
  *   pick:     [n, depth] int64 rows of the bank's first half, per stored step
  *   fall:     [n, depth] exp(-logit) of the head masses (numpy's exp): the head mass is
@@ -50,7 +52,12 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
                          const double *law, double tu, Py_ssize_t k, double *p, double *w,
                          double *tmp, double bound) {
     double om = 1.0 - h;
-    for (Py_ssize_t r = 0; r < k; r++) p[r] = row[r] * om;
+    if (fork) { /* the bank's shifted row: its first-half row one rank down, two zeros ahead */
+        for (Py_ssize_t r = 0; r < k && r < 2; r++) p[r] = 0.0 * om;
+        for (Py_ssize_t r = 2; r < k; r++) p[r] = row[r - 1] * om;
+    } else {
+        for (Py_ssize_t r = 0; r < k; r++) p[r] = row[r] * om;
+    }
     if (fork) {
         if (k >= 2) p[1] = h * v / (1.0 + v);
         p[0] = h / (1.0 + v);
@@ -192,7 +199,7 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
                 flags[i * depth + d] = (unsigned char)(fork | (branch << 1));
 #if defined(__GNUC__) || defined(__clang__)
                 for (Py_ssize_t c = 0; c < k; c += 8)
-                    __builtin_prefetch(bk + rows[i * depth + d] * k + c, 0, 1);
+                    __builtin_prefetch(bk + pk[s * depth + d] * k + c, 0, 1);
 #endif
             }
         }
@@ -213,7 +220,7 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
                    largest; the margin covers every rounding of the sums (< 1e-13 relative) */
                 double bound = (h + (1.0 - h) * bsum[rows[at]]) * lmax[d] * (1.0 + 1e-9);
                 tg[i * (depth + 1) + d] =
-                    draws_one(bk + rows[at] * k, h, fork, branch, second, branch ? vb : vf,
+                    draws_one(bk + pk[s * depth + d] * k, h, fork, branch, second, branch ? vb : vf,
                               lw + d * k, tgu[s * depth + d], k, out + at * k, w, tmp, bound);
             }
             tg[i * (depth + 1) + depth] = -1;
