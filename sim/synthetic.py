@@ -123,9 +123,13 @@ class SyntheticSource:
         self._branch_stay = min(1.0 - 1.0 / w.branch_len, 1.0 - 1e-12)  # geometric length
         self._log_stay = np.log(self._branch_stay)
         self._bank = _spread_bank(w.k, w.concentration, w.tail_alpha, seed, bank_size)
-        # bounds of a row's total weight, for the compiled kernel's shortcut (see _draws)
+        # bounds of a row's total weight, for the compiled kernel's shortcut (see _draws); the
+        # shortcut needs every weight ≥ 0 (a validated workload's are): else an infinite bound
+        # turns it off and every row is computed in full
         self._bank_sum = self._bank.sum(axis=1)
         self._law_max = self._law_rows.max(axis=1)
+        if not (np.all(self._law_rows >= 0) and np.all(self._bank >= 0)):
+            self._law_max = np.full(w.depth, math.inf)
         self._bank_size = bank_size
         self._ids = np.broadcast_to(np.arange(w.k, dtype=np.int64), (1, w.depth, w.k))
         self._slots = 0

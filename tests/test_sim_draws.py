@@ -59,3 +59,26 @@ def test_compiled_steps_are_the_numpy_block(
             assert np.array_equal(got.probs, want.probs), (workload, variant, step)
             assert np.array_equal(got.token_ids, want.token_ids)
             assert np.array_equal(got_target, want_target), (workload, variant, step)
+
+
+@needs_kernel
+def test_weights_below_zero_turn_the_shortcut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled kernel stops forming a row's cumulative weights at the target's rank only
+    where every weight is ≥ 0 (the sums then only rise). A law with negative entries (no
+    validated workload has one) must be computed in full, as numpy does: the same targets."""
+    w = get_workload("math").with_(fork_rate=0.5, branch_rate=0.5)
+    law = w.rank_alignment(0.0).copy()
+    law[:, 1] = -0.5  # the second rank's weight below zero: the sums fall there
+    monkeypatch.setattr(type(w), "rank_alignment", lambda self, temperature=0.0: law)
+    compiled = synthetic.SyntheticSource(w, 5, block_steps=16)
+    with monkeypatch.context() as patch:
+        patch.setattr(synthetic, "_draws", None)
+        reference = synthetic.SyntheticSource(w, 5, block_steps=16)
+    assert np.all(np.isinf(compiled._law_max))
+    for source in (compiled, reference):
+        for slot in range(4):
+            source.admit(slot, slot)
+    slots, ctx = np.arange(4), np.zeros(4, np.int64)
+    for step in range(40):
+        (_, got), (_, want) = compiled.draft(slots, ctx), reference.draft(slots, ctx)
+        assert np.array_equal(got, want), step
