@@ -184,6 +184,9 @@ def choose_size(
     return tree, SizeDiagnostics(chosen, sizes, expected, cycles[:k], s_hat, ar_s, best)
 
 
+_size_diagnostics = trusted_init(SizeDiagnostics)  # the compiled batch-1 choice's, every step
+
+
 def _choose_compiled(
     probs: FloatArray,
     token_ids: IntArray,
@@ -220,7 +223,7 @@ def _choose_compiled(
         frombuffer(sco, np.float64)[:chosen],
         frombuffer(rnk, np.int64)[:chosen],
     )
-    diag = SizeDiagnostics(
+    diag = _size_diagnostics(
         chosen,
         sizes[:built],
         frombuffer(exp, np.float64),
