@@ -173,10 +173,11 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
         double *out = (double *)probs.buf, w[DRAWS_MAX_K], tmp[DRAWS_MAX_K];
         int64_t *tg = (int64_t *)target.buf;
         double keep = 1.0 - ratio_min;
-        /* First pass: each position's bank row (its fork and branch flags kept), and a
-           prefetch of it. The rows are picked at random from a bank of ~1 MB, which the rest of
-           a simulated step evicts from the caches between steps: touching them all first lets
-           the memory system fetch many at once instead of one per position. */
+        /* First pass: each position's bank row (its index in the whole bank, for its sum;
+           its fork and branch flags kept), and a prefetch of the first-half row it reads. The
+           rows are picked at random from ~512 KB, which the rest of a simulated step evicts
+           from the caches between steps: touching them all first lets the memory system fetch
+           many at once instead of one per position. */
         int64_t *rows = (int64_t *)malloc((size_t)(b * depth) * sizeof(int64_t));
         unsigned char *flags = (unsigned char *)malloc((size_t)(b * depth));
         if (rows == NULL || flags == NULL) {

@@ -273,7 +273,7 @@ static int lazy_round(const pricing *pr, const situation *st, const double *p,
                       const int64_t *tid, Py_ssize_t depth, Py_ssize_t k, Py_ssize_t budget,
                       Py_ssize_t ahead, Py_ssize_t n_max, double draft, double prep, double dp,
                       double ar, double base, double a_ceiling, double *v, Py_ssize_t *priced,
-                      int64_t *ints, double *floats, entry *heap, double *tm, Py_ssize_t *n_out,
+                      int64_t *ints, double *floats, entry *heap, Py_ssize_t *n_out,
                       Py_ssize_t *chosen_out) {
     price_to(pr, st, v, priced, budget);
     int ok = isfinite(draft) && draft >= 0 && isfinite(prep) && prep >= 0 && isfinite(ar) &&
@@ -463,7 +463,7 @@ PyObject *bf_request(PyObject *self, PyObject *args) {
                     st = lazy_round(&pr, &here, p + j * depth * k, tid + j * depth * k, depth, k,
                                     budget, ahead, n_max, draft, prep, dp, ar, base, a_ceiling,
                                     (double *)v, &priced, (int64_t *)ints, (double *)floats,
-                                    (entry *)heap, tm, &n, &chosen);
+                                    (entry *)heap, &n, &chosen);
                 } else {
                     price_to(&pr, &here, (double *)v, &priced, ahead);
                     st = bf_size_round(p + j * depth * k, tid + j * depth * k, depth, k, budget,
