@@ -201,10 +201,10 @@ typedef struct {
    pass_s(pr, 1, N + s_o, pairs, c + N + kv_o, pairs) with pairs = N (c + N) + p_o, the same
    operations in the same order, computed ROWS rows at a time (each operation a loop over the
    rows, which the compiler vectorises) */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-/* an AVX2 build beside the baseline one, picked at load time where the CPU has it: four
-   lanes per division instead of two and an inline ceil; the same IEEE operations (no fused
-   multiply-adds: AVX2 does not bring FMA, and contraction is off), so the same bits */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
+/* an AVX2 build beside the baseline one, picked at load time (glibc's ifunc) where the CPU
+   has it: four lanes per division instead of two and an inline ceil; the same IEEE operations
+   (no fused multiply-adds: AVX2 does not bring FMA, and contraction is off), so the same bits */
 __attribute__((target_clones("avx2", "default")))
 #endif
 static void price_rows(const pricing *pr, const situation *st, Py_ssize_t first,
