@@ -52,17 +52,23 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
                          const double *law, double tu, Py_ssize_t k, double *p, double *w,
                          double *tmp, double bound) {
     double om = 1.0 - h;
-    if (fork) { /* the bank's shifted row: its first-half row one rank down, two zeros ahead */
-        for (Py_ssize_t r = 0; r < k && r < 2; r++) p[r] = 0.0 * om;
+    if (fork) { /* the bank's shifted row: its first-half row one rank down, the head's two
+                   candidates ahead */
         for (Py_ssize_t r = 2; r < k; r++) p[r] = row[r - 1] * om;
-    } else {
-        for (Py_ssize_t r = 0; r < k; r++) p[r] = row[r] * om;
-    }
-    if (fork) {
         if (k >= 2) p[1] = h * v / (1.0 + v);
         p[0] = h / (1.0 + v);
     } else {
+        for (Py_ssize_t r = 0; r < k; r++) p[r] = row[r] * om;
         p[0] = h;
+    }
+    /* the head's weights: a fork's second candidate counts as a head candidate (law[0]); on a
+       branch the whole head mass goes to the side the target follows */
+    double w0 = p[0] * law[0], w1 = 0.0;
+    if (k >= 2) w1 = p[1] * (fork ? law[0] : law[1]);
+    if (branch && k >= 2) {
+        double total = w0 + w1;
+        w0 = second ? 0.0 : total;
+        w1 = second ? total : 0.0;
     }
     int unsorted = 0;
     if (k >= 3) {
@@ -71,13 +77,6 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
         for (Py_ssize_t r = 0; r + 1 < k; r++) unsorted |= p[r + 1] > p[r];
     }
     if (!unsorted && bound < 1.0) {
-        double w0 = p[0] * law[0], w1 = 0.0;
-        if (k >= 2) w1 = p[1] * (fork ? law[0] : law[1]);
-        if (branch && k >= 2) { /* the whole head mass to the side the target follows */
-            double total = w0 + w1;
-            w0 = second ? 0.0 : total;
-            w1 = second ? total : 0.0;
-        }
         double c = w0;
         if (!(tu > c)) return 0;
         if (k < 2) return 1;
@@ -89,13 +88,9 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
         }
         return (int64_t)k;
     }
-    for (Py_ssize_t r = 0; r < k; r++) w[r] = p[r] * law[r];
-    if (fork && k >= 2) w[1] = p[1] * law[0];
-    if (branch && k >= 2) { /* the whole head mass to the side the target follows */
-        double total = w[0] + w[1];
-        w[0] = second ? 0.0 : total;
-        w[1] = second ? total : 0.0;
-    }
+    w[0] = w0;
+    if (k >= 2) w[1] = w1;
+    for (Py_ssize_t r = 2; r < k; r++) w[r] = p[r] * law[r];
     if (unsorted) { /* stable insertion sort by p descending, w along */
         for (Py_ssize_t i = 1; i < k; i++) {
             double pi = p[i], wi = w[i];

@@ -23,7 +23,7 @@
  * A row of the curve is RooflineCostModel._base's calibrated branch: per operator
  * (const + features . coefficients) / rate - whole numbers below 2^53 (checked at the
  * largest row: status -3 where not), so exact in any order - summed over the operators as
- * numpy sums a row (bf_pairwise), then the calibration's max, the all-reduces and gamma.
+ * numpy sums a row (pairwise_rows), then the calibration's max, the all-reduces and gamma.
  * Outputs: the chosen trees concatenated (tokens: the roots' -1) with B + 1 offsets; per
  * request the nodes built and the budget of its last round, its a_hat, c_hat, s_hat (built
  * entries each, concatenated in diag request after request) and L_AR. status 0: done; -1: a
@@ -118,42 +118,6 @@ static void pairwise_rows(const double *const *a, Py_ssize_t n, Py_ssize_t m, do
         for (Py_ssize_t i = 0; i < m; i++) out[i] += a[op][i];
 }
 
-#if defined(__GNUC__) || defined(__clang__)
-typedef double v2d __attribute__((vector_size(16))); /* two lanes: SSE2 / NEON */
-#define V2 1
-#else
-#define V2 0
-#endif
-/* the quotients (const + x . coefficients) / rate of the distinct columns j < u: each
-   numerator a whole number (exact), each quotient the IEEE one, one lane or several alike */
-static void quotients(const double *co, Py_ssize_t u, Py_ssize_t ops, const double *x,
-                      double rate, double *q) {
-    Py_ssize_t j = 0;
-#if V2
-    v2d x0 = {x[0], x[0]}, x1 = {x[1], x[1]}, x2 = {x[2], x[2]}, x3 = {x[3], x[3]};
-    v2d x4 = {x[4], x[4]}, r = {rate, rate};
-    for (; j + 2 <= u; j += 2) {
-        v2d c[6], quotient;
-        for (int f = 0; f < 6; f++) memcpy(&c[f], co + f * ops + j, sizeof(v2d));
-        quotient = (c[0] + x0 * c[1] + x1 * c[2] + x2 * c[3] + x3 * c[4] + x4 * c[5]) / r;
-        memcpy(q + j, &quotient, sizeof(v2d));
-    }
-#endif
-    for (; j < u; j++)
-        q[j] = (co[j] + x[0] * co[ops + j] + x[1] * co[2 * ops + j] + x[2] * co[3 * ops + j] +
-                x[3] * co[4 * ops + j] + x[4] * co[5 * ops + j]) /
-               rate;
-}
-
-/* Σ_op of a branch's quotients as numpy sums a row (operators with one column share its
-   quotient; a zero column's is 0.0) */
-static double branch_s(const double *co, const int32_t *map, Py_ssize_t u, Py_ssize_t ops,
-                       const double *x, double rate, double *q, double *tmp) {
-    quotients(co, u, ops, x, rate, q);
-    for (Py_ssize_t op = 0; op < ops; op++) tmp[op] = map[op] >= 0 ? q[map[op]] : 0.0;
-    return ops <= 128 ? pairwise_block(tmp, ops) : pairwise(tmp, ops);
-}
-
 /* whether a pass's every operator count is below 2^53 in both branches (a whole number then:
    the features are); the counts grow with every feature, so the largest pass decides */
 static int exact_pass(const pricing *pr, int masked, double t, double pairs, double kv,
@@ -172,24 +136,6 @@ static int exact_pass(const pricing *pr, int masked, double t, double pairs, dou
     return 1;
 }
 
-/* one pass's calibrated (and corrected) seconds: T tokens, pairs, KV tokens, mask elements;
-   `masked` picks the branches */
-static double pass_s(const pricing *pr, int masked, double t, double pairs, double kv,
-                     double mask, double *tmp) {
-    double s[2];
-    for (int b = 0; b < 2; b++) {
-        double tile = pr->tile[b];
-        double x[5] = {t, tile > 0.0 ? ceil(t / tile) * tile : t, pairs, kv, mask};
-        int at = (masked ? 0 : 2) + b;
-        s[b] = branch_s(pr->branch[at], pr->map[at], pr->unique[at], pr->ops, x, pr->rate[b],
-                        tmp + pr->ops, tmp);
-    }
-    double cc = pr->ac * s[0] + pr->bc, mm = pr->am * s[1] + pr->bm;
-    double v = cc != cc || mm != mm ? NAN : (cc >= mm ? cc : mm); /* np.maximum */
-    if (pr->comm != 0.0) v = v + (pr->c0 + pr->c1 * t); /* the link's, as _base adds it */
-    return pr->gamma != 0.0 ? pr->gamma * v : v;
-}
-
 static int whole(double x) { return x >= 0.0 && x < EXACT && x == floor(x); }
 
 /* the request's curve, rows [*priced, upto) priced into v (row N at v[N - 1]) */
@@ -197,41 +143,48 @@ typedef struct {
     double c, s_o, p_o, kv_o;
 } situation;
 
-/* rows first ... first + count - 1 of the curve into v[0 ... count - 1]: each row is
-   pass_s(pr, 1, N + s_o, pairs, c + N + kv_o, pairs) with pairs = N (c + N) + p_o, the same
-   operations in the same order, computed ROWS rows at a time (each operation a loop over the
-   rows, which the compiler vectorises) */
+/* The calibrated (and corrected) seconds of passes with N = first ... first + count - 1
+   tokens of this request beside the others' into v[0 ... count - 1]: T = N + s_o tokens,
+   pairs = N (c + N) + p_o attention pairs, c + N + kv_o KV tokens and (masked: the tree's
+   mask over the pairs; else none) mask elements; `masked` picks the branches. Per branch the
+   quotients (const + features . coefficients) / rate of its distinct operator columns (each
+   numerator a whole number, so exact; each quotient the IEEE one), summed over the operators
+   as numpy sums a row (pairwise_rows), then the calibration's max, the all-reduces and gamma.
+   ROWS rows at a time: each operation a loop over the rows, which the compiler vectorises,
+   every row's arithmetic the same as one row's alone. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
 /* an AVX2 build beside the baseline one, picked at load time (glibc's ifunc) where the CPU
    has it: four lanes per division instead of two and an inline ceil; the same IEEE operations
    (no fused multiply-adds: AVX2 does not bring FMA, and contraction is off), so the same bits */
 __attribute__((target_clones("avx2", "default")))
 #endif
-static void price_rows(const pricing *pr, const situation *st, Py_ssize_t first,
+static void price_rows(const pricing *pr, const situation *st, int masked, Py_ssize_t first,
                        Py_ssize_t count, double *v) {
     Py_ssize_t ops = pr->ops;
     for (Py_ssize_t r0 = 0; r0 < count; r0 += ROWS) {
         Py_ssize_t m = count - r0 < ROWS ? count - r0 : ROWS;
-        double t[ROWS], pairs[ROWS], kv[ROWS], padded[ROWS], s[2][ROWS];
+        double t[ROWS], pairs[ROWS], kv[ROWS], mask[ROWS], padded[ROWS], s[2][ROWS];
         for (Py_ssize_t i = 0; i < m; i++) {
             double nn = (double)(first + r0 + i);
             pairs[i] = nn * (st->c + nn) + st->p_o;
             t[i] = nn + st->s_o;
             kv[i] = st->c + nn + st->kv_o;
+            mask[i] = masked ? pairs[i] : 0.0;
         }
         for (int b = 0; b < 2; b++) {
             double tile = pr->tile[b], rate = pr->rate[b];
             for (Py_ssize_t i = 0; i < m; i++)
                 padded[i] = tile > 0.0 ? ceil(t[i] / tile) * tile : t[i];
-            const double *co = pr->branch[b];
-            const int32_t *map = pr->map[b];
-            for (Py_ssize_t j = 0; j < pr->unique[b]; j++) {
+            int at = (masked ? 0 : 2) + b;
+            const double *co = pr->branch[at];
+            const int32_t *map = pr->map[at];
+            for (Py_ssize_t j = 0; j < pr->unique[at]; j++) {
                 double c0 = co[j], c1 = co[ops + j], c2 = co[2 * ops + j];
                 double c3 = co[3 * ops + j], c4 = co[4 * ops + j], c5 = co[5 * ops + j];
                 double *q = pr->q + j * ROWS;
                 for (Py_ssize_t i = 0; i < m; i++)
                     q[i] = (c0 + t[i] * c1 + padded[i] * c2 + pairs[i] * c3 + kv[i] * c4 +
-                            pairs[i] * c5) /
+                            mask[i] * c5) /
                            rate;
             }
             for (Py_ssize_t op = 0; op < ops; op++)
@@ -241,7 +194,7 @@ static void price_rows(const pricing *pr, const situation *st, Py_ssize_t first,
         for (Py_ssize_t i = 0; i < m; i++) {
             double cc = pr->ac * s[0][i] + pr->bc, mm = pr->am * s[1][i] + pr->bm;
             double x = cc != cc || mm != mm ? NAN : (cc >= mm ? cc : mm); /* np.maximum */
-            if (pr->comm != 0.0) x = x + (pr->c0 + pr->c1 * t[i]);
+            if (pr->comm != 0.0) x = x + (pr->c0 + pr->c1 * t[i]); /* as _base adds it */
             v[r0 + i] = pr->gamma != 0.0 ? pr->gamma * x : x;
         }
     }
@@ -249,14 +202,14 @@ static void price_rows(const pricing *pr, const situation *st, Py_ssize_t first,
 
 static double row_s(const pricing *pr, const situation *st, Py_ssize_t row) {
     double x;
-    price_rows(pr, st, row, 1, &x);
+    price_rows(pr, st, 1, row, 1, &x);
     return x;
 }
 
 static void price_to(const pricing *pr, const situation *st, double *v, Py_ssize_t *priced,
                      Py_ssize_t upto) {
     if (upto > *priced) {
-        price_rows(pr, st, *priced + 1, upto - *priced, v + *priced);
+        price_rows(pr, st, 1, *priced + 1, upto - *priced, v + *priced);
         *priced = upto;
     }
 }
@@ -371,7 +324,7 @@ PyObject *bf_request(PyObject *self, PyObject *args) {
     expected = malloc((size_t)b * sizeof(double));
     ars = malloc((size_t)b * sizeof(double));
     if (!offsets || !built || !budgets || !sizes || !expected || !ars ||
-        !reserve(&tmp, &cap_t, (size_t)(4 * ops), sizeof(double))) {
+        !reserve(&tmp, &cap_t, (size_t)(4 * ops), sizeof(int32_t))) {
         PyErr_NoMemory();
         goto done;
     }
@@ -380,7 +333,7 @@ PyObject *bf_request(PyObject *self, PyObject *args) {
         const double *co = (const double *)cob.buf, *pc = (const double *)priceb.buf;
         const int64_t *tid = (const int64_t *)ids.buf, *starts = (const int64_t *)startb.buf;
         const double *maps = pc + 28 * ops, *counts = maps + 4 * ops, *sc = counts + 4;
-        int32_t *imap = (int32_t *)((double *)tmp + 2 * ops); /* after pass_s's 2 ops */
+        int32_t *imap = (int32_t *)tmp; /* the four branches' operator -> column maps */
         pricing pr = {{pc, pc + 7 * ops, pc + 14 * ops, pc + 21 * ops},
                       {imap, imap + ops, imap + 2 * ops, imap + 3 * ops},
                       {(Py_ssize_t)counts[0], (Py_ssize_t)counts[1], (Py_ssize_t)counts[2],
@@ -436,10 +389,10 @@ PyObject *bf_request(PyObject *self, PyObject *args) {
                 kv_o += co[i] + si;
                 base += expected[i];
             }
-            double *tm = (double *)tmp;
             situation here = {c, s_o, p_o, kv_o};
             exact = exact_pass(&pr, 0, 1.0 + s_o, 1.0 * (c + 1.0) + p_o, c + 1.0 + kv_o, 0.0);
-            double ar = pass_s(&pr, 0, 1.0 + s_o, 1.0 * (c + 1.0) + p_o, c + 1.0 + kv_o, 0.0, tm);
+            double ar; /* L_AR: the unmasked pass of the request's root alone beside the others */
+            price_rows(&pr, &here, 0, 1, 1, &ar);
             if (!(isfinite(ar) && ar > 0.0)) status = -1;
             Py_ssize_t budget = starts[j] < n_max ? starts[j] : n_max, priced = 0, n = 0;
             Py_ssize_t chosen = 0;

@@ -230,8 +230,9 @@ def load_arrays(requests: StepRequests) -> tuple[np.ndarray, np.ndarray]:
     if not known.all():
         count = int(np.count_nonzero(known))
         guess, typical = 1, 1.0
-        if count:  # the known ones' means, as np.mean forms them: (exact) sum / count
-            guess = max(1, int(int(np.add.reduce(sizes[known])) / count))
+        if count:  # the known ones' means as np.mean forms them (sum / count), the whole
+            # sizes' rounded down by integer division (what int() of it gives)
+            guess = max(1, int(np.add.reduce(sizes[known])) // count)
             typical = float(np.add.reduce(expected[known]) / count)
         sizes = np.where(known, sizes, guess)
         expected = np.where(known, expected, typical)

@@ -109,14 +109,13 @@ class RequestDiagnostics(Sequence[BudgetDiagnostics]):
     simulated serve reads none of them, and making 32 of them every step cost a quarter as much
     as the kernel itself."""
 
-    __slots__ = ("_buffers", "_made", "_n")
+    __slots__ = ("_buffers", "_made")
 
     def __init__(
         self, offsets: IntArray, built: bytes, budgets: bytes, curves: bytes, ar: bytes, n_max: int
     ) -> None:
         self._buffers = (offsets, built, budgets, curves, ar, n_max)
         self._made: list[BudgetDiagnostics] | None = None
-        self._n = int(offsets.shape[0]) - 1
 
     def _all(self) -> list[BudgetDiagnostics]:
         if self._made is None:
@@ -148,7 +147,7 @@ class RequestDiagnostics(Sequence[BudgetDiagnostics]):
         return self._made
 
     def __len__(self) -> int:
-        return self._n
+        return int(self._buffers[0].shape[0]) - 1  # the trees' offsets: B + 1
 
     @overload
     def __getitem__(self, i: int) -> BudgetDiagnostics: ...

@@ -63,12 +63,13 @@ IntArray = npt.NDArray[np.int64]
 @functools.lru_cache(maxsize=16)
 def _spread_bank(
     k: int, concentration: float, tail_alpha: float, seed: int, size: int
-) -> npt.NDArray[np.float64]:
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Dirichlet rows over the K − 1 runners-up plus the outside-top-K bucket (dropped), each
     sorted descending, as ``[2·size, K]``: rows 0 … size − 1 with a zero column 0 (the top-1
     slot), then the same rows shifted one rank down with zero columns 0 and 1 (the two slots of
-    a fork; the last runner-up falls outside the top-K); read-only, shared by every source with
-    these inputs."""
+    a fork; the last runner-up falls outside the top-K); and each row's sum (the compiled
+    kernel's bound, see ``SyntheticSource.draft``). Read-only, shared by every source with these
+    inputs; every entry ≥ 0 (Dirichlet draws)."""
     alpha = np.full(k, concentration)
     alpha[-1] = tail_alpha
     gammas = np.random.default_rng([seed, 0x62616E6B]).standard_gamma(alpha, size=(size, k))
@@ -76,8 +77,9 @@ def _spread_bank(
     bank = np.zeros((2 * size, k))  # column 0 is the top-1 slot, filled per row
     bank[:size, 1:] = -np.sort(-spread, axis=1)
     bank[size:, 2:] = bank[:size, 1:-1]
-    bank.flags.writeable = False
-    return bank
+    sums = bank.sum(axis=1)
+    bank.flags.writeable = sums.flags.writeable = False
+    return bank, sums
 
 
 @public
@@ -122,13 +124,14 @@ class SyntheticSource:
         self._ones = np.ones(w.k)
         self._branch_stay = min(1.0 - 1.0 / w.branch_len, 1.0 - 1e-12)  # geometric length
         self._log_stay = np.log(self._branch_stay)
-        self._bank = _spread_bank(w.k, w.concentration, w.tail_alpha, seed, bank_size)
-        # bounds of a row's total weight, for the compiled kernel's shortcut (see _draws); the
-        # shortcut needs every weight ≥ 0 (a validated workload's are): else an infinite bound
-        # turns it off and every row is computed in full
-        self._bank_sum = self._bank.sum(axis=1)
+        self._bank, self._bank_sum = _spread_bank(
+            w.k, w.concentration, w.tail_alpha, seed, bank_size
+        )
+        # with the bank's row sums, bounds of a row's total weight for the compiled kernel's
+        # shortcut (see _draws); the shortcut needs every weight ≥ 0 (a validated workload's
+        # law, the bank's Dirichlet rows): else an infinite bound turns it off
         self._law_max = self._law_rows.max(axis=1)
-        if not (np.all(self._law_rows >= 0) and np.all(self._bank >= 0)):
+        if not np.all(self._law_rows >= 0):
             self._law_max = np.full(w.depth, math.inf)
         self._bank_size = bank_size
         self._ids = np.broadcast_to(np.arange(w.k, dtype=np.int64), (1, w.depth, w.k))
