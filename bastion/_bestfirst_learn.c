@@ -90,14 +90,14 @@ done:
     return result;
 }
 
-/* learn(offsets, parents, depths, ranks, scores, accepted, counts, order, raw, k,
+/* learn(offsets, parents, depths, ranks, scores, accepted, committed, order, raw, k,
  *       pred, real, ranks_tracked, a_decay, da, dt, weight, s_decay, lattice) -> (run, deepest)
  *   One verified tree step of B requests folded into the learning controller's two
  *   calibrations, in place (bastion.observed: AcceptanceCalibration.observe and
  *   SizeCalibration.observe — the same operations in the same order, so the results are
  *   bit-identical). The trees are concatenated (offsets, parents local to each tree); accepted
- *   holds each request's accepted nodes (indices within its tree), counts[i] of them for
- *   request i.
+ *   holds each request's accepted nodes (indices within its tree), committed[i] - 1 of them
+ *   for request i (its committed tokens less the bonus token).
  *   - acceptance: every node whose parent is on its request's accepted path (the root is) was
  *     exposed; pred/real (float64, tracked depths x ranks_tracked) are multiplied by a_decay
  *     and the exposed candidates' raw probabilities / hits added per (depth - 1, min(raw rank,
@@ -145,7 +145,7 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
     Py_ssize_t nl = lat.len / (Py_ssize_t)sizeof(int64_t);
     const int64_t *offsets = (const int64_t *)off.buf, *parents = (const int64_t *)par.buf;
     const int64_t *depths = (const int64_t *)dep.buf, *ranks = (const int64_t *)rnk.buf;
-    const int64_t *accepted = (const int64_t *)acc.buf, *counts = (const int64_t *)cnt.buf;
+    const int64_t *accepted = (const int64_t *)acc.buf, *committed = (const int64_t *)cnt.buf;
     const int64_t *order = ord.len ? (const int64_t *)ord.buf : NULL;
     const int64_t *lattice = (const int64_t *)lat.buf;
     const double *scores = (const double *)sco.buf, *probs = (const double *)raw.buf;
@@ -173,12 +173,13 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
         Py_ssize_t t = 0;
         for (Py_ssize_t i = 0; i < b; i++) {
             Py_ssize_t a = offsets[i], e = offsets[i + 1];
-            if (a >= e || e > n || counts[i] < 0 || t + counts[i] > na) {
-                PyErr_SetString(PyExc_ValueError, "learn: offsets or counts out of range");
+            if (a >= e || e > n || committed[i] < 1 || committed[i] - 1 > na - t) {
+                PyErr_SetString(PyExc_ValueError,
+                                "learn: offsets or committed counts out of range");
                 goto done;
             }
             on[a] = 1;
-            for (int64_t c = 0; c < counts[i]; c++, t++) {
+            for (int64_t c = 1; c < committed[i]; c++, t++) {
                 if (accepted[t] < 1 || accepted[t] >= e - a) {
                     PyErr_SetString(PyExc_ValueError, "learn: accepted node out of range");
                     goto done;
@@ -187,7 +188,8 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
             }
         }
         if (t != na) {
-            PyErr_SetString(PyExc_ValueError, "learn: counts do not add up to the accepted nodes");
+            PyErr_SetString(PyExc_ValueError,
+                            "learn: committed counts do not add up to the accepted nodes");
             goto done;
         }
     }
@@ -231,7 +233,7 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
             Py_ssize_t a = offsets[i];
             int64_t lead = 0, most = 0;
             int open = 1;
-            for (int64_t c = 0; c < counts[i]; c++, t++) {
+            for (int64_t c = 1; c < committed[i]; c++, t++) {
                 open = open && ranks[a + accepted[t]] == 0;
                 lead += open;
             }

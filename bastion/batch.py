@@ -284,7 +284,10 @@ class TreeBatch:
     def with_root_tokens(self, roots: npt.ArrayLike) -> TreeBatch:
         """The same trees with each root's token set (the engine sets the bonus tokens)."""
         tokens = self.tokens.copy()
-        tokens[self.offsets[:-1]] = roots
+        if self.offsets.shape[0] == 2 and type(roots) is np.ndarray and roots.shape == (1,):
+            tokens[0] = roots[0]  # batch 1 (the engine's bonus tokens): one root, at 0
+        else:
+            tokens[self.offsets[:-1]] = roots
         return _tree_batch(self.offsets, self.parents, tokens, self.depths, self.scores, self.ranks)
 
     @classmethod

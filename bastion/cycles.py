@@ -119,6 +119,9 @@ class CycleTable:
         self._ring = {k: np.full((11, n if k == "tree" else 1, window), np.nan) for k in _KINDS}
         self._count = {k: np.zeros((11, n if k == "tree" else 1), np.int64) for k in _KINDS}
         self._median = {k: np.full((11, n if k == "tree" else 1), np.nan) for k in _KINDS}
+        # the cells observed since their medians were last taken (see _medians): a cell's
+        # median is read at a refresh, not after every observation
+        self._stale: set[tuple[CycleKind, int, int]] = set()
         self._filled: dict[tuple[str, int], tuple[tuple[int, int], FloatArray]] = {}
         self._first: set[tuple[str, int]] = set()  # (kind, bucket) measured at least once
         self._noise: dict[tuple[str, int], tuple[int, float]] = {}
@@ -136,12 +139,22 @@ class CycleTable:
         seen = int(count[b, cell])
         ring[seen % self.window] = ratio
         count[b, cell] = seen + 1
-        self._median[kind][b, cell] = small_median(ring[: min(seen + 1, self.window)].tolist())
+        self._stale.add((kind, b, cell))
         self._kind_version[kind] += 1
         self.version += 1
         if (kind, b) not in self._first:  # a bucket's first measurement is seen at once
             self._first.add((kind, b))
             self._filled.clear()
+
+    def _medians(self, kind: CycleKind) -> FloatArray:
+        """[bucket, cell] the median of each cell's ring of ``kind`` (NaN: never measured),
+        the cells observed since the last read taken now."""
+        if self._stale:
+            for k, b, cell in self._stale:
+                seen = min(int(self._count[k][b, cell]), self.window)
+                self._median[k][b, cell] = small_median(self._ring[k][b, cell, :seen].tolist())
+            self._stale.clear()
+        return self._median[kind]
 
     def noise(self, kind: CycleKind, batch_size: int) -> float:
         """The relative spread of one observation in the bucket: 1.4826 × the median absolute
@@ -153,7 +166,7 @@ class CycleTable:
         if hit is not None and hit[0] == epoch:
             return hit[1]
         ring = self._ring[kind][b]
-        med = self._median[kind][b]
+        med = self._medians(kind)[b]
         many = self._count[kind][b] >= 2
         value = 0.0
         if many.any():
@@ -209,7 +222,7 @@ class CycleTable:
         return out
 
     def _fill(self, kind: CycleKind, b: int) -> FloatArray:
-        med = self._median[kind]
+        med = self._medians(kind)
         order = _NEAREST[b]  # this bucket, then the nearest
         # a bucket never measured holds NaN only: skipped without looking (the lookup is what
         # a refresh mostly did, several buckets in a row)
@@ -225,7 +238,7 @@ class CycleTable:
                 x = np.flatnonzero(ok)
                 return np.asarray(np.interp(np.arange(row.shape[0]), x, row[x]), np.float64)
         if kind != "tree":  # no AR or chain cycle measured yet: the tree cells' typical ratio
-            tree = self._median["tree"]
+            tree = self._medians("tree")
             for bb in order:
                 if ("tree", bb) not in first:
                     continue

@@ -84,6 +84,7 @@ class StepEvidence(DecisionCurves):
         self._losses: list[float] = []  # … and what each cost beyond AR, in AR steps
         # per batch bucket: the measured/prior ratios of the last AR_RECENT AR steps
         self._ar_recent: dict[int, list[float]] = {}
+        self._ar_median: dict[int, float] = {}  # each ring's median, until it takes a ratio
         self._since_ar = 0  # drafted steps since the last AR step
         self._recheck_interval = probe_every  # … after which a thin margin measures AR again
         self._recheck_left = 0  # AR steps the current re-measurement still takes
@@ -236,8 +237,14 @@ class StepEvidence(DecisionCurves):
     def _recent_ar_ratio(self, b: int) -> float | None:
         """The median measured/prior ratio of the last AR steps of ``b``'s batch bucket, or None
         before any."""
-        recent = self._ar_recent.get(batch_bucket(b))
-        return small_median(recent) if recent else None
+        bucket = batch_bucket(b)
+        hit = self._ar_median.get(bucket)
+        if hit is None:  # (dropped whenever the bucket's ring takes a ratio)
+            recent = self._ar_recent.get(bucket)
+            if not recent:
+                return None
+            hit = self._ar_median[bucket] = small_median(recent)
+        return hit
 
     def _ar_paired(self, contexts: IntArray, b: int) -> float:
         """The AR cycle a drafted step of ``b`` requests is paired with: the prior's AR cycle at
@@ -294,6 +301,7 @@ class StepEvidence(DecisionCurves):
             if ratio > 0:  # NaN (a degenerate prior) is not
                 recent = self._ar_recent.setdefault(bucket, [])
                 recent.append(ratio)
+                self._ar_median.pop(bucket, None)
                 if len(recent) > AR_RECENT:
                     del recent[0]
             self._since_draft += 1
@@ -326,7 +334,8 @@ class StepEvidence(DecisionCurves):
                 self.acceptance.observe(trees, accepted_nodes, committed)
             self._observe_chain(float(np.add.reduce(committed)), float(np.add.reduce(trees.scores)))
         ar_s = self._ar_paired(contexts, b)
-        tokens = float(np.add.reduce(committed)) / b  # per request
+        # per request (batch 1: the one count, what the sum of one is)
+        tokens = float(committed[0]) if b == 1 else float(np.add.reduce(committed)) / b
         realised = tokens * ar_s / cycle_s
         threshold = 1.0 + self.margin
         probing = self.speedup_upper <= threshold

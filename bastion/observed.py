@@ -433,7 +433,7 @@ def learn_step(
         contiguous(trees.ranks, dtype=np.int64),
         contiguous(trees.scores, dtype=np.float64),
         contiguous(accepted_nodes, dtype=np.int64),
-        np.asarray(committed, dtype=np.int64) - 1,
+        contiguous(committed, dtype=np.int64),
         b"" if order is None else contiguous(order, dtype=np.int64),
         probs,
         int(probs.shape[2]),

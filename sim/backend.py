@@ -181,11 +181,16 @@ class SimBatch:
             else:
                 counts, tokens, nodes = _committed_numpy(trees, target)
             committed = counts + 1
-        self.context_len[slots] += committed
         # tokens past a request's output length are never delivered (the serving layer counts
         # only what is); the verifier's own result stays uncut for a learning cost model
-        wanted = self.output_len[slots]
-        self.generated[slots] = np.minimum(self.generated[slots] + committed, wanted)
+        if b == 1:  # the batch-1 step: the same sums on the one slot, without index arrays
+            slot, made = int(slots[0]), int(committed[0])
+            self.context_len[slot] += made
+            self.generated[slot] = min(int(self.generated[slot]) + made, int(self.output_len[slot]))
+        else:
+            self.context_len[slots] += committed
+            wanted = self.output_len[slots]
+            self.generated[slots] = np.minimum(self.generated[slots] + committed, wanted)
         return _verified(committed, tokens, nodes)
 
 

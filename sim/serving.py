@@ -483,7 +483,9 @@ def serve(
                 bt = kv.block_tokens
                 free = kv.free()
                 assert free is not None
-                room = KVRoom((contexts + (look + bt - 1)) // bt * bt - contexts, free, bt)
+                # each request's room: its lookahead and the rest of its last block,
+                # ceil((c + look) / bt) · bt − c = (−(c + look) mod bt) + look
+                room = KVRoom((-look - contexts) % bt + look, free, bt)
             riding = sum(chunk_tokens)  # a prefill chunk in the same pass (the policy may
             # price it: the learning controller does)
             # static policies ignore last step's trees
@@ -541,8 +543,9 @@ def serve(
             # (an AR step commits one token per request, its lookahead: nothing to count)
             held = want if is_ar else kv.blocks_of(pool.context_len[slots])
             kv.hold(held - want)
-            delivered = np.minimum(committed, wanted)  # nothing past the output length counts
-            logs.append((ids, delivered, np.minimum(committed - 1, delivered), sizes))
+            # what the step delivered (nothing past the output length counts) and accepted
+            # are formed from these at the end, for every step at once (_attach_steps)
+            logs.append((ids, committed, wanted, sizes))
             if history:
                 prev_size[ids] = sizes
                 prev_expected[ids] = rec.trees.expected_tokens()
@@ -582,15 +585,18 @@ def _attach_steps(
     logs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
 ) -> None:
     """Per-request delivered lengths, accepted draft tokens and tree sizes, from the per-step
-    logs (in step order)."""
+    logs (in step order: each step's request ids, committed lengths, lengths still wanted
+    before the step and tree sizes)."""
     if not logs:
         return
     ids = np.concatenate([x[0] for x in logs])
     order = np.argsort(ids, kind="stable")
     ids = ids[order]
     bounds = np.flatnonzero(np.diff(ids)) + 1
+    made, wanted, sizes = (np.concatenate([x[k] for x in logs])[order] for k in (1, 2, 3))
+    delivered = np.minimum(made, wanted)  # nothing past a request's output length counts
     committed, accepted, sizes = (
-        np.split(np.concatenate([x[k] for x in logs])[order], bounds) for k in (1, 2, 3)
+        np.split(x, bounds) for x in (delivered, np.minimum(made - 1, delivered), sizes)
     )
     for c, a, s, i in zip(committed, accepted, sizes, ids[np.r_[0, bounds]], strict=True):
         st = stats[int(i)]

@@ -11,7 +11,7 @@ from bastion.cycles import _NEAREST, LATTICE, CycleKind, CycleTable, small_media
 
 def _reference_fill(table: CycleTable, kind: CycleKind, b: int) -> np.ndarray:
     """CycleTable._fill as it was: every bucket looked at, np.median of the tree cells."""
-    med = table._median[kind]
+    med = table._medians(kind)
     order = _NEAREST[b]
     for bb in order:
         row = med[bb]
@@ -22,7 +22,7 @@ def _reference_fill(table: CycleTable, kind: CycleKind, b: int) -> np.ndarray:
             x = np.flatnonzero(ok)
             return np.asarray(np.interp(np.arange(row.shape[0]), x, row[x]), np.float64)
     if kind != "tree":
-        tree = table._median["tree"]
+        tree = table._medians("tree")
         for bb in order:
             vals = tree[bb][np.isfinite(tree[bb])]
             if vals.size:
