@@ -6,7 +6,8 @@ simulated step builds a dozen such records (its requests, trees, choice, verific
 records). :func:`trusted_init` returns a function that builds the same object — the same class,
 the same instance dictionary — by storing the fields into the new instance's ``__dict__``
 directly (≈ 0.5 µs). It runs no ``__post_init__`` and checks nothing, so it is only for classes
-without one, called by the library's own per-step code with arguments it built itself.
+without one (or whose one only normalises fields the caller passes normalised), called by the
+library's own per-step code with arguments it built itself.
 """
 
 from __future__ import annotations
@@ -22,12 +23,17 @@ __all__ = ["trusted_init"]
 T = TypeVar("T")
 
 
-def trusted_init(cls: type[T]) -> Callable[..., T]:
+def trusted_init(cls: type[T], *, normalised: bool = False) -> Callable[..., T]:
     """A constructor of the frozen dataclass ``cls`` taking its fields as its ``__init__`` does
-    (positionally or by name, with the same defaults), without running ``__init__``."""
+    (positionally or by name, with the same defaults), without running ``__init__``.
+
+    ``normalised``: ``cls`` may have a ``__post_init__`` that only normalises its fields (a
+    dtype, a copy), and every caller passes fields already in that form; it is not run."""
     if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
         raise ArgumentError(f"trusted_init: {cls!r} is not a dataclass")
-    if hasattr(cls, "__post_init__") or hasattr(cls, "__slots__"):
+    if not isinstance(normalised, bool):
+        raise ArgumentError(f"trusted_init: normalised must be a bool; got {normalised!r}")
+    if (hasattr(cls, "__post_init__") and not normalised) or hasattr(cls, "__slots__"):
         raise ArgumentError(f"trusted_init: {cls.__name__} needs its __init__ (post-init, slots)")
     params, stores = [], []
     env: dict[str, Any] = {"_new": object.__new__, "_cls": cls}

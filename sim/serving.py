@@ -62,6 +62,8 @@ from bastion.sim.memory import KVCache, MemoryPlan, lookahead_tokens, within_loo
 from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK
 
 _step_requests = trusted_init(StepRequests)  # every step's, built without __init__
+# … and its KV room: the server's room is int64 already (what KVRoom's post-init makes of it)
+_kv_room = trusted_init(KVRoom, normalised=True)
 
 __all__ = ["RequestStats", "ServingResult", "serve"]
 
@@ -485,7 +487,7 @@ def serve(
                 assert free is not None
                 # each request's room: its lookahead and the rest of its last block,
                 # ceil((c + look) / bt) · bt − c = (−(c + look) mod bt) + look
-                room = KVRoom((-look - contexts) % bt + look, free, bt)
+                room = _kv_room((-look - contexts) % bt + look, free, bt)
             riding = sum(chunk_tokens)  # a prefill chunk in the same pass (the policy may
             # price it: the learning controller does)
             # static policies ignore last step's trees

@@ -156,6 +156,7 @@ class SyntheticSource:
         for name, shape, dtype in per_step:
             setattr(self, name, np.empty((0, block_steps, *shape), dtype))
         self._cursor = np.empty(0, np.int64)
+        self._row = np.zeros(1, np.int64)  # a batch-1 step's row index (see _advance)
         self._top1 = np.empty((0, w.depth))
         self._rngs: list[np.random.Generator | None] = []
         self._id_views: dict[int, IntArray] = {}  # read-only [B, D, K] rank ids (see _rank_ids)
@@ -294,7 +295,9 @@ class SyntheticSource:
                 self._refill(slot)
                 step = 0
             self._cursor[slot] = step + 1
-            return np.array([slot * block + step], np.int64)
+            row = self._row  # (only draft() reads it, before the next step)
+            row[0] = slot * block + step
+            return row
         cursor = self._cursor[slots]
         spent = cursor >= block
         if np.count_nonzero(spent):
