@@ -45,7 +45,8 @@
  *
  * The sources: _bestfirst_tree.c (the heap, one request's tree, build()), _bestfirst_size.c
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint(), floor()),
- * _bestfirst_learn.c (accept(), learn(), calibrate()), _bestfirst_shaped.c (beam(), eagle()),
+ * _bestfirst_learn.c (accept(), learn(), calibrate(), gains(), size_factors()),
+ * _bestfirst_shaped.c (beam(), eagle()),
  * _bestfirst_draws.c (draws(), neg_logit()), _bestfirst_paper.c (paper()), _bestfirst_request.c
  * (request()), _bestfirst_kv.c (blocks(), sums()); _bestfirst.h declares what they share.
  */
@@ -62,6 +63,9 @@ static PyMethodDef methods[] = {
     {"accept", bf_accept, METH_VARARGS, "Accepted paths of a batch of trees against targets."},
     {"calibrate", bf_calibrate, METH_VARARGS, "Calibrated marginals, rows re-sorted (see above)."},
     {"learn", bf_learn, METH_VARARGS, "A tree step folded into both calibrations, in place."},
+    {"gains", bf_gains, METH_VARARGS, "The size calibration's gain ratios (_bestfirst_learn.c)."},
+    {"size_factors", bf_size_factors, METH_VARARGS,
+     "The size calibration's factors per lattice cell (_bestfirst_learn.c)."},
     {"beam", bf_beam, METH_VARARGS, "Beam trees for B requests (see _bestfirst_shaped.c)."},
     {"eagle", bf_eagle, METH_VARARGS, "EAGLE trees for B requests (see _bestfirst_shaped.c)."},
     {"draws", bf_draws, METH_VARARGS, "Synthetic steps from their draws (see _bestfirst_draws.c)."},

@@ -463,3 +463,86 @@ done:
     PyBuffer_Release(&gb);
     return result;
 }
+
+/* gains(da, dt, weight, prior_weight) -> h
+ *   SizeCalibration.gain_ratios of one bucket's row (float64, n cells each): per cell, with
+ *   w' = weight where weight > 1e-9 (seen) else 1 and prior = prior_weight * da / w',
+ *   h = (dt + prior) / max(da + prior, 1e-12) where da + prior > 1e-12, else 1; a cell never
+ *   seen takes the ratio of the nearest seen cell below (1 if none; all 1 if none is seen).
+ *   The same operations in the same order as numpy's, so bit-identical (float64 bytes, n). */
+PyObject *bf_gains(PyObject *self, PyObject *args) {
+    Py_buffer da, dt, wt;
+    double pw;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*d", &da, &dt, &wt, &pw)) return NULL;
+    Py_ssize_t n = da.len / (Py_ssize_t)sizeof(double);
+    if (da.len != n * (Py_ssize_t)sizeof(double) || dt.len != da.len || wt.len != da.len) {
+        PyErr_SetString(PyExc_ValueError, "gains: da, dt and weight must be n float64 each");
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(double));
+    if (!result) goto done;
+    {
+        const double *a = (const double *)da.buf, *t = (const double *)dt.buf;
+        const double *w = (const double *)wt.buf;
+        double *h = (double *)PyBytes_AS_STRING(result);
+        Py_ssize_t last = -1; /* the last seen cell so far */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int seen = w[i] > 1e-9;
+            double prior = pw * a[i] / (seen ? w[i] : 1.0);
+            double s = a[i] + prior;
+            double den = (s >= 1e-12 || s != s) ? s : 1e-12; /* np.maximum: NaN propagates */
+            double v = s > 1e-12 ? (t[i] + prior) / den : 1.0;
+            if (seen) {
+                h[i] = v;
+                /* the unseen cells since the last seen one take its ratio (its raw h) */
+                last = i;
+            } else {
+                h[i] = last >= 0 ? h[last] : 1.0;
+            }
+        }
+        if (last < 0)
+            for (Py_ssize_t i = 0; i < n; i++) h[i] = 1.0;
+    }
+done:
+    PyBuffer_Release(&da);
+    PyBuffer_Release(&dt);
+    PyBuffer_Release(&wt);
+    return result;
+}
+
+/* size_factors(da, weight, h, batch) -> factors
+ *   SizeCalibration.factors of one bucket's row (float64, n cells each) given its gain ratios
+ *   h: gain = da / weight where weight > 1e-9 (seen) else 0; factor = (B + cumsum(gain * h)) /
+ *   (B + cumsum(gain)) where seen, else 1 (numpy's operations in numpy's order: float64 bytes). */
+PyObject *bf_size_factors(PyObject *self, PyObject *args) {
+    Py_buffer da, wt, hb;
+    Py_ssize_t batch;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*n", &da, &wt, &hb, &batch)) return NULL;
+    Py_ssize_t n = da.len / (Py_ssize_t)sizeof(double);
+    if (da.len != n * (Py_ssize_t)sizeof(double) || wt.len != da.len || hb.len != da.len) {
+        PyErr_SetString(PyExc_ValueError, "size_factors: da, weight and h must be n float64 each");
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(double));
+    if (!result) goto done;
+    {
+        const double *a = (const double *)da.buf, *w = (const double *)wt.buf;
+        const double *h = (const double *)hb.buf;
+        double *f = (double *)PyBytes_AS_STRING(result), b = (double)batch, tau = 0.0, got = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int seen = w[i] > 1e-9;
+            double gain = seen ? a[i] / w[i] : 0.0;
+            double x = gain * h[i];
+            tau = i ? tau + x : x; /* np.cumsum: the first element, then each added in turn */
+            got = i ? got + gain : gain;
+            f[i] = seen ? (b + tau) / (b + got) : 1.0;
+        }
+    }
+done:
+    PyBuffer_Release(&da);
+    PyBuffer_Release(&wt);
+    PyBuffer_Release(&hb);
+    return result;
+}

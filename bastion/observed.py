@@ -240,6 +240,13 @@ class SizeCalibration:
         epoch = self.version >> REFRESH_SHIFT
         if hit is not None and hit[0] == epoch:
             return hit[1]
+        if _kernel is not None:  # the same operations, compiled (tests/test_learned_kernels.py)
+            h = np.frombuffer(
+                _kernel.gains(self._da[b], self._dt[b], self._weight[b], float(self.prior_weight)),
+                np.float64,
+            )
+            self._cache[b] = (epoch, h)
+            return h
         seen = self._weight[b] > 1e-9
         # ``prior_weight`` pseudo-steps of ratio 1, each worth the cell's mean surrogate gain
         prior = self.prior_weight * self._da[b] / np.where(seen, self._weight[b], 1.0)
@@ -272,6 +279,13 @@ class SizeCalibration:
         epoch = self.version >> REFRESH_SHIFT
         if hit is not None and hit[0] == epoch:
             return hit[1]
+        if _kernel is not None:  # the same operations, compiled (tests/test_learned_kernels.py)
+            h = self.gain_ratios(batch_size)
+            out = np.frombuffer(
+                _kernel.size_factors(self._da[b], self._weight[b], h, int(batch_size)), np.float64
+            )
+            self._cache[key] = (epoch, out)
+            return out
         seen = self._weight[b] > 1e-9
         safe = np.where(seen, self._weight[b], 1.0)
         gain = np.where(seen, self._da[b] / safe, 0.0)

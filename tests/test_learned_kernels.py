@@ -131,6 +131,38 @@ def test_learn_refuses_inconsistent_input() -> None:
         observe_tree_step(acc, sizes, TreeBatch.from_trees([tree]), np.array([7]), np.array([2]))
 
 
+def _size_state(seed: int) -> SizeCalibration:
+    """A size calibration whose rows hold every case the gain ratios and factors branch on:
+    cells seen and never seen (also the first ones), tiny and zero sums, a row never seen."""
+    rng = np.random.default_rng(seed)
+    sizes = SizeCalibration(prior_weight=float(rng.uniform(0.5, 16.0)))
+    n = sizes._da.shape[1]
+    for b in range(11):
+        seen = rng.random(n) < [0.0, 1.0, 0.5, 0.1, 0.9][b % 5]
+        sizes._weight[b] = np.where(seen, rng.uniform(1e-9, 30.0, n), rng.uniform(0, 1e-9, n))
+        scale = 10.0 ** rng.integers(-14, 2, n)  # some cells' sums near the 1e-12 floor
+        sizes._da[b] = np.where(rng.random(n) < 0.1, 0.0, rng.random(n) * scale)
+        sizes._dt[b] = sizes._da[b] * rng.uniform(0.0, 2.0, n)
+    return sizes
+
+
+@needs_kernel
+@pytest.mark.parametrize("seed", range(12))
+def test_gain_ratios_and_factors_kernels_equal_numpy(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SizeCalibration.gain_ratios and .factors, compiled, bit for bit as numpy's."""
+    compiled, reference = _size_state(seed), _size_state(seed)
+    for batch in (1, 2, 3, 5, 8, 16, 32, 100, 1000):
+        h, f = compiled.gain_ratios(batch), compiled.factors(batch)
+        with monkeypatch.context() as m:
+            _numpy(m)
+            h_ref, f_ref = reference.gain_ratios(batch), reference.factors(batch)
+        assert h.tobytes() == h_ref.tobytes(), batch
+        assert f.tobytes() == f_ref.tobytes(), batch
+        assert not h.flags.writeable and not f.flags.writeable
+
+
 class _ContextPrior:
     """A prior whose cycle grows with N and, non-linearly, with the context."""
 
