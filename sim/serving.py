@@ -595,10 +595,10 @@ def _attach_steps(
     order = np.argsort(ids, kind="stable")
     ids = ids[order]
     bounds = np.flatnonzero(np.diff(ids)) + 1
-    made, wanted, sizes = (np.concatenate([x[k] for x in logs])[order] for k in (1, 2, 3))
+    made, wanted, nodes = (np.concatenate([x[k] for x in logs])[order] for k in (1, 2, 3))
     delivered = np.minimum(made, wanted)  # nothing past a request's output length counts
     committed, accepted, sizes = (
-        np.split(x, bounds) for x in (delivered, np.minimum(made - 1, delivered), sizes)
+        np.split(x, bounds) for x in (delivered, np.minimum(made - 1, delivered), nodes)
     )
     for c, a, s, i in zip(committed, accepted, sizes, ids[np.r_[0, bounds]], strict=True):
         st = stats[int(i)]
