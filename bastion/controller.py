@@ -318,6 +318,9 @@ class LearningPolicy:
     decide_every: int = DECIDE_EVERY  # a batched decision stands for at most so many steps
     uses_cost_model = True
     learns = True  # the engine gives it a LearnedCostModel and reports every step to it
+    # it reads the last tree sizes (its start), never the last steps' Â: a server need not
+    # track them (StepRequests.previous_expected then reads 0)
+    uses_previous_expected = False
 
     def __post_init__(self) -> None:
         for field, value in (("n_max", self.n_max), ("decide_every", self.decide_every)):

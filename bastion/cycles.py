@@ -102,6 +102,16 @@ def small_median(values: list[float]) -> float:
     return ordered[half] if len(ordered) % 2 else 0.5 * (ordered[half - 1] + ordered[half])
 
 
+def sorted_median(values: FloatArray) -> float:
+    """np.median of a non-empty 1-D float array without NaN, from one sort (np.median's
+    value: the middle one, or the middle two's mean; several × faster on small arrays)."""
+    ordered = np.sort(values)
+    half = ordered.shape[0] // 2
+    if ordered.shape[0] % 2:
+        return float(ordered[half])
+    return 0.5 * (float(ordered[half - 1]) + float(ordered[half]))
+
+
 @public(error=BudgetError, window=integer(1, 1000))
 class CycleTable:
     """Measured/predicted cycle ratios per (kind, batch bucket, lattice cell), robust to noise.
@@ -172,7 +182,7 @@ class CycleTable:
         if many.any():
             dev = np.abs(ring[many] / med[many, None] - 1.0)
             dev = dev[~np.isnan(dev)]  # the rings' empty slots (np.nanmedian, several × faster)
-            value = float(1.4826 * np.median(dev)) if dev.size else 0.0
+            value = 1.4826 * sorted_median(dev) if dev.size else 0.0
         self._noise[(kind, b)] = (epoch, value)
         return value
 

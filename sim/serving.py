@@ -259,6 +259,8 @@ def serve(
     observe = cost_model is not None and not is_ar and learns
     learning = bool(getattr(batched, "learns", False)) and cost_model is not None
     history = bool(getattr(batched, "uses_cost_model", False))  # last step's N and Â per request
+    # (Â only for a policy that reads it: the learning controller declares it does not)
+    expected_history = history and bool(getattr(batched, "uses_previous_expected", True))
     result = ServingResult(policy.name, concurrency, [], 0.0)
     stats: dict[int, RequestStats] = {}
     output_len = np.zeros(n, np.int64)
@@ -472,7 +474,7 @@ def serve(
                 held = -1
             b = ids.shape[0]
             contexts = pool.context_len[slots]
-            contexts.flags.writeable = False  # the step's contexts (a copy): read-only, so
+            contexts.setflags(write=False)  # the step's contexts (a copy): read-only, so
             # the learning controller may remember what it derives from them (mean_context)
             # the step's KV: each request's lookahead reserved (it fits: checked above); the
             # blocks the batch holds are last step's count while the batch is the same
@@ -491,7 +493,11 @@ def serve(
             riding = sum(chunk_tokens)  # a prefill chunk in the same pass (the policy may
             # price it: the learning controller does)
             # static policies ignore last step's trees
-            last_n, last_a = (prev_size[ids], prev_expected[ids]) if history else (zeros, nothing)
+            last_n, last_a = zeros, nothing
+            if history:
+                last_n = prev_size[ids]
+                if expected_history:
+                    last_a = prev_expected[ids]
             requests = _step_requests(
                 ids, contexts, zeros, last_n, last_a, riding_tokens=riding, kv=room
             )
@@ -550,7 +556,8 @@ def serve(
             logs.append((ids, committed, wanted, sizes))
             if history:
                 prev_size[ids] = sizes
-                prev_expected[ids] = rec.trees.expected_tokens()
+                if expected_history:
+                    prev_expected[ids] = rec.trees.expected_tokens()
             done = committed >= wanted  # the pool's count reached the output length
             if np.count_nonzero(done):
                 for index in ids[done].tolist():

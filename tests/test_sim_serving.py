@@ -182,3 +182,47 @@ def test_output_len_override_may_exceed_the_presets_cap(
     assert main(args) == 0
     records = json.loads(capsys.readouterr().out)["records"]
     assert records[0]["simulated_s"] > 9000 * 0.005  # 9000 AR steps of several ms each
+
+
+class _Recording:
+    """A batch policy with a cost model that builds fixed trees and records what the server
+    told it of each request's last step."""
+
+    uses_cost_model = True
+
+    def __init__(self, reads_expected: bool | None) -> None:
+        if reads_expected is not None:
+            self.uses_previous_expected = reads_expected
+        self.seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    def choose(self, marginals, context):  # type: ignore[no-untyped-def]
+        raise AssertionError("the server calls choose_batch")
+
+    def choose_batch(self, marginals, context):  # type: ignore[no-untyped-def]
+        from bastion.interfaces import BatchChoice
+        from bastion.policies import best_first_batch
+
+        req = context.requests
+        self.seen.append((req.previous_tree_sizes.copy(), req.previous_expected.copy()))
+        return BatchChoice(best_first_batch(marginals, 8))
+
+
+@pytest.mark.parametrize("reads_expected", [None, True, False])
+def test_the_server_tracks_last_steps_expected_tokens_for_a_policy_that_reads_them(
+    reads_expected: bool | None,
+) -> None:
+    """The last step's Â per request reaches every cost-model policy but one that declares
+    ``uses_previous_expected = False``; its last tree sizes reach all of them."""
+    policy = _Recording(reads_expected)
+    serve(policy, gpu(), source(), n_requests=3, concurrency=2, max_steps=12)
+    sizes = np.concatenate([s for s, _ in policy.seen[1:]])
+    expected = np.concatenate([e for _, e in policy.seen[1:]])
+    assert policy.seen and (sizes == 8).all()
+    if reads_expected is False:
+        assert not expected.any()
+    else:
+        assert (expected > 1.0).all()
