@@ -32,9 +32,12 @@ typedef struct {
 
 #if defined(__GNUC__) || defined(__clang__)
 #define LIKELY(x) __builtin_expect(!!(x), 1)
+#define PREFETCH(p) __builtin_prefetch(p)
 #else
 #define LIKELY(x) (x)
+#define PREFETCH(p) ((void)(p))
 #endif
+#define PREFETCH_AHEAD 4 /* nodes ahead whose rows a walk over trees prefetches */
 
 /* forest()'s heap entry (see _bestfirst_forest.c): key (-score, request, depth, parent
    position, rank); joint() allocates the heap forest_grow() fills. */

@@ -115,11 +115,18 @@ typedef struct {
     Py_ssize_t request, within, node;
 } merged;
 
-static int merged_before(const void *pa, const void *pb) {
-    const merged *a = (const merged *)pa, *b = (const merged *)pb;
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((always_inline))
+#endif
+static inline int merged_cmp(const merged *a, const merged *b) {
     if (a->score != b->score) return a->score > b->score ? -1 : 1;
     if (a->request != b->request) return a->request < b->request ? -1 : 1;
     return (a->within > b->within) - (a->within < b->within);
+}
+
+/* merged_cmp for qsort (the merge of best-first runs below calls merged_cmp inline) */
+static int merged_before(const void *pa, const void *pb) {
+    return merged_cmp((const merged *)pa, (const merged *)pb);
 }
 
 PyObject *bf_learn(PyObject *self, PyObject *args) {
@@ -198,6 +205,13 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < b; i++) {
         Py_ssize_t a = offsets[i], e = offsets[i + 1];
         for (Py_ssize_t j = a + 1; j < e; j++) {
+            if (j + PREFETCH_AHEAD < e) { /* the rows a few nodes on: their reads then hit */
+                Py_ssize_t ahead = (i * draw + depths[j + PREFETCH_AHEAD] - 1) * k;
+                if (ahead >= 0 && ahead < rows * k) {
+                    PREFETCH(probs + ahead);
+                    if (order) PREFETCH(order + ahead);
+                }
+            }
             int64_t pj = parents[j], d = depths[j] - 1, r = ranks[j];
             if (pj < 0 || pj >= j - a || d < 0 || d >= draw || r < 0 || r >= k) {
                 PyErr_SetString(PyExc_ValueError, "learn: not a tree of these marginals");
@@ -272,7 +286,7 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
                 if (offsets[i] + 1 >= offsets[i + 1]) continue;
                 merged e = {scores[offsets[i] + 1], i, 1, offsets[i] + 1};
                 Py_ssize_t at = h++; /* sift up */
-                while (at > 0 && merged_before(&e, &heads[(at - 1) / 2]) < 0) {
+                while (at > 0 && merged_cmp(&e, &heads[(at - 1) / 2]) < 0) {
                     heads[at] = heads[(at - 1) / 2];
                     at = (at - 1) / 2;
                 }
@@ -291,8 +305,8 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
                 for (;;) {
                     Py_ssize_t c = 2 * at + 1;
                     if (c >= h) break;
-                    if (c + 1 < h && merged_before(&heads[c + 1], &heads[c]) < 0) c++;
-                    if (merged_before(&heads[c], &e) >= 0) break;
+                    if (c + 1 < h && merged_cmp(&heads[c + 1], &heads[c]) < 0) c++;
+                    if (merged_cmp(&heads[c], &e) >= 0) break;
                     heads[at] = heads[c];
                     at = c;
                 }
