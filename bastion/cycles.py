@@ -43,6 +43,7 @@ _TOP = 1 << 20  # the largest total the lattice covers (MAX_TREE_SIZE)
 # derived estimates (filled ratios, curves built on them) are refreshed once per this many
 # observations: the medians move slowly, and the controller's per-step time is what it costs
 REFRESH_SHIFT = 4  # every 16
+_REFRESH_MASK = (1 << REFRESH_SHIFT) - 1
 
 
 @public(error=BudgetError, hi=integer(1, _TOP))
@@ -137,6 +138,9 @@ class CycleTable:
         self._noise: dict[tuple[str, int], tuple[int, float]] = {}
         self._kind_version = dict.fromkeys(_KINDS, 0)  # updates per kind
         self.version = 0
+        # moves whenever ratios() of any kind, in any bucket, may read differently (whenever
+        # a kind's refresh comes or a bucket is first measured): a cache key, one int to compare
+        self.ratio_epoch = 0
 
     def observe(self, kind: CycleKind, batch_size: int, tokens: int, ratio: float) -> None:
         """One measured/predicted ratio of a ``kind`` cycle of ``tokens`` total tree tokens."""
@@ -150,11 +154,14 @@ class CycleTable:
         ring[seen % self.window] = ratio
         count[b, cell] = seen + 1
         self._stale.add((kind, b, cell))
-        self._kind_version[kind] += 1
+        version = self._kind_version[kind] = self._kind_version[kind] + 1
+        if not version & _REFRESH_MASK:  # its ratios refresh (see _stamp)
+            self.ratio_epoch += 1
         self.version += 1
         if (kind, b) not in self._first:  # a bucket's first measurement is seen at once
             self._first.add((kind, b))
             self._filled.clear()
+            self.ratio_epoch += 1
 
     def _medians(self, kind: CycleKind) -> FloatArray:
         """[bucket, cell] the median of each cell's ring of ``kind`` (NaN: never measured),
@@ -191,15 +198,6 @@ class CycleTable:
         (a cache of curves derived from them is valid while it stays the same; the counts of
         :meth:`count` move every observation and are read as of the stamp's change)."""
         return (self._kind_version[kind] >> REFRESH_SHIFT, len(self._first), self.version >> 6)
-
-    def ratio_stamp(self, kind: CycleKind) -> tuple[int, int, int]:
-        """Changes whenever :meth:`ratios` of ``kind`` may read differently in any bucket."""
-        # (*self._stamp(kind), len(self._first)) in one tuple: a hot path (every mode cycle)
-        versions = self._kind_version
-        own = versions[kind]
-        reads_tree = kind != "tree" and own == 0
-        tree = versions["tree"] >> REFRESH_SHIFT if reads_tree else 0
-        return (own >> REFRESH_SHIFT, tree, len(self._first))
 
     def _stamp(self, kind: CycleKind) -> tuple[int, int]:
         # an AR or chain row reads the tree cells only while no bucket of its kind is measured

@@ -62,7 +62,7 @@ class DecisionCurves:
         # what candidate_cycles multiplies: the table's ratio and pessimism per lattice cell
         # and AR ratio (per refresh), the prior's cycle per size and AR cycle (per context step)
         self._single_table: tuple[int, FloatArray, FloatArray, float] | None = None
-        self._mode_memo: dict[tuple[str, int, int, int], tuple[tuple[int, int, int], float]] = {}
+        self._mode_memo: dict[tuple[str, int, int, int], tuple[int, float]] = {}
         self._single_priced: dict[
             tuple[int, int], tuple[IntArray, IntArray, FloatArray, float]
         ] = {}
@@ -272,7 +272,7 @@ class DecisionCurves:
         # a hot path (every step, and every decision): memoised per batch size and mean-context
         # step (what the prior is priced at) until the table's ratio of ``kind`` may move
         key = (kind, ctx.shape[0], mean_context(ctx) // MODE_CONTEXT_STEP, depth)
-        stamp = self.table.ratio_stamp(kind)
+        stamp = self.table.ratio_epoch
         hit = self._mode_memo.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]

@@ -56,3 +56,23 @@ def test_fill_reads_as_the_numpy_form(seed: int) -> None:
                 for bucket in range(11):
                     got = table._fill(k, bucket)
                     assert np.array_equal(got, _reference_fill(table, k, bucket))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ratio_epoch_moves_whenever_a_ratio_may_read_differently(seed: int) -> None:
+    """CycleTable.ratio_epoch is what the learned mode cycles are cached on: while it stands,
+    every kind's ratios in every bucket read the same."""
+    rng = np.random.default_rng(seed)
+    table = CycleTable(window=int(rng.integers(1, 10)))
+    kinds: tuple[CycleKind, ...] = ("tree", "ar", "chain")
+    seen: dict[int, dict[tuple[str, int], bytes]] = {}
+    moved = 0
+    for _ in range(400):
+        kind = kinds[int(rng.choice(3, p=[0.6, 0.2, 0.2]))]
+        batch = int(rng.choice([1, 2, 3, 8, 30, 64]))
+        table.observe(kind, batch, int(rng.integers(batch, 300)), float(rng.lognormal(0, 0.3)))
+        now = {(k, b): table.ratios(k, b).tobytes() for k in kinds for b in (1, 2, 8, 32, 64)}
+        before = seen.setdefault(table.ratio_epoch, now)
+        assert before == now, f"epoch {table.ratio_epoch} stood while a ratio moved"
+        moved = len(seen)
+    assert moved > 10  # the epoch did move, and the check compared many states
