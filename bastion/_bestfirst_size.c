@@ -5,6 +5,8 @@
  */
 #include "_bestfirst.h"
 
+#include <string.h>
+
 /* Rules of bastion.budget.choose_tree. */
 #define RULE_FIRST_DECREASE 0
 #define RULE_EXHAUSTIVE 1
@@ -146,18 +148,19 @@ done:
 
 const char bf_choose_doc[] =
     "choose(probs, token_ids, depth, k, start, sizes, gain, cycles, ar_s)\n"
-    "    -> (parents, depths, ranks, scores, tokens, best, built, cap, expected, s_hat, chain)\n\n"
+    "    -> (ints, floats, best, built, cap)\n\n"
     "The batch-1 size choice of bastion.controller.choose_size in one call. probs/token_ids:\n"
     "depth*k float64/int64 (C order, rows sorted descending); sizes: the m candidate sizes\n"
     "(int64, ascending, sizes[0] == 1); gain, cycles: m float64 (gain ratio and learned cycle\n"
     "per candidate); ar_s: the AR cycle. Grows the best-first tree from min(start, sizes[m-1])\n"
     "nodes, doubling while the best candidate lies in the upper half of what was built, exactly\n"
-    "as the Python loop does (same floating-point operations in the same order). Returns the\n"
-    "tree arrays of every node built (bytes: int64 x3, float64, int64 tokens, root token -1),\n"
-    "the best candidate's index, how many candidates were built, the candidates that exist\n"
-    "(fewer than m when the lattice ran out of nodes with rho > 0) and Â-credited expectation\n"
-    "and Ŝ of the built candidates (bytes, float64), and the chain's Â less its root cut at\n"
-    "every depth, cumsum(cumprod(probs[:, 0])) (bytes, depth float64).";
+    "as the Python loop does (same floating-point operations in the same order). Returns, for\n"
+    "the n nodes built: ints (bytes, int64) = parents, depths, ranks, tokens (root token -1),\n"
+    "n each, then the chosen tree's offsets [0, sizes[best]]; floats (bytes, float64) =\n"
+    "scores (n), the Â-credited expectation and Ŝ of the built candidates (built each) and the\n"
+    "chain's Â less its root cut at every depth, cumsum(cumprod(probs[:, 0])) (depth); the best\n"
+    "candidate's index, how many candidates were built and the candidates that exist (fewer\n"
+    "than m when the lattice ran out of nodes with rho > 0).";
 
 PyObject *bf_choose(PyObject *self, PyObject *args) {
     Py_buffer probs, ids, sizes, gain, cycles;
@@ -254,10 +257,26 @@ PyObject *bf_choose(PyObject *self, PyObject *args) {
             chain[d] = cum;
         }
         Py_ssize_t i8 = (Py_ssize_t)sizeof(int64_t), f8 = (Py_ssize_t)sizeof(double);
-        result = Py_BuildValue("(y#y#y#y#y#nnny#y#y#)", (char *)parents, n * i8, (char *)dep,
-                               n * i8, (char *)ranks, n * i8, (char *)scores, n * f8,
-                               (char *)tokens, n * i8, best, kb, mc, (char *)expected, kb * f8,
-                               (char *)s_hat, kb * f8, (char *)chain, depth * f8);
+        PyObject *o_int = PyBytes_FromStringAndSize(NULL, (4 * n + 2) * i8);
+        PyObject *o_flt = PyBytes_FromStringAndSize(NULL, (n + 2 * kb + depth) * f8);
+        if (!o_int || !o_flt) {
+            Py_XDECREF(o_int);
+            Py_XDECREF(o_flt);
+            goto done;
+        }
+        int64_t *ib = (int64_t *)PyBytes_AS_STRING(o_int);
+        double *fb = (double *)PyBytes_AS_STRING(o_flt);
+        memcpy(ib, parents, (size_t)(n * i8));
+        memcpy(ib + n, dep, (size_t)(n * i8));
+        memcpy(ib + 2 * n, ranks, (size_t)(n * i8));
+        memcpy(ib + 3 * n, tokens, (size_t)(n * i8));
+        ib[4 * n] = 0;
+        ib[4 * n + 1] = sz[best];
+        memcpy(fb, scores, (size_t)(n * f8));
+        memcpy(fb + n, expected, (size_t)(kb * f8));
+        memcpy(fb + n + kb, s_hat, (size_t)(kb * f8));
+        memcpy(fb + n + 2 * kb, chain, (size_t)(depth * f8));
+        result = Py_BuildValue("(NNnnn)", o_int, o_flt, best, kb, mc);
     }
 done:
     PyMem_Free(heap);

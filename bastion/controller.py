@@ -149,7 +149,7 @@ def choose_size(
     every size up to it gives.
     """
     if _kernel is not None and not explore:  # the hot path: the same loop, compiled
-        built, diag, _ = _choose_compiled(
+        built, diag, _, _ = _choose_compiled(
             marginals.probs, marginals.token_ids, learner, context_len, n_max, start
         )
         return DraftTree.trusted(*built), diag
@@ -194,16 +194,18 @@ def _choose_compiled(
     context_len: int,
     n_max: int,
     start: int,
-) -> tuple[tuple[IntArray, IntArray, IntArray, FloatArray, IntArray], SizeDiagnostics, FloatArray]:
+) -> tuple[
+    tuple[IntArray, IntArray, IntArray, FloatArray, IntArray], SizeDiagnostics, FloatArray, IntArray
+]:
     """:func:`choose_size`'s loop (no exploration) in one compiled call: bit-identical
     (``tests/test_controller_compiled.py``), without the interpreter between its steps. The
-    chosen tree's (parents, tokens, depths, scores, ranks), the diagnostics and the chain's Â
-    less its root cut at every depth ([1, depth]: cumsum(cumprod(probs[:, 0])), the same
-    floating-point operations)."""
+    chosen tree's (parents, tokens, depths, scores, ranks), the diagnostics, the chain's Â less
+    its root cut at every depth ([1, depth]: cumsum(cumprod(probs[:, 0])), the same
+    floating-point operations) and the tree's batch offsets [0, N]."""
     sizes, _, cycles, ar_s = learner.candidate_cycles(n_max, context_len)
     depth, k = probs.shape
     gain = learner.sizes.gain_ratios(1)[: sizes.shape[0]]
-    par, dep, rnk, sco, tok, best, built, _, exp, s_hat, chain = _kernel.choose(
+    ib, fb, best, built, _ = _kernel.choose(
         np.ascontiguousarray(probs, np.float64),
         np.ascontiguousarray(token_ids, np.int64),
         depth,
@@ -214,25 +216,27 @@ def _choose_compiled(
         cycles,
         float(ar_s),
     )
+    ints = np.frombuffer(ib, np.int64)  # parents, depths, ranks, tokens (n each), offsets
+    floats = np.frombuffer(fb, np.float64)  # scores (n), expected, Ŝ (built each), chain
+    n = (ints.shape[0] - 2) // 4
     chosen = int(sizes[best])
-    frombuffer = np.frombuffer
     arrays = (
-        frombuffer(par, np.int64)[:chosen],
-        frombuffer(tok, np.int64)[:chosen],
-        frombuffer(dep, np.int64)[:chosen],
-        frombuffer(sco, np.float64)[:chosen],
-        frombuffer(rnk, np.int64)[:chosen],
+        ints[:chosen],
+        ints[3 * n : 3 * n + chosen],
+        ints[n : n + chosen],
+        floats[:chosen],
+        ints[2 * n : 2 * n + chosen],
     )
     diag = _size_diagnostics(
         chosen,
         sizes[:built],
-        frombuffer(exp, np.float64),
+        floats[n : n + built],
         cycles[:built],
-        frombuffer(s_hat, np.float64),
+        floats[n + built : n + 2 * built],
         ar_s,
         int(best),
     )
-    return arrays, diag, frombuffer(chain, np.float64).reshape(1, depth)
+    return arrays, diag, floats[n + 2 * built :].reshape(1, depth), ints[4 * n :]
 
 
 def _choose_joint_compiled(
@@ -393,10 +397,9 @@ class LearningPolicy:
             if req.previous_tree_sizes[0] > 0:
                 start = max(32, 2 * int(req.previous_tree_sizes[0]))
             if _kernel is not None and not explore:  # the hot path: choose_size, compiled
-                arrays, sdiag, chain_cut = _choose_compiled(
+                arrays, sdiag, chain_cut, offsets = _choose_compiled(
                     cal.probs[0], cal.token_ids[0], learner, ctx, self.n_max, start
                 )
-                offsets = np.array([0, arrays[0].shape[0]], np.int64)
                 trees = _trees(offsets, arrays[0], arrays[1], arrays[2], arrays[3], arrays[4])
             else:
                 chain_cut = _chain_cut(top1)
