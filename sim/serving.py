@@ -489,7 +489,11 @@ def serve(
                 assert free is not None
                 # each request's room: its lookahead and the rest of its last block,
                 # ceil((c + look) / bt) · bt − c = (−(c + look) mod bt) + look
-                room = _kv_room((-look - contexts) % bt + look, free, bt)
+                if b == 1:  # (batch 1: the same sum on a Python int)
+                    left = np.array([(-look - int(contexts[0])) % bt + look], np.int64)
+                else:
+                    left = (-look - contexts) % bt + look
+                room = _kv_room(left, free, bt)
             riding = sum(chunk_tokens)  # a prefill chunk in the same pass (the policy may
             # price it: the learning controller does)
             # static policies ignore last step's trees
@@ -558,9 +562,14 @@ def serve(
                 prev_size[ids] = sizes
                 if expected_history:
                     prev_expected[ids] = rec.trees.expected_tokens()
-            done = committed >= wanted  # the pool's count reached the output length
-            if np.count_nonzero(done):
-                for index in ids[done].tolist():
+            # the requests whose pool count reached their output length
+            if b == 1:  # (batch 1: one comparison, no mask)
+                done = [int(ids[0])] if committed[0] >= wanted[0] else []
+            else:
+                mask = committed >= wanted
+                done = ids[mask].tolist() if np.count_nonzero(mask) else []
+            if done:
+                for index in done:
                     decoding.remove(index)
                     finish(index)
                 ids = None
