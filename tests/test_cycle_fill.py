@@ -76,3 +76,23 @@ def test_ratio_epoch_moves_whenever_a_ratio_may_read_differently(seed: int) -> N
         assert before == now, f"epoch {table.ratio_epoch} stood while a ratio moved"
         moved = len(seen)
     assert moved > 10  # the epoch did move, and the check compared many states
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("reads", [1, 3, 50])
+def test_medians_taken_when_read_are_each_rings_median(seed: int, reads: int) -> None:
+    """Cells observed between reads get their medians when read (one at a time or all at
+    once): each is np.median of its ring's ratios, whatever was observed in between."""
+    rng = np.random.default_rng(seed)
+    table = CycleTable(window=int(rng.integers(1, 12)))
+    kinds: tuple[CycleKind, ...] = ("tree", "ar", "chain")
+    for step in range(300):
+        kind = kinds[int(rng.integers(3))]
+        tokens = int(rng.choice([1, 5, 40, 200]))  # a few cells, observed again and again
+        table.observe(kind, int(rng.choice([1, 32])), tokens, float(rng.lognormal(0, 0.5)))
+        if step % reads == 0 or step == 299:
+            for k in kinds:
+                med, ring, count = table._medians(k), table._ring[k], table._count[k]
+                for b, cell in zip(*np.nonzero(count), strict=True):
+                    seen = min(int(count[b, cell]), table.window)
+                    assert med[b, cell] == float(np.median(ring[b, cell, :seen])), (k, b, cell)
