@@ -20,6 +20,7 @@ import numpy.typing as npt
 from bastion.batch import BatchMarginals, TreeBatch
 from bastion.cycles import LATTICE, REFRESH_SHIFT, batch_bucket
 from bastion.errors import BudgetError
+from bastion.fastinit import trusted_init
 from bastion.guard import integer, public
 
 __all__ = ["AcceptanceCalibration", "SizeCalibration", "chain_shadow", "observe_tree_step"]
@@ -110,10 +111,10 @@ class AcceptanceCalibration:
             q = np.frombuffer(qb, np.float64).reshape(b, depth, k)
             if ob is None:
                 self._last = (marginals, None)
-                return BatchMarginals(marginals.token_ids, q)
+                return _batch_marginals(marginals.token_ids, q)
             order = np.frombuffer(ob, np.int64).reshape(b, depth, k)
             self._last = (marginals, order)
-            return BatchMarginals(np.frombuffer(idb, np.int64).reshape(b, depth, k), q)
+            return _batch_marginals(np.frombuffer(idb, np.int64).reshape(b, depth, k), q)
         q = np.minimum(marginals.probs * g[None], 1.0)
         if k < 2 or bool((q[..., :-1] >= q[..., 1:]).all()):  # still sorted: nothing to reorder
             self._last = (marginals, None)
@@ -480,3 +481,4 @@ def shadow_of(run: IntArray, deepest: IntArray, chain: FloatArray) -> tuple[floa
 
 
 _EMPTY = np.zeros(0, np.float64)
+_batch_marginals = trusted_init(BatchMarginals)  # the calibrated marginals, every step

@@ -38,15 +38,25 @@ def _tree_sums(
         if got is not None:
             square = float(got[2])
             return float(got[1]), square, float(quantum * got[4]) + square
-    if s.shape[0] == 1 and contexts is not None:  # batch 1: no numpy call
-        n = float(s[0])
-        c = np.asarray(contexts).reshape(-1)
-        if c.shape[0] == 1:
-            square = n * n
-            return n, square, n * float(math.ceil(float(c[0]) / quantum) * quantum) + square
+    if s.shape[0] == 1:  # batch 1: no numpy call
+        return _tree_sums_one(float(s[0]), contexts, quantum)
     square = float(np.dot(s, s))
     pairs = square if contexts is None else float(np.dot(s, quantise(contexts, quantum))) + square
     return float(np.add.reduce(s)), square, pairs
+
+
+def _tree_sums_one(
+    n: float, contexts: npt.ArrayLike | None, quantum: int
+) -> tuple[float, float, float]:
+    """:func:`_tree_sums` of one tree of ``n`` nodes: Python floats (whole numbers, exact)."""
+    square = n * n
+    if contexts is None:
+        return n, square, square
+    c = np.asarray(contexts).reshape(-1)
+    if c.shape[0] != 1:  # (one tree, other than one context: numpy's form)
+        s = np.array([n])
+        return n, square, float(np.dot(s, quantise(contexts, quantum))) + square
+    return n, square, n * float(math.ceil(float(c[0]) / quantum) * quantum) + square
 
 
 class HostPrep:
@@ -78,11 +88,15 @@ class HostPrep:
     ) -> float:
         """:meth:`bastion.sim.gpu.SimulatedGPU.prep_truth` under a roofline truth."""
         t = self.truth
-        if isinstance(tree_sizes, np.ndarray) and tree_sizes.ndim == 1:
-            s = tree_sizes.astype(np.float64, copy=False)
+        one: float | None = None  # batch 1's one tree size (its sums on Python floats)
+        if isinstance(tree_sizes, np.ndarray) and tree_sizes.shape == (1,):
+            one, b = float(tree_sizes[0]), 1
         else:
-            s = np.atleast_1d(np.asarray(tree_sizes, dtype=np.float64))
-        b = s.shape[0]
+            if isinstance(tree_sizes, np.ndarray) and tree_sizes.ndim == 1:
+                s = tree_sizes.astype(np.float64, copy=False)
+            else:
+                s = np.atleast_1d(np.asarray(tree_sizes, dtype=np.float64))
+            b = s.shape[0]
         logits = b * self.depth * self.model.vocab
         bw = self.byte_rate
         if not topk or path:  # chains: the argmax, or a decision's top-K pass; no tree work
@@ -99,8 +113,11 @@ class HostPrep:
             elif controller and topk:
                 seconds += self._decision_s(b)
         else:
-            given = tree_sizes if isinstance(tree_sizes, np.ndarray) else None
-            nodes, square, pairs = _tree_sums(s, contexts, t.context_quantum, given)
+            if one is None:
+                given = tree_sizes if isinstance(tree_sizes, np.ndarray) else None
+                nodes, square, pairs = _tree_sums(s, contexts, t.context_quantum, given)
+            else:
+                nodes, square, pairs = _tree_sums_one(one, contexts, t.context_quantum)
             layers = self.model.layers
             moved = min(self.depth + 1.0, nodes / max(b, 1)) * b  # tokens compacted, at most
             # read + write K and V, each element bytes_per_act (2 unless the truth says)

@@ -43,6 +43,7 @@ import numpy.typing as npt
 
 from bastion.batch import BatchMarginals
 from bastion.errors import ConfigError
+from bastion.fastinit import trusted_init
 from bastion.guard import public
 from bastion.sim.workloads import Workload
 
@@ -56,6 +57,7 @@ _neg_logit = getattr(_kernel, "neg_logit", None)
 __all__ = ["SyntheticSource"]
 
 _DRAWS_MAX_K = 1024  # the compiled kernel's widest row
+_batch_marginals = trusted_init(BatchMarginals)  # every step's, from arrays made here
 
 IntArray = npt.NDArray[np.int64]
 
@@ -282,7 +284,7 @@ class SyntheticSource:
         ids = self._id_views.get(rows.shape[0])
         if ids is None:
             ids = self._rank_ids(rows.shape[0])
-        return BatchMarginals(ids, probs), target
+        return _batch_marginals(ids, probs), target
 
     def _advance(self, slots: IntArray) -> IntArray:
         """Each slot's current step as one index into the stored blocks (slot · block_steps +
