@@ -7,18 +7,20 @@
 #include <string.h>
 
 /* accept(parents, tokens, depths, offsets, target, width)
- *     -> (counts, on_path, committed, nodes)
+ *     -> (counts, on_path, committed, nodes, lengths)
  *   One batch of trees (concatenated, parents local to each tree, parents before children)
  *   walked against the target's tokens: target[i * width + d - 1] is request i's token at
  *   depth d, and target[i * width + min(c, width - 1)] the token after c accepted ones (the
  *   bonus). A node is on its request's accepted path iff it matches and its parent is on it
  *   (the root always is). counts: accepted draft tokens per request (int64 [B]); on_path: one
  *   byte per node (roots 0); committed: each request's accepted tokens then its bonus token,
- *   request by request (int64); nodes: the accepted nodes' indices within their trees. */
+ *   request by request (int64); nodes: the accepted nodes' indices within their trees;
+ *   lengths: each request's committed tokens, counts + 1 (int64 [B]). */
 PyObject *bf_accept(PyObject *self, PyObject *args) {
     Py_buffer par, tok, dep, off, tgt;
     Py_ssize_t width;
     PyObject *result = NULL, *o_cnt = NULL, *o_on = NULL, *o_com = NULL, *o_nod = NULL;
+    PyObject *o_len = NULL;
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*n", &par, &tok, &dep, &off, &tgt, &width)) return NULL;
     Py_ssize_t n = par.len / (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t b = off.len / (Py_ssize_t)sizeof(int64_t) - 1;
@@ -33,8 +35,9 @@ PyObject *bf_accept(PyObject *self, PyObject *args) {
         goto done;
     }
     o_cnt = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
+    o_len = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
     o_on = PyBytes_FromStringAndSize(NULL, n);
-    if (!o_cnt || !o_on) goto done;
+    if (!o_cnt || !o_len || !o_on) goto done;
     Py_ssize_t accepted = 0;
     {
         int64_t *counts = (int64_t *)PyBytes_AS_STRING(o_cnt);
@@ -56,6 +59,7 @@ PyObject *bf_accept(PyObject *self, PyObject *args) {
             }
             on[a] = 0;
             counts[i] = c;
+            ((int64_t *)PyBytes_AS_STRING(o_len))[i] = c + 1;
             accepted += c;
         }
         o_com = PyBytes_FromStringAndSize(NULL, (accepted + b) * (Py_ssize_t)sizeof(int64_t));
@@ -76,9 +80,10 @@ PyObject *bf_accept(PyObject *self, PyObject *args) {
             committed[t++] = target[i * width + c];
         }
     }
-    result = Py_BuildValue("(OOOO)", o_cnt, o_on, o_com, o_nod);
+    result = Py_BuildValue("(OOOOO)", o_cnt, o_on, o_com, o_nod, o_len);
 done:
     Py_XDECREF(o_cnt);
+    Py_XDECREF(o_len);
     Py_XDECREF(o_on);
     Py_XDECREF(o_com);
     Py_XDECREF(o_nod);

@@ -333,18 +333,44 @@ def accepted_paths(
     accept = getattr(_compiled, "accept", None)
     if accept is None:
         return None
-    t = np.ascontiguousarray(target, dtype=np.int64)
-    counts, on_path, committed, nodes = accept(
-        np.ascontiguousarray(parents, dtype=np.int64),
-        np.ascontiguousarray(tokens, dtype=np.int64),
-        np.ascontiguousarray(depths, dtype=np.int64),
-        np.ascontiguousarray(offsets, dtype=np.int64),
-        t,
-        t.shape[1],
-    )
+    counts, on_path, committed, nodes, _ = _accept(accept, parents, tokens, depths, offsets, target)
     return (
         np.frombuffer(counts, dtype=np.int64),
         np.frombuffer(on_path, dtype=np.bool_),
         np.frombuffer(committed, dtype=np.int64),
         np.frombuffer(nodes, dtype=np.int64),
+    )
+
+
+def verified_paths(
+    parents: IntArray, tokens: IntArray, depths: IntArray, offsets: IntArray, target: IntArray
+) -> tuple[IntArray, IntArray, IntArray] | None:
+    """:func:`accepted_paths`' walk as a verifier reports it: (committed tokens per request —
+    the accepted ones plus the bonus —, every request's accepted tokens then its bonus token,
+    the accepted nodes' indices within their trees), or None without the compiled kernel."""
+    accept = getattr(_compiled, "accept", None)
+    if accept is None:
+        return None
+    _, _, committed, nodes, lengths = _accept(accept, parents, tokens, depths, offsets, target)
+    frombuffer = np.frombuffer
+    return (
+        frombuffer(lengths, np.int64),
+        frombuffer(committed, np.int64),
+        frombuffer(nodes, np.int64),
+    )
+
+
+def _accept(  # type: ignore[no-untyped-def]
+    accept, parents, tokens, depths, offsets, target
+) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    """The compiled walk (see accept() in _bestfirst_learn.c) on contiguous int64 arrays."""
+    t = np.ascontiguousarray(target, dtype=np.int64)
+    contiguous = np.ascontiguousarray
+    return accept(  # type: ignore[no-any-return]
+        contiguous(parents, dtype=np.int64),
+        contiguous(tokens, dtype=np.int64),
+        contiguous(depths, dtype=np.int64),
+        contiguous(offsets, dtype=np.int64),
+        t,
+        t.shape[1],
     )

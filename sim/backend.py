@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bastion.batch import BatchMarginals, BatchVerifyResult, StepRequests, TreeBatch
-from bastion.bestfirst import accepted_paths
+from bastion.bestfirst import accepted_paths, verified_paths
 from bastion.errors import ConfigError
 from bastion.fastinit import trusted_init
 from bastion.guard import array, integer, public
@@ -173,14 +173,14 @@ class SimBatch:
             tokens = target[:, 0].copy()
             nodes = np.zeros(0, np.int64)
         else:
-            walked = accepted_paths(
+            walked = verified_paths(
                 trees.parents, trees.tokens, trees.depths, trees.offsets, target
             )
             if walked is not None:
-                counts, _, tokens, nodes = walked
+                committed, tokens, nodes = walked
             else:
                 counts, tokens, nodes = _committed_numpy(trees, target)
-            committed = counts + 1
+                committed = counts + 1
         # tokens past a request's output length are never delivered (the serving layer counts
         # only what is); the verifier's own result stays uncut for a learning cost model
         if b == 1:  # the batch-1 step: the same sums on the one slot, without index arrays

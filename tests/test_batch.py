@@ -201,7 +201,7 @@ def test_compiled_commit_equals_the_numpy_form(
 ) -> None:
     """Invariant: the compiled walk's committed tokens (accepted, then the bonus) and accepted
     nodes equal the numpy form's, request by request."""
-    from bastion.bestfirst import COMPILED, accepted_paths
+    from bastion.bestfirst import COMPILED, accepted_paths, verified_paths
     from bastion.sim.backend import _committed_numpy
 
     if not COMPILED:
@@ -221,3 +221,9 @@ def test_compiled_commit_equals_the_numpy_form(
     counts, _, tokens, nodes = walked
     ref = _committed_numpy(batch, target)
     assert [counts.tolist(), tokens.tolist(), nodes.tolist()] == [x.tolist() for x in ref]
+    # … and the verifier's form: each request's committed length (accepted + the bonus)
+    verified = verified_paths(batch.parents, batch.tokens, batch.depths, batch.offsets, target)
+    assert verified is not None
+    lengths, tokens, nodes = verified
+    assert lengths.tolist() == (ref[0] + 1).tolist()
+    assert [tokens.tolist(), nodes.tolist()] == [x.tolist() for x in ref[1:]]
