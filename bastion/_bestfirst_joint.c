@@ -255,7 +255,7 @@ done:
     return result;
 }
 
-/* floor(even, ratios, counts, factors, noise, window, b, top, n_cells) -> bytes
+/* floor(lo, hi, w, ratios, counts, factors, noise, window, b, top, n_cells, lattice) -> bytes
  *
  * The learning controller's stepped decision floor (bastion.learned_curves
  * DecisionCurves._joint_deciding, rebuilt whenever the learned table or the size calibration
@@ -263,26 +263,29 @@ done:
  * ratio * (1 + noise / sqrt(min(max(count, 1), window))) / factor, times the even-spread prior
  * at that point (at `top` where the point lies beyond it; +inf where it lies below B), then
  * the cheapest from each cell on. numpy's operations in numpy's order, so the n_cells doubles
- * are numpy's (np.minimum's NaN included). even: the prior at totals B ... (at least top);
- * ratios, counts, factors: per lattice cell (at least n_cells); lattice: the lattice points.
+ * are numpy's (np.minimum's NaN included). lo, hi, w: the even-spread prior at totals B ...
+ * (at least top) as bastion.learned_prior.Lerp holds it, (1 - w) * lo + w * hi, formed at the
+ * lattice points only; ratios, counts, factors: per lattice cell (at least n_cells); lattice:
+ * the lattice points.
  */
 PyObject *bf_floor(PyObject *self, PyObject *args) {
-    Py_buffer evenb, ratiob, countb, factorb, latticeb;
-    double noise;
+    Py_buffer lob, hib, ratiob, countb, factorb, latticeb;
+    double w, noise;
     Py_ssize_t window, b, top, n;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*dnnnny*", &evenb, &ratiob, &countb, &factorb, &noise,
-                          &window, &b, &top, &n, &latticeb))
+    if (!PyArg_ParseTuple(args, "y*y*dy*y*y*dnnnny*", &lob, &hib, &w, &ratiob, &countb, &factorb,
+                          &noise, &window, &b, &top, &n, &latticeb))
         return NULL;
     Py_ssize_t f8 = (Py_ssize_t)sizeof(double), i8 = (Py_ssize_t)sizeof(int64_t);
-    if (n < 1 || b < 1 || window < 1 || top < b || evenb.len / f8 < top - b + 1 ||
-        ratiob.len / f8 < n || countb.len / i8 < n || factorb.len / f8 < n ||
-        latticeb.len / i8 < n) {
+    if (n < 1 || b < 1 || window < 1 || top < b || lob.len / f8 < top - b + 1 ||
+        hib.len / f8 < top - b + 1 || ratiob.len / f8 < n || countb.len / i8 < n ||
+        factorb.len / f8 < n || latticeb.len / i8 < n) {
         PyErr_SetString(PyExc_ValueError, "floor: inconsistent sizes");
         goto done;
     }
     {
-        const double *even = (const double *)evenb.buf, *ratio = (const double *)ratiob.buf;
+        const double *lo = (const double *)lob.buf, *hi = (const double *)hib.buf;
+        const double *ratio = (const double *)ratiob.buf, lo_w = 1.0 - w;
         const double *factor = (const double *)factorb.buf;
         const int64_t *count = (const int64_t *)countb.buf, *point = (const int64_t *)latticeb.buf;
         PyObject *out = PyBytes_FromStringAndSize(NULL, n * f8);
@@ -297,7 +300,8 @@ PyObject *bf_floor(PyObject *self, PyObject *args) {
             int64_t seen = count[i] > 1 ? count[i] : 1;
             double pessimism = 1.0 + noise / sqrt((double)(seen < window ? seen : window));
             double unit = ratio[i] * pessimism / factor[i];
-            best[i] = even[reach - b] * unit;
+            /* the even-spread prior at reach: its anchors interpolated, as Lerp forms it */
+            best[i] = (lo_w * lo[reach - b] + w * hi[reach - b]) * unit;
         }
         for (Py_ssize_t i = n - 2; i >= 0; i--) { /* np.minimum.accumulate, from the end */
             double a = best[i + 1], x = best[i];
@@ -306,7 +310,8 @@ PyObject *bf_floor(PyObject *self, PyObject *args) {
         result = out;
     }
 done:
-    PyBuffer_Release(&evenb);
+    PyBuffer_Release(&lob);
+    PyBuffer_Release(&hib);
     PyBuffer_Release(&ratiob);
     PyBuffer_Release(&countb);
     PyBuffer_Release(&factorb);

@@ -28,7 +28,7 @@ from bastion.cycles import (
     lattice_index,
 )
 from bastion.interfaces import CostCurve
-from bastion.learned_prior import MODE_CONTEXT_STEP, PricedPrior, mean_context
+from bastion.learned_prior import MODE_CONTEXT_STEP, Lerp, PricedPrior, mean_context
 from bastion.observed import SizeCalibration
 
 try:  # the compiled decision floor (bastion._bestfirst.floor); the numpy below without it
@@ -201,7 +201,7 @@ class DecisionCurves:
             hit = self._joint_cache[key] = (stamp, best_above)
         return _cells_of(b, top), hit[1]
 
-    def _floor(self, even: FloatArray, b: int, top: int, stamp: tuple[Any, ...]) -> FloatArray:
+    def _floor(self, even: Lerp, b: int, top: int, stamp: tuple[Any, ...]) -> FloatArray:
         """:meth:`_joint_deciding`'s cheapest decision cost at or above each lattice cell up to
         ``top``, from the even-spread prior ``even`` at totals B … (``stamp``: the table's and
         the size calibration's, as of now): the compiled ``floor()`` where it is built, else
@@ -211,7 +211,9 @@ class DecisionCurves:
         floor = getattr(_kernel, "floor", None)
         if floor is not None and n_cells <= LATTICE.shape[0]:
             best = floor(
-                np.ascontiguousarray(even, np.float64),
+                np.ascontiguousarray(even.lo, np.float64),
+                np.ascontiguousarray(even.hi, np.float64),
+                float(even.w),
                 table.ratios("tree", b),
                 table.count("tree", b),
                 np.ascontiguousarray(self.sizes.factors(b), np.float64),

@@ -47,6 +47,31 @@ class PriorCycle:
     curve: CostCurve  # the prior's curve (draft, prep, L_AR)
 
 
+@dataclass(frozen=True, eq=False)
+class Lerp:
+    """(1 − w)·lo + w·hi elementwise, formed where it is read: the even-spread prior runs to
+    thousands of totals and each reader wants a few (a step's own total, the lattice points),
+    so the interpolation between its two anchors is not formed whole. Any read gives the
+    values forming the whole array would (the same two products and sum per element)."""
+
+    lo: FloatArray  # the anchor below (read-only)
+    hi: FloatArray  # the anchor above, as long
+    w: float  # the weight of ``hi``
+
+    def __len__(self) -> int:
+        return int(self.lo.shape[0])
+
+    def __getitem__(self, index: Any) -> Any:
+        """A float at an integer index; an array at an index array or slice."""
+        if isinstance(index, int | np.integer):
+            return (1.0 - self.w) * float(self.lo[index]) + self.w * float(self.hi[index])
+        return (1.0 - self.w) * self.lo[index] + self.w * self.hi[index]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> FloatArray:
+        whole = (1.0 - self.w) * self.lo + self.w * self.hi
+        return whole if dtype is None else whole.astype(dtype, copy=False)
+
+
 class PricedPrior:
     """The prior :class:`CostModel`'s whole cycles, priced at context anchors and cached.
 
@@ -92,16 +117,19 @@ class PricedPrior:
 
         return joint_curve_from_cost_model(self.prior, contexts)(grow)
 
-    def even(self, ctx: IntArray, top: int) -> FloatArray:
-        """The prior's batch cycle for totals B … ``top`` along an even spread."""
+    def even(self, ctx: IntArray, top: int) -> Lerp:
+        """The prior's batch cycle for totals B … ``top`` along an even spread (formed where it
+        is read: see :class:`Lerp`)."""
         b = ctx.shape[0]
         key, mean = ("even", b, top), mean_context(ctx)
         # a hot path (every batched step observes its cycle against it): a cached step is read
         # without building its price
-        hit = self._lerped_at(key, mean)
+        hit = self._lerped.get((key, mean // MODE_CONTEXT_STEP))
         if hit is not None:
-            return hit
-        return self._anchored(key, b, mean, lambda c: self.cycle(c, None, top).cycle)
+            return hit  # type: ignore[return-value]
+        return self._anchored(  # type: ignore[return-value]
+            key, b, mean, lambda c: self.cycle(c, None, top).cycle, lazy=True
+        )
 
     def mode(self, kind: CycleKind, ctx: IntArray, depth: int) -> float:
         """The prior's cycle of a whole step of ``kind`` ("ar" or "chain" with ``depth`` draft
@@ -184,7 +212,12 @@ class PricedPrior:
         return value
 
     def _anchored(
-        self, key: tuple[Any, ...], b: int, mean_context: int, price: PriceFn
+        self,
+        key: tuple[Any, ...],
+        b: int,
+        mean_context: int,
+        price: PriceFn,
+        lazy: bool = False,
     ) -> FloatArray:
         """A prior quantity (``price`` of B requests' contexts, an array) at the middle of the
         mean context's step of :data:`MODE_CONTEXT_STEP` tokens, interpolated linearly
@@ -193,21 +226,28 @@ class PricedPrior:
         Cached per ``key`` and step, so what a step observes is divided by the same prior the
         decision multiplies by, and the prior — the dear part — is priced once per anchor:
         within an anchor step it is linear in the context but for the roofline's few
-        compute/memory crossings (≤ 1.3 % off on the shipped models, tested)."""
+        compute/memory crossings (≤ 1.3 % off on the shipped models, tested).
+
+        ``lazy``: the interpolation is a :class:`Lerp` (formed where read), not an array; the
+        key's every call must ask the same."""
         step = mean_context // MODE_CONTEXT_STEP
         hit = self._lerped_at(key, mean_context)
-        if hit is None:
-            mid = step * MODE_CONTEXT_STEP + MODE_CONTEXT_STEP // 2
-            lo = mid // ANCHOR_STEP
-            w = (mid - lo * ANCHOR_STEP) / ANCHOR_STEP
-            hit = (1.0 - w) * self._anchor(key, lo, b, price) + w * self._anchor(
-                key, lo + 1, b, price
-            )
-            hit.flags.writeable = False
-            if len(self._lerped) > 512:
-                self._lerped.clear()
-            self._lerped[(key, step)] = hit
-        return hit
+        if hit is not None:
+            return hit
+        mid = step * MODE_CONTEXT_STEP + MODE_CONTEXT_STEP // 2
+        lo = mid // ANCHOR_STEP
+        w = (mid - lo * ANCHOR_STEP) / ANCHOR_STEP
+        below, above = self._anchor(key, lo, b, price), self._anchor(key, lo + 1, b, price)
+        made: Any
+        if lazy:
+            made = Lerp(below, above, w)
+        else:
+            made = (1.0 - w) * below + w * above
+            made.flags.writeable = False
+        if len(self._lerped) > 512:
+            self._lerped.clear()
+        self._lerped[(key, step)] = made
+        return made  # type: ignore[no-any-return]
 
     def _lerped_at(self, key: tuple[Any, ...], mean_context: int) -> FloatArray | None:
         """What :meth:`_anchored` holds for ``key`` at the mean context's step, or None (a
@@ -218,6 +258,7 @@ class PricedPrior:
         hit = self._anchors.get((key, index))
         if hit is None:
             hit = self._shared_anchor(key, index, b, price)
+            hit.flags.writeable = False  # (a Lerp reads it for as long as it is cached)
             if len(self._anchors) > 256:
                 self._anchors.clear()
             self._anchors[(key, index)] = hit

@@ -71,10 +71,13 @@ def test_the_compiled_floor_refuses_buffers_that_do_not_match() -> None:
     floor = curves._kernel.floor
     even, ratios = np.ones(10), np.ones(LATTICE.shape[0])
     counts, factors = np.ones(LATTICE.shape[0], np.int64), np.ones(LATTICE.shape[0])
-    assert np.frombuffer(floor(even, ratios, counts, factors, 0.1, 9, 2, 11, 5, LATTICE)).size == 5
+    args = (even, even, 0.25, ratios, counts, factors, 0.1, 9)
+    assert np.frombuffer(floor(*args, 2, 11, 5, LATTICE)).size == 5
     with pytest.raises(ValueError, match="inconsistent"):  # the prior ends before top
-        floor(even, ratios, counts, factors, 0.1, 9, 2, 12, 5, LATTICE)
+        floor(*args, 2, 12, 5, LATTICE)
+    with pytest.raises(ValueError, match="inconsistent"):  # one anchor ends before top
+        floor(even, even[:8], 0.25, ratios, counts, factors, 0.1, 9, 2, 11, 5, LATTICE)
     with pytest.raises(ValueError, match="inconsistent"):  # more cells than the table holds
-        floor(even, ratios[:4], counts, factors, 0.1, 9, 2, 11, 5, LATTICE)
+        floor(even, even, 0.25, ratios[:4], counts, factors, 0.1, 9, 2, 11, 5, LATTICE)
     with pytest.raises(ValueError, match="inconsistent"):  # top below the batch
-        floor(even, ratios, counts, factors, 0.1, 9, 4, 3, 5, LATTICE)
+        floor(*args, 4, 3, 5, LATTICE)

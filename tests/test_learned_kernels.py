@@ -338,3 +338,23 @@ def test_a_chain_step_teaches_the_acceptance_calibration_only(seed: int) -> None
     for x, y in ((a1._pred, a2._pred), (a1._real, a2._real), (a1._g, a2._g)):
         assert np.array_equal(x, y)
     assert accepted > 0  # some chains accepted tokens
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_lerp_reads_what_the_whole_interpolation_holds(seed: int) -> None:
+    """The even-spread prior formed where read (Lerp) gives, at an index, an index array or a
+    slice, the very doubles of (1 - w)·lo + w·hi formed whole."""
+    from bastion.learned_prior import Lerp
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 5000))
+    lo, hi = rng.lognormal(-5, 2, n), rng.lognormal(-5, 2, n)
+    w = float(rng.choice([0.0, 0.25, 0.5, 0.75, rng.random()]))
+    lerp, whole = Lerp(lo, hi, w), (1.0 - w) * lo + w * hi
+    assert len(lerp) == n and np.asarray(lerp).tobytes() == whole.tobytes()
+    for i in rng.integers(0, n, 20).tolist():
+        got = lerp[i]
+        assert type(got) is float and got == whole[i]
+    idx = rng.integers(0, n, 50)
+    assert lerp[idx].tobytes() == whole[idx].tobytes()
+    assert lerp[n // 3 : n // 2 + 1].tobytes() == whole[n // 3 : n // 2 + 1].tobytes()
