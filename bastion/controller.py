@@ -366,9 +366,9 @@ class LearningPolicy:
         probs = marginals.probs  # rows sorted descending: a row is empty iff its top-1 is 0
         if (
             marginals is empty_marginals(b)  # what the engine hands an AR step
-            or probs.shape[1] == 0
-            or probs.shape[2] == 0
-            or not np.count_nonzero(probs[:, :, 0])  # (np.any's Python wrapper: slower)
+            or 0 in probs.shape
+            # (the first row's top-1 answers it almost always; np.any's wrapper is slower)
+            or (probs[0, 0, 0] == 0 and not np.count_nonzero(probs[:, :, 0]))
         ):
             return _ar_choice(learner, req)
         cal = learner.acceptance.calibrate(marginals)

@@ -899,3 +899,23 @@ def test_a_window_of_two_drafted_steps_judges_on_two() -> None:
         assert _steps_at(learner, 1, 2, commit, cycle_s)[0]  # the first still drafts on
         assert learner.wants_draft(1) == drafts_after
         assert math.isfinite(learner.speedup)
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_a_step_whose_drafter_proposed_nothing_is_an_ar_step(b: int) -> None:
+    """Marginals whose every row is empty (top-1 zero) make an AR step; one non-empty row
+    anywhere (not only the first request's first position) makes a drafted one."""
+    learner = LearnedCostModel(FlatPrior())
+    ctx = np.full(b, 100, np.int64)
+    req = StepRequests.of(list(range(b)), ctx, np.zeros(b, np.int64), np.zeros(b, np.int64))
+    probs = np.zeros((b, 3, 2))
+    ids = np.arange(b * 6, dtype=np.int64).reshape(b, 3, 2)
+    choice = LearningPolicy().choose_batch(
+        BatchMarginals(ids, probs), BatchPolicyContext(req, learner)
+    )
+    assert choice.kind == "ar" and choice.trees.total_nodes == b
+    probs[b - 1, 2] = (0.6, 0.3)  # only the last request's last position proposes
+    choice = LearningPolicy().choose_batch(
+        BatchMarginals(ids, probs), BatchPolicyContext(req, learner)
+    )
+    assert choice.kind != "ar"
