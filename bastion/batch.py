@@ -328,7 +328,7 @@ def tree_batch_from_buffers(
     without copying them. Internal: the kernels' callers (the joint budget, the controllers)
     share it; not part of the public API."""
     frombuffer = np.frombuffer
-    return TreeBatch(
+    return _tree_batch(
         frombuffer(offsets, np.int64),
         frombuffer(parents, np.int64),
         frombuffer(tokens, np.int64),

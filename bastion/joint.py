@@ -59,6 +59,7 @@ from bastion.bestfirst import best_first_forest
 from bastion.budget import ControllerMode, Rule, first_decrease
 from bastion.cost.jointcurve import joint_pricing
 from bastion.errors import BudgetError, CostModelError
+from bastion.fastinit import trusted_init
 from bastion.guard import array, each, public
 from bastion.interfaces import CostCurve, CostModel, RequestLoad, StepLoad
 from bastion.tree import DraftMarginals, DraftTree
@@ -126,6 +127,9 @@ class JointDiagnostics:
     @property
     def predicted_speedup(self) -> float:
         return float(self.s_hat[self.total_size - self.batch_size])
+
+
+_joint_diagnostics = trusted_init(JointDiagnostics)  # every compiled joint step's
 
 
 @public(scores=each(array(1, lo=0.0, nonempty=True)))
@@ -454,18 +458,18 @@ def joint_result(
     the bounded rule (``curve``: Â, Ĉ and Ŝ of the last chain). Internal: shared by the joint
     kernels' callers."""
     trees = tree_batch_from_buffers(*tree)
-    alloc = trees.sizes
-    a_hat, c_hat, s_hat = (np.frombuffer(x, np.float64) for x in curve)
-    diag = JointDiagnostics(
-        tree_sizes=tuple(alloc.tolist()),
-        total_size=b + int(chosen),
-        mode="bounded",
-        a_hat_total=a_hat,
-        c_hat=c_hat,
-        s_hat=s_hat,
-        ar_step_s=float(ar),
-        exhausted=bool(exhausted),
-        capped=bool(np.count_nonzero(alloc == n_max)),
+    sizes = tuple(trees.sizes.tolist())
+    frombuffer = np.frombuffer
+    diag = _joint_diagnostics(
+        sizes,
+        b + int(chosen),
+        "bounded",
+        frombuffer(curve[0], np.float64),
+        frombuffer(curve[1], np.float64),
+        frombuffer(curve[2], np.float64),
+        float(ar),
+        bool(exhausted),
+        n_max in sizes,
     )
     return trees, diag
 

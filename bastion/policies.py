@@ -35,7 +35,7 @@ What this module does not do: price trees or draft; policies are pure functions 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -379,8 +379,6 @@ class AdaptivePolicy:
         if req.size == 1 or not self.joint or joint_curve is None:
             fast = choose_per_request(self, marginals, context) if req.size > 1 else None
             return fast or PerRequestPolicy(self).choose_batch(marginals, context)
-        from bastion.joint import choose_joint_priced
-
         start = self.initial_budget
         known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
         if known.size:  # begin near the last choices (per request): fewer growth rounds
@@ -388,15 +386,24 @@ class AdaptivePolicy:
             # the trees are the same whatever the start, the stop rule's bound being exact;
             # the mean rounded down by integer division, what int(np.mean) gives, cheaper)
             start = max(8, 3 * (int(np.add.reduce(known)) // known.size))
-        trees, diag = choose_joint_priced(
+        trees, diag = _joint_priced()(
             marginals,
-            cost_model,  # type: ignore[arg-type]  # it has joint_cost_curve (checked above)
+            cost_model,  # it has joint_cost_curve (checked above)
             req.context_lens,
             self.n_max,
             self.mode,
             start,
         )
         return BatchChoice(trees, diag)
+
+
+@functools.cache
+def _joint_priced() -> Callable[..., tuple[TreeBatch, object]]:
+    """bastion.joint.choose_joint_priced, imported when first asked (bastion.joint imports
+    this module's neighbours; a per-step import statement costs more than a cached call)."""
+    from bastion.joint import choose_joint_priced
+
+    return choose_joint_priced
 
 
 def best_first_batch(marginals: BatchMarginals, budget: int) -> TreeBatch:

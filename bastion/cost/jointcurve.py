@@ -242,9 +242,7 @@ def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> tuple[Array, A
     all-reduces included; and the contexts rounded up to the model's bucket (float64), which
     ``paper()`` also reads. None where the model is not such a model, and the caller prices
     the curve as the model does."""
-    if not calibrated_dense(model):
-        return None
-    fixed = _joint_fixed(model)
+    fixed = _joint_fixed(model)  # (None unless calibrated_dense(model))
     if fixed is None:
         return None
     step = model.context_bucket
