@@ -47,7 +47,8 @@
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint(), floor()),
  * _bestfirst_learn.c (accept(), learn(), calibrate(), gains(), size_factors()),
  * _bestfirst_shaped.c (beam(), eagle()),
- * _bestfirst_draws.c (draws(), neg_logit()), _bestfirst_paper.c (paper()), _bestfirst_request.c
+ * _bestfirst_draws.c (draws(), neg_logit()), _bestfirst_paper.c (paper(), joint_price(),
+ * drafter_s()), _bestfirst_request.c
  * (request()), _bestfirst_kv.c (blocks(), sums()); _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
@@ -72,6 +73,8 @@ static PyMethodDef methods[] = {
     {"neg_logit", bf_neg_logit, METH_VARARGS,
      "A synthetic block's negated head log-odds (see _bestfirst_draws.c)."},
     {"paper", bf_paper, METH_VARARGS, "The paper controller's joint budget (_bestfirst_paper.c)."},
+    {"drafter_s", bf_drafter_s, METH_VARARGS,
+     "A drafter pass's operator seconds, summed (_bestfirst_paper.c)."},
     {"joint_price", bf_joint_price, METH_VARARGS,
      "A calibrated roofline's joint curve along a growth (_bestfirst_paper.c)."},
     {"request", bf_request, METH_VARARGS, "The per-request rule (_bestfirst_request.c)."},

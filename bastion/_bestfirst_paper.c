@@ -443,3 +443,39 @@ done:
     PyBuffer_Release(&priceb);
     return result;
 }
+
+/* drafter_s(at0, slope, context_sum) -> float
+ *
+ * bastion.cost.drafterpass.DrafterPricer.total_s's operator sum (its launch time aside): with
+ * y = at0 + context_sum * slope (2n doubles: each operator's compute seconds, then its memory
+ * seconds), Σ_i max(y_i, y_{n+i}) as numpy's add.reduce sums (pairwise; np.maximum's NaN). */
+PyObject *bf_drafter_s(PyObject *self, PyObject *args) {
+    Py_buffer at0b, slopeb;
+    double cs;
+    PyObject *result = NULL;
+    double *y = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*d", &at0b, &slopeb, &cs)) return NULL;
+    Py_ssize_t m = at0b.len / (Py_ssize_t)sizeof(double), n = m / 2;
+    if (at0b.len != m * (Py_ssize_t)sizeof(double) || slopeb.len != at0b.len || m != 2 * n) {
+        PyErr_SetString(PyExc_ValueError, "drafter_s: at0 and slope must be 2n float64 each");
+        goto done;
+    }
+    y = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    if (!y) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    {
+        const double *a = (const double *)at0b.buf, *s = (const double *)slopeb.buf;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double c = a[i] + cs * s[i], mem = a[n + i] + cs * s[n + i];
+            y[i] = nmax(c, mem);
+        }
+        result = PyFloat_FromDouble(bf_pairwise(y, n));
+    }
+done:
+    free(y);
+    PyBuffer_Release(&at0b);
+    PyBuffer_Release(&slopeb);
+    return result;
+}

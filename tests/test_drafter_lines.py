@@ -90,3 +90,30 @@ def test_a_pass_needs_a_request() -> None:
     pricer = DrafterPricer(DrafterSpec.dflash_for(get_model("qwen3-8b")), get_profile("h100-sxm"))
     with pytest.raises(ConfigError):
         pricer.line(0)
+
+
+@pytest.mark.skipif(
+    getattr(__import__("bastion.cost.drafterpass").cost.drafterpass, "_drafter_s", None) is None,
+    reason="no compiled kernel",
+)
+@pytest.mark.parametrize("n", [1, 3, 7, 8, 9, 17, 64, 129, 300])
+def test_the_compiled_pass_sum_is_numpys(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """total_s's operator sum compiled (drafter_s) gives numpy's double, bit for bit, for any
+    count of operators (numpy sums pairwise: plain below 8, in 8 lanes to 128, halves above),
+    contexts where either branch wins, and a NaN anywhere."""
+    import bastion.cost.drafterpass as dp
+
+    rng = np.random.default_rng(n)
+    pricer = DrafterPricer(DrafterSpec.dflash_for(get_model("qwen3-8b")), get_profile("h100-sxm"))
+    for trial in range(20):
+        at0 = rng.lognormal(-12, 3, 2 * n)
+        slope = rng.lognormal(-20, 3, 2 * n) * rng.choice([0.0, 1.0], 2 * n)
+        if trial == 19:
+            at0[int(rng.integers(2 * n))] = np.nan
+        context_sum = float(rng.choice([0.0, 1.0, 4096.0, rng.uniform(0, 1e6)]))
+        monkeypatch.setattr(pricer, "line", lambda _b, a=at0, s=slope: (a, s, 1e-5))
+        got = pricer.total_s(4, context_sum)
+        with monkeypatch.context() as m:
+            m.setattr(dp, "_drafter_s", None)
+            want = pricer.total_s(4, context_sum)
+        assert got == want or (np.isnan(got) and np.isnan(want)), (trial, got, want)

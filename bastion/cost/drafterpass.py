@@ -32,6 +32,12 @@ from bastion.cost.parallel import comm_op
 from bastion.errors import ConfigError
 from bastion.guard import each, integer, number, public
 
+try:  # the optional compiled kernel: a pass's operator sum in one call
+    from bastion import _bestfirst as _compiled  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - the extension is optional
+    _compiled = None
+_drafter_s = getattr(_compiled, "drafter_s", None)
+
 __all__ = ["DrafterPricer", "drafter_pass"]
 
 Array = npt.NDArray[np.float64]
@@ -184,6 +190,8 @@ class DrafterPricer:
         """Seconds of one drafter pass over ``requests`` requests holding ``context_sum``
         cached tokens in all."""
         at0, slope, launch_s = self.line(requests)
+        if _drafter_s is not None:  # the same operations, compiled (tests/test_drafter_lines.py)
+            return float(_drafter_s(at0, slope, float(context_sum))) + launch_s
         y = at0 + float(context_sum) * slope
         n = y.shape[0] // 2
         return float(np.add.reduce(np.maximum(y[:n], y[n:]))) + launch_s
