@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import numpy as np
 import numpy.typing as npt
@@ -230,7 +231,7 @@ class SyntheticSource:
             _neg_logit(self._top1[slot], z, float(w.step_sd), float(w.position_sd), fall)
             np.exp(fall, out=fall)
             u = rng.random(out=self._u[slot])  # branch: 5 per step; forks: 2 per position
-            self._pick[slot] = rng.integers(0, self._bank_size, size=(steps, depth))
+            self._pick[slot] = bank_rows(rng, self._bank_size, (steps, depth))
             rng.random(out=self._tu[slot])  # the target's uniforms (used last)
             np.log(u[:, 2], out=self._log_u[slot])
             return
@@ -238,7 +239,7 @@ class SyntheticSource:
         # h: the head mass, kept in (0, 1) however large the log-odds
         head = np.minimum(1.0 / (1.0 + np.exp(-logit)), 1.0 - 1e-12)  # [S, D], C-contiguous
         u = rng.random((steps, 2 * depth + 5))  # branch: 5 per step; forks: 2 per position
-        pick = rng.integers(0, self._bank_size, size=(steps, depth))
+        pick = bank_rows(rng, self._bank_size, (steps, depth))
         target_u = rng.random((steps, depth))  # the target's uniforms (used last)
         length = 1.0 + np.floor(np.log(u[:, 2]) / self._log_stay)  # [S]
         _refill_numpy(self, slot, head[:, :, None], u, pick, target_u[:, :, None], length[:, None])
@@ -318,6 +319,22 @@ class SyntheticSource:
         ids.flags.writeable = False
         self._id_views[b] = ids
         return ids
+
+
+def bank_rows(rng: np.random.Generator, size: int, shape: tuple[int, int]) -> npt.NDArray[np.int64]:
+    """``rng.integers(0, size, shape)``: the same values, the generator left in the same
+    state. Where ``size`` is a power of two from 2 to 2³², numpy draws each value from one 32-bit
+    half of a 64-bit word (low half first, a word per two values) by Lemire's method, which
+    for such a size never rejects and keeps the half's top log2(size) bits: taken here from
+    the raw words directly (several × cheaper than ``integers``' argument handling)."""
+    bits = size.bit_length() - 1
+    if size < 2 or size != 1 << bits or bits > 32 or sys.byteorder != "little":
+        return np.asarray(rng.integers(0, size, size=shape), np.int64)
+    n = shape[0] * shape[1]
+    halves = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+    if bits < 32:
+        halves = halves >> np.uint32(32 - bits)
+    return halves.astype(np.int64).reshape(shape)
 
 
 def _refill_numpy(

@@ -82,3 +82,20 @@ def test_weights_below_zero_turn_the_shortcut_off(monkeypatch: pytest.MonkeyPatc
     for step in range(40):
         (_, got), (_, want) = compiled.draft(slots, ctx), reference.draft(slots, ctx)
         assert np.array_equal(got, want), step
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 1000, 1024, 4096, 4097, 2**20, 2**31, 2**32, 2**33])
+@pytest.mark.parametrize("shape", [(64, 15), (7, 3), (1, 1)])
+def test_bank_rows_are_the_generators_integers(size: int, shape: tuple[int, int]) -> None:
+    """The synthetic source's bank rows drawn from raw words (sizes a power of two from 2 to
+    2^32) are rng.integers' values, and the generator goes on from the same state."""
+    from bastion.sim.synthetic import bank_rows
+
+    for seed in range(20):
+        ours, numpys = np.random.default_rng([seed, 7]), np.random.default_rng([seed, 7])
+        ours.standard_normal(5)
+        numpys.standard_normal(5)
+        got, want = bank_rows(ours, size, shape), numpys.integers(0, size, size=shape)
+        assert got.dtype == np.int64 and got.shape == shape
+        assert np.array_equal(got, want), (seed, size, shape)
+        assert ours.random() == numpys.random()  # the same state after
