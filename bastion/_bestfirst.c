@@ -47,7 +47,7 @@
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint(), floor()),
  * _bestfirst_learn.c (accept(), learn(), calibrate(), gains(), size_factors()),
  * _bestfirst_shaped.c (beam(), eagle()),
- * _bestfirst_draws.c (draws(), neg_logit()), _bestfirst_paper.c (paper(), joint_price(),
+ * _bestfirst_draws.c (draws(), neg_logit(), advance()), _bestfirst_paper.c (paper(), joint_price(),
  * drafter_s()), _bestfirst_request.c
  * (request()), _bestfirst_kv.c (blocks(), sums()); _bestfirst.h declares what they share.
  */
@@ -70,6 +70,8 @@ static PyMethodDef methods[] = {
     {"beam", bf_beam, METH_VARARGS, "Beam trees for B requests (see _bestfirst_shaped.c)."},
     {"eagle", bf_eagle, METH_VARARGS, "EAGLE trees for B requests (see _bestfirst_shaped.c)."},
     {"draws", bf_draws, METH_VARARGS, "Synthetic steps from their draws (see _bestfirst_draws.c)."},
+    {"advance", bf_advance, METH_VARARGS,
+     "The synthetic source's rows of a step, cursors moved on (_bestfirst_draws.c)."},
     {"neg_logit", bf_neg_logit, METH_VARARGS,
      "A synthetic block's negated head log-odds (see _bestfirst_draws.c)."},
     {"paper", bf_paper, METH_VARARGS, "The paper controller's joint budget (_bestfirst_paper.c)."},

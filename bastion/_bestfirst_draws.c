@@ -274,3 +274,62 @@ done:
     PyBuffer_Release(&outb);
     return result;
 }
+
+/* advance(cursor, slots, block) -> rows (bytes) or spent (tuple of ints)
+ *
+ * bastion.sim.synthetic.SyntheticSource._advance of a batch: where no listed slot's block is
+ * spent (cursor >= block), every slot's row index slot * block + cursor (int64 bytes) and its
+ * cursor moved on by one, in place; else nothing is changed and the spent slots are returned
+ * (the caller draws their next blocks, which resets their cursors, and calls again). cursor:
+ * a writable int64 buffer indexed by slot; slots: int64, each a valid index, none twice. */
+PyObject *bf_advance(PyObject *self, PyObject *args) {
+    Py_buffer cur, sl;
+    Py_ssize_t block;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "w*y*n", &cur, &sl, &block)) return NULL;
+    Py_ssize_t n_cur = cur.len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t b = sl.len / (Py_ssize_t)sizeof(int64_t);
+    int64_t *cursor = (int64_t *)cur.buf;
+    const int64_t *slots = (const int64_t *)sl.buf;
+    if (cur.len != n_cur * (Py_ssize_t)sizeof(int64_t) ||
+        sl.len != b * (Py_ssize_t)sizeof(int64_t) || block < 1) {
+        PyErr_SetString(PyExc_ValueError, "advance: cursor and slots must be int64, block >= 1");
+        goto done;
+    }
+    Py_ssize_t spent = 0;
+    for (Py_ssize_t i = 0; i < b; i++) {
+        if (slots[i] < 0 || slots[i] >= n_cur) {
+            PyErr_SetString(PyExc_ValueError, "advance: a slot out of range");
+            goto done;
+        }
+        spent += cursor[slots[i]] >= block;
+    }
+    if (spent) {
+        result = PyTuple_New(spent);
+        if (!result) goto done;
+        for (Py_ssize_t i = 0, j = 0; i < b; i++) {
+            if (cursor[slots[i]] < block) continue;
+            PyObject *v = PyLong_FromLongLong((long long)slots[i]);
+            if (!v) {
+                Py_CLEAR(result);
+                goto done;
+            }
+            PyTuple_SET_ITEM(result, j++, v);
+        }
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
+    if (!result) goto done;
+    {
+        int64_t *rows = (int64_t *)PyBytes_AS_STRING(result);
+        for (Py_ssize_t i = 0; i < b; i++) {
+            int64_t s = slots[i];
+            rows[i] = s * (int64_t)block + cursor[s];
+            cursor[s] += 1;
+        }
+    }
+done:
+    PyBuffer_Release(&cur);
+    PyBuffer_Release(&sl);
+    return result;
+}

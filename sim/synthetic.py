@@ -54,6 +54,7 @@ except ImportError:  # pragma: no cover - exercised where no compiler is availab
     _kernel = None
 _draws = getattr(_kernel, "draws", None)
 _neg_logit = getattr(_kernel, "neg_logit", None)
+_advance = getattr(_kernel, "advance", None)
 
 __all__ = ["SyntheticSource"]
 
@@ -301,6 +302,14 @@ class SyntheticSource:
             row = self._row  # (only draft() reads it, before the next step)
             row[0] = slot * block + step
             return row
+        if _advance is not None:  # the same in one compiled call (tests/test_sim_draws.py)
+            slots = np.ascontiguousarray(slots, np.int64)
+            rows = _advance(self._cursor, slots, block)
+            if type(rows) is tuple:  # some blocks are spent: draw them, then move on
+                for slot in rows:
+                    self._refill(slot)
+                rows = _advance(self._cursor, slots, block)
+            return np.frombuffer(rows, np.int64)
         cursor = self._cursor[slots]
         spent = cursor >= block
         if np.count_nonzero(spent):

@@ -99,3 +99,25 @@ def test_bank_rows_are_the_generators_integers(size: int, shape: tuple[int, int]
         assert got.dtype == np.int64 and got.shape == shape
         assert np.array_equal(got, want), (seed, size, shape)
         assert ours.random() == numpys.random()  # the same state after
+
+
+@pytest.mark.skipif(synthetic._advance is None, reason="compiled kernel not built")
+def test_the_compiled_advance_is_the_numpy_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's rows and cursors moved on in one compiled call are numpy's, also where some
+    of the batch's blocks are spent (drawn anew first) and with slots out of order."""
+    w = get_workload("math")
+    compiled, reference = (synthetic.SyntheticSource(w, 5, block_steps=3) for _ in range(2))
+    for source in (compiled, reference):
+        for slot in range(4):
+            source.admit(slot, slot)
+    plan = [np.array([0, 1, 2, 3])] * 5 + [np.array([3, 1])] * 4 + [np.array([2, 0, 1])] * 7
+    for step, slots in enumerate(plan):
+        got = compiled._advance(slots)
+        with monkeypatch.context() as patch:
+            patch.setattr(synthetic, "_advance", None)
+            want = reference._advance(slots)
+        assert got.dtype == np.int64 and got.tolist() == want.tolist(), step
+        assert compiled._cursor.tolist() == reference._cursor.tolist(), step
+        assert np.array_equal(compiled._u[:4], reference._u[:4])  # the same blocks drawn
+    with pytest.raises(ValueError, match="out of range"):
+        synthetic._advance(compiled._cursor, np.array([0, 99]), 3)
