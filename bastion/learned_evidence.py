@@ -82,9 +82,7 @@ class StepEvidence(DecisionCurves):
         self.probe_every, self.margin, self.evidence = probe_every, margin, evidence
         self._realised: list[float] = []  # the last ``evidence`` drafted steps' speedups
         self._losses: list[float] = []  # … and what each cost beyond AR, in AR steps
-        # per batch bucket: the measured/prior ratios of the last AR_RECENT AR steps
-        self._ar_recent: dict[int, list[float]] = {}
-        self._ar_median: dict[int, float] = {}  # each ring's median, until it takes a ratio
+        self._ar = ARRatios()  # per batch bucket: the last AR steps' measured/prior ratios
         self._since_ar = 0  # drafted steps since the last AR step
         self._recheck_interval = probe_every  # … after which a thin margin measures AR again
         self._recheck_left = 0  # AR steps the current re-measurement still takes
@@ -237,14 +235,7 @@ class StepEvidence(DecisionCurves):
     def _recent_ar_ratio(self, b: int) -> float | None:
         """The median measured/prior ratio of the last AR steps of ``b``'s batch bucket, or None
         before any."""
-        bucket = batch_bucket(b)
-        hit = self._ar_median.get(bucket)
-        if hit is None:  # (dropped whenever the bucket's ring takes a ratio)
-            recent = self._ar_recent.get(bucket)
-            if not recent:
-                return None
-            hit = self._ar_median[bucket] = small_median(recent)
-        return hit
+        return self._ar.median(batch_bucket(b))
 
     def _ar_paired(self, contexts: IntArray, b: int) -> float:
         """The AR cycle a drafted step of ``b`` requests is paired with: the prior's AR cycle at
@@ -299,11 +290,7 @@ class StepEvidence(DecisionCurves):
             _evidence_for(self, bucket)
             ratio = self._observe_total("ar", ctx, ctx.shape[0], cycle_s)
             if ratio > 0:  # NaN (a degenerate prior) is not
-                recent = self._ar_recent.setdefault(bucket, [])
-                recent.append(ratio)
-                self._ar_median.pop(bucket, None)
-                if len(recent) > AR_RECENT:
-                    del recent[0]
+                self._ar.add(bucket, ratio)
             self._since_draft += 1
             self._since_ar = 0
             self._decision = None  # the next drafted step decides afresh
@@ -371,6 +358,33 @@ class StepEvidence(DecisionCurves):
             self._probe_interval = self.probe_every
             return
         _space_probes(self, probing, realised > threshold)
+
+
+class ARRatios:
+    """The measured/prior ratios of the last :data:`AR_RECENT` AR steps per batch bucket (a
+    part of :class:`StepEvidence`), and each ring's median, kept until the ring takes a ratio
+    (a drafted step pairs with it every step; AR steps are rare while speculation stands)."""
+
+    def __init__(self) -> None:
+        self._rings: dict[int, list[float]] = {}
+        self._medians: dict[int, float] = {}
+
+    def add(self, bucket: int, ratio: float) -> None:
+        ring = self._rings.setdefault(bucket, [])
+        ring.append(ratio)
+        if len(ring) > AR_RECENT:
+            del ring[0]
+        self._medians.pop(bucket, None)
+
+    def median(self, bucket: int) -> float | None:
+        """The ring's median, or None before its first ratio."""
+        hit = self._medians.get(bucket)
+        if hit is None:
+            ring = self._rings.get(bucket)
+            if not ring:
+                return None
+            hit = self._medians[bucket] = small_median(ring)
+        return hit
 
 
 def _space_probes(evidence: StepEvidence, probing: bool, faster: bool) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from bastion.guard import number, public
 from bastion.records import acceptance_stats
 from bastion.sim.latency import latency_summary
-from bastion.sim.serving import ServingResult
+from bastion.sim.serving_records import ServingResult
 from bastion.sim.slo import check_slo, memory_fields, slo_fields
 
 __all__ = ["PolicyResult"]

@@ -42,7 +42,6 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -57,9 +56,9 @@ from bastion.interfaces import BatchTreePolicy, CostModel, TreePolicy
 from bastion.sim.arrivals import Arrival
 from bastion.sim.backend import DraftSource, SimBatch
 from bastion.sim.gpu import SimulatedGPU
-from bastion.sim.latency import RequestLatency
 from bastion.sim.memory import KVCache, MemoryPlan, lookahead_tokens, within_lookahead
 from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK
+from bastion.sim.serving_records import RequestStats, ServingResult, attach_steps
 
 _step_requests = trusted_init(StepRequests)  # every step's, built without __init__
 # … and its KV room: the server's room is int64 already (what KVRoom's post-init makes of it)
@@ -79,109 +78,6 @@ class LengthSource(DraftSource, Protocol):
         """(prompt_len, output_len) of request ``index``; ``requested`` is an arrival's (a
         replayed request keeps its recording's)."""
         ...
-
-
-@dataclass
-class RequestStats:
-    """What one request did (times in simulated seconds)."""
-
-    request_id: int
-    tokens: int = 0  # generated tokens (prefill's first token included)
-    # per step: tokens delivered (bonus included), cut at the output length (see the module doc)
-    committed: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)  # per step: draft tokens among them
-    tree_sizes: list[int] = field(default_factory=list)
-    arrival_s: float = 0.0
-    start_s: float = 0.0  # its first token (end of its prefill)
-    end_s: float = 0.0  # its last commit
-    prompt_len: int = 0
-    queue_s: float = 0.0  # waiting for admission, summed over its admissions (preemptions)
-    preempted: int = 0  # times it was preempted (its KV dropped, recomputed on readmission)
-
-    @property
-    def tau(self) -> float:
-        return float(np.mean(self.committed)) if self.committed else 0.0
-
-    @property
-    def ttft_s(self) -> float:
-        return self.start_s - self.arrival_s
-
-    @property
-    def tpot_s(self) -> float:
-        decoded = self.tokens - 1
-        return (self.end_s - self.start_s) / decoded if decoded > 0 else 0.0
-
-    @property
-    def e2e_s(self) -> float:
-        return self.end_s - self.arrival_s
-
-    def latency(self) -> RequestLatency:
-        return RequestLatency(
-            self.request_id,
-            self.arrival_s,
-            self.start_s,
-            self.end_s,
-            self.prompt_len,
-            self.tokens,
-            len(self.committed),
-            sum(self.committed),
-        )
-
-
-@dataclass
-class ServingResult:
-    """One policy served over a set of requests."""
-
-    policy: str
-    concurrency: int
-    requests: list[RequestStats]
-    elapsed_s: float  # simulated time from the first arrival to the last commit
-    draft_s: float = 0.0  # summed over steps
-    prep_s: float = 0.0
-    verify_s: float = 0.0
-    prefill_s: float = 0.0  # prefill-only passes
-    steps: int = 0
-    batch_sizes: list[int] = field(default_factory=list)
-    # a learning controller's predicted cycle beside the simulated one, summed over the steps
-    # it learned from (no prefill chunk in the pass)
-    cycle_predicted_s: float = 0.0
-    cycle_observed_s: float = 0.0
-    cycles_compared: int = 0
-    step_kinds: dict[str, int] = field(default_factory=dict)  # decode steps by kind (ar, tree …)
-    # the KV cache (bastion.sim.memory): its capacity (None: memory not limited), the most
-    # token slots held at once, the most requests admitted at once, preemptions
-    kv_capacity_tokens: int | None = None
-    kv_peak_tokens: int = 0
-    max_running: int = 0
-    preemptions: int = 0
-
-    @property
-    def tau(self) -> float:
-        """τ macro-averaged over requests (each request's mean committed per step)."""
-        return float(np.mean([r.tau for r in self.requests]))
-
-    @property
-    def mean_tree_size(self) -> float:
-        sizes = [s for r in self.requests for s in r.tree_sizes]
-        return float(np.mean(sizes)) if sizes else 0.0
-
-    @property
-    def tpot_s(self) -> float:
-        """Mean over requests of each request's time per output token."""
-        return float(np.mean([r.tpot_s for r in self.requests]))
-
-    @property
-    def tokens(self) -> int:
-        return sum(r.tokens for r in self.requests)
-
-    @property
-    def throughput(self) -> float:
-        """Generated tokens per simulated second."""
-        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    @property
-    def mean_batch(self) -> float:
-        return float(np.mean(self.batch_sizes)) if self.batch_sizes else 0.0
 
 
 @public
@@ -583,7 +479,7 @@ def serve(
 
     env.process(server())
     env.run()
-    _attach_steps(stats, logs)
+    attach_steps(stats, logs)
     result.requests.sort(key=lambda r: r.request_id)
     return result
 
@@ -596,28 +492,3 @@ def _too_long(index: int, tokens: int, kv: KVCache) -> str:
         f"{kv.capacity_tokens} tokens ({kv.plan.describe() if kv.plan is not None else ''}); "
         "shorten its prompt or output, or give the server more memory"
     )
-
-
-def _attach_steps(
-    stats: dict[int, RequestStats],
-    logs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
-) -> None:
-    """Per-request delivered lengths, accepted draft tokens and tree sizes, from the per-step
-    logs (in step order: each step's request ids, committed lengths, lengths still wanted
-    before the step and tree sizes)."""
-    if not logs:
-        return
-    ids = np.concatenate([x[0] for x in logs])
-    order = np.argsort(ids, kind="stable")
-    ids = ids[order]
-    bounds = np.flatnonzero(np.diff(ids)) + 1
-    made, wanted, nodes = (np.concatenate([x[k] for x in logs])[order] for k in (1, 2, 3))
-    delivered = np.minimum(made, wanted)  # nothing past a request's output length counts
-    committed, accepted, sizes = (
-        np.split(x, bounds) for x in (delivered, np.minimum(made - 1, delivered), nodes)
-    )
-    for c, a, s, i in zip(committed, accepted, sizes, ids[np.r_[0, bounds]], strict=True):
-        st = stats[int(i)]
-        st.committed = c.tolist()
-        st.accepted = a.tolist()
-        st.tree_sizes = s.tolist()

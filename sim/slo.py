@@ -28,7 +28,7 @@ import numpy as np
 
 from bastion.errors import ConfigError
 from bastion.guard import public
-from bastion.sim.serving import ServingResult
+from bastion.sim.serving_records import ServingResult
 
 __all__ = ["check_slo", "memory_fields", "slo_fields"]
 
