@@ -149,9 +149,8 @@ class CycleTable:
         b = batch_bucket(batch_size)
         cell = bisect_left(_LATTICE_POINTS, tokens) if kind == "tree" else 0
         count = self._count[kind]
-        ring = self._ring[kind][b, cell]
         seen = int(count[b, cell])
-        ring[seen % self.window] = ratio
+        self._ring[kind][b, cell, seen % self.window] = ratio
         count[b, cell] = seen + 1
         self._stale.add((kind, b, cell))
         version = self._kind_version[kind] = self._kind_version[kind] + 1

@@ -270,10 +270,16 @@ class DecisionCurves:
     def mode_cycle(self, kind: CycleKind, contexts: IntArray, depth: int) -> float:
         """The learned cycle of a whole step of ``kind`` ("ar" or "chain" with ``depth``
         draft positions per request) for requests with ``contexts``."""
-        ctx = np.asarray(contexts, dtype=np.int64)
         # a hot path (every step, and every decision): memoised per batch size and mean-context
         # step (what the prior is priced at) until the table's ratio of ``kind`` may move
-        key = (kind, ctx.shape[0], mean_context(ctx) // MODE_CONTEXT_STEP, depth)
+        if (  # (batch 1: its context, read as np.asarray would)
+            type(contexts) is np.ndarray and contexts.shape == (1,) and contexts.dtype == np.int64
+        ):
+            ctx = contexts
+            key = (kind, 1, int(contexts[0]) // MODE_CONTEXT_STEP, depth)
+        else:
+            ctx = np.asarray(contexts, dtype=np.int64)
+            key = (kind, ctx.shape[0], mean_context(ctx) // MODE_CONTEXT_STEP, depth)
         stamp = self.table.ratio_epoch
         hit = self._mode_memo.get(key)
         if hit is not None and hit[0] == stamp:

@@ -108,13 +108,13 @@ class AcceptanceCalibration:
             probs = np.ascontiguousarray(marginals.probs, dtype=np.float64)
             ids = np.ascontiguousarray(marginals.token_ids, dtype=np.int64)
             qb, idb, ob = _kernel.calibrate(probs, ids, g, b * depth, k)
-            q = np.frombuffer(qb, np.float64).reshape(b, depth, k)
+            shape = (b, depth, k)  # (arrays over the kernel's bytes: read-only, no copy)
+            q = np.ndarray(shape, np.float64, qb)
             if ob is None:
                 self._last = (marginals, None)
                 return _batch_marginals(marginals.token_ids, q)
-            order = np.frombuffer(ob, np.int64).reshape(b, depth, k)
-            self._last = (marginals, order)
-            return _batch_marginals(np.frombuffer(idb, np.int64).reshape(b, depth, k), q)
+            self._last = (marginals, np.ndarray(shape, np.int64, ob))
+            return _batch_marginals(np.ndarray(shape, np.int64, idb), q)
         q = np.minimum(marginals.probs * g[None], 1.0)
         if k < 2 or bool((q[..., :-1] >= q[..., 1:]).all()):  # still sorted: nothing to reorder
             self._last = (marginals, None)
