@@ -15,7 +15,7 @@ import numpy as np
 
 from bastion.sim.latency import RequestLatency
 
-__all__ = ["RequestStats", "ServingResult", "attach_steps"]
+__all__ = ["RequestStats", "ServingResult"]  # (attach_steps: the server's own)
 
 
 @dataclass
