@@ -127,9 +127,10 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
     Py_ssize_t b = depth > 0 && k > 0 ? probs.len / (Py_ssize_t)sizeof(double) / depth / k : 0;
     fentry *heap = NULL;
     int64_t *count = NULL, *g_req = NULL, *g_pos = NULL, *g_par = NULL, *g_dep = NULL,
-            *g_rnk = NULL, *cap = NULL, *alloc = NULL, *held = NULL, *start = NULL;
+            *g_rnk = NULL, *cap = NULL, *alloc = NULL, *held = NULL, *start = NULL,
+            *priced = NULL;
     double *g_sco = NULL, *a_hat = NULL, *c_hat = NULL, *s_hat = NULL, *built = NULL,
-           *own = NULL, *own_mass = NULL;
+           *own = NULL, *own_mass = NULL, *pj = NULL;
     if (depth < 1 || k < 1 || b < 1 || n_max < 1 || total < 0 || most < 0 || depth > INT32_MAX ||
         k > INT32_MAX || b > INT32_MAX ||
         !bf_holds_exactly(probs.len, sizeof(double), b, depth, k) ||
@@ -168,7 +169,8 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
         held = malloc((size_t)b * sizeof(int64_t));
         start = malloc((size_t)(b + 1) * sizeof(int64_t));
         built = malloc((size_t)b * sizeof(double));
-        if (!count || !cap || !alloc || !held || !start || !built) {
+        priced = malloc((size_t)b * sizeof(int64_t)); /* nodes per request in priced passes */
+        if (!count || !cap || !alloc || !held || !start || !built || !priced) {
             PyErr_NoMemory();
             goto done;
         }
@@ -194,6 +196,12 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
             status = -1;
             goto answer;
         }
+        /* the chain's passes are priced once: each round prices the passes it adds (the
+           chain's prefix, hence its passes, is every earlier round's) */
+        double pairs_run = pairs0; /* the pairs after `done` additions */
+        Py_ssize_t done = -1;      /* passes 0 ... done priced (c_hat, a_hat, s_hat) */
+        int mono = 1;              /* c_hat non-decreasing over them */
+        for (Py_ssize_t r = 0; r < b; r++) priced[r] = 1;
         for (;;) {
             if ((size_t)total + 1 > cap_nodes) {
                 cap_nodes = (size_t)total + 1;
@@ -217,53 +225,47 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
                 GROW(c_hat, cap_nodes);
                 GROW(s_hat, cap_nodes);
                 GROW(own, cap_nodes);
+                GROW(pj, cap_nodes);
 #undef GROW
             }
             m = bf_forest_grow(p, b, depth, k, cap, total, heap, count, g_req, g_pos, g_par, g_dep,
                                g_rnk, g_sco, &more, &hn, m);
-            /* the chain's passes: a node added to a request holding n raises the pairs by
-               c + 2n + 1 (joint_shapes), priced as joint_seconds, checked as _chain_costs */
-            double pairs = pairs0;
-            for (Py_ssize_t r = 0; r < b; r++) held[r] = 1;
-            for (Py_ssize_t j = 0; j < m; j++) { /* the last pass's features, checked first */
-                Py_ssize_t r = g_req[j];
-                pairs += c[r] + 2.0 * (double)held[r]++ + 1.0;
+            /* the new passes' features: a node added to a request holding n raises the pairs
+               by c + 2n + 1 (joint_shapes); the last pass's checked first */
+            for (Py_ssize_t j = done + 1; j <= m; j++) {
+                if (j > 0) {
+                    Py_ssize_t r = g_req[j - 1];
+                    pairs_run += c[r] + 2.0 * (double)priced[r]++ + 1.0;
+                }
+                pj[j] = pairs_run;
             }
-            if (!exact(pr, (double)(b + m), pairs, pairs0 + (double)m)) {
+            if (!exact(pr, (double)(b + m), pj[m], pairs0 + (double)m)) {
                 status = -3;
                 goto answer;
             }
-            pairs = pairs0;
-            for (Py_ssize_t r = 0; r < b; r++) held[r] = 1;
-            for (Py_ssize_t j = 0; j <= m; j++) {
-                if (j > 0) {
-                    Py_ssize_t r = g_req[j - 1];
-                    pairs += c[r] + 2.0 * (double)held[r]++ + 1.0;
-                }
-                seconds(pr, (double)(b + j), pairs, pairs0 + (double)j, pairs, &compute, &memory);
+            /* … priced as joint_seconds, checked as _chain_costs; Â, Ŝ and the best on */
+            for (Py_ssize_t j = done + 1; j <= m; j++) {
+                seconds(pr, (double)(b + j), pj[j], pairs0 + (double)j, pj[j], &compute, &memory);
                 double verify = calibrated(pr, (double)(b + j), compute, memory);
                 c_hat[j] = fixed + verify;
                 if (!(isfinite(verify) && verify > 0.0 && isfinite(c_hat[j]) && c_hat[j] > 0.0)) {
                     status = -1;
                     goto answer;
                 }
+                if (j > 0 && !(c_hat[j] >= c_hat[j - 1])) mono = 0;
+                a_hat[j] = j > 0 ? a_hat[j - 1] + g_sco[j - 1] : (double)b;
+                s_hat[j] = a_hat[j] * ar / c_hat[j];
+                if (s_hat[j] > s_hat[chosen]) chosen = j;
             }
-            double growth_s = rise(pr, c_min, compute, memory); /* at the chain's end */
+            done = m;
+            double growth_s = rise(pr, c_min, compute, memory); /* at the chain's end (pass m) */
             if (!(isfinite(growth_s) && growth_s >= 0.0)) {
                 status = -1;
                 goto answer;
             }
-            a_hat[0] = (double)b;
-            for (Py_ssize_t j = 0; j < m; j++) a_hat[j + 1] = a_hat[j] + g_sco[j];
-            chosen = 0;
-            for (Py_ssize_t j = 0; j <= m; j++) {
-                s_hat[j] = a_hat[j] * ar / c_hat[j];
-                if (s_hat[j] > s_hat[chosen]) chosen = j;
-            }
             if (!more) break;
             Py_ssize_t growth = 2;
-            int monotone = m > 0;
-            for (Py_ssize_t j = 1; j <= m && monotone; j++) monotone = c_hat[j] >= c_hat[j - 1];
+            int monotone = m > 0 && mono;
             if (monotone) {
                 /* each request's built mass: its root, then its nodes in their order (numpy's
                    reduceat: the first element plus the pairwise sum of the rest) */
@@ -351,6 +353,8 @@ done:
     free(start);
     free(built);
     free(own);
+    free(pj);
+    free(priced);
     free(g_req);
     free(g_pos);
     free(g_par);
