@@ -324,6 +324,12 @@ class KVCache:
     def blocks(self, tokens: int) -> int:
         return -(-int(tokens) // self.block_tokens)
 
+    def blocks_one(self, tokens: int, add: int = 0, size: int | None = None) -> int:
+        """:meth:`blocks_of` of one request, on Python ints: ⌈(tokens + max(size, add)) /
+        block_tokens⌉ (``size`` None: ⌈(tokens + add) / block_tokens⌉)."""
+        extra = add if size is None else max(size, add)
+        return -(-(tokens + extra) // self.block_tokens)
+
     def blocks_of(self, tokens: IntArray, add: int = 0, sizes: IntArray | None = None) -> int:
         """Σ ⌈(tokens_i + add) / block_tokens⌉ over an array; with ``sizes``, Σ ⌈(tokens_i +
         max(sizes_i, add)) / block_tokens⌉ (a step's trees beyond each lookahead of ``add``).

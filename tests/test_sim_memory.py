@@ -367,3 +367,23 @@ def test_the_generic_report_shows_slos_and_plots_them(tmp_path: Path) -> None:
     plain, _ = records_of(simulate(_SMALL), {"spec": _SMALL.to_dict()})
     assert "SLO met %" not in summary("generic", plain, tmp_path / "plain")
     assert "preemptions" not in summary("generic", plain, tmp_path / "plain")
+
+
+@given(
+    tokens=st.integers(0, 10**6),
+    add=st.integers(0, 300),
+    size=st.one_of(st.none(), st.integers(1, 2000)),
+    block=st.sampled_from([1, 2, 7, 16, 64]),
+)
+def test_one_requests_blocks_are_blocks_of_its_array(
+    tokens: int, add: int, size: int | None, block: int
+) -> None:
+    """The server's batch-1 count (Python ints) is blocks_of's of the one-element arrays."""
+    from bastion.sim.memory import KVCache
+
+    kv = KVCache(None)
+    kv.block_tokens = block
+    sizes = None if size is None else np.array([size], np.int64)
+    assert kv.blocks_one(tokens, add, size) == kv.blocks_of(
+        np.array([tokens], np.int64), add, sizes
+    )
