@@ -565,3 +565,62 @@ done:
     PyBuffer_Release(&hb);
     return result;
 }
+
+/* medians(ring, count, window, cells, median)
+ *   The cycle table's cell medians (bastion.cycles.CycleTable._medians), in place: for each
+ *   flat cell index c in `cells` (int64), median[c] = the median of ring[c, :min(count[c],
+ *   window)] as small_median takes it (sorted; the middle one, or 0.5 * the middle two's sum).
+ *   ring: float64 [cells_total, window] (C order); count: int64 [cells_total]; median: float64
+ *   [cells_total], writable. */
+PyObject *bf_medians(PyObject *self, PyObject *args) {
+    Py_buffer rb, cb, idx, mb;
+    Py_ssize_t window;
+    PyObject *result = NULL;
+    double *v = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*ny*w*", &rb, &cb, &window, &idx, &mb)) return NULL;
+    Py_ssize_t n = cb.len / (Py_ssize_t)sizeof(int64_t), m = idx.len / (Py_ssize_t)sizeof(int64_t);
+    if (window < 1 || cb.len != n * (Py_ssize_t)sizeof(int64_t) ||
+        rb.len != n * window * (Py_ssize_t)sizeof(double) ||
+        mb.len != n * (Py_ssize_t)sizeof(double) || idx.len != m * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "medians: inconsistent sizes");
+        goto done;
+    }
+    v = malloc((size_t)window * sizeof(double));
+    if (!v) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    {
+        const double *ring = (const double *)rb.buf;
+        const int64_t *count = (const int64_t *)cb.buf, *cells = (const int64_t *)idx.buf;
+        double *median = (double *)mb.buf;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            int64_t c = cells[i];
+            if (c < 0 || c >= n || count[c] < 1) {
+                PyErr_SetString(PyExc_ValueError, "medians: a cell out of range or never seen");
+                goto done;
+            }
+            Py_ssize_t seen = count[c] < window ? (Py_ssize_t)count[c] : window;
+            for (Py_ssize_t j = 0; j < seen; j++) { /* insertion sort: a few values */
+                double x = ring[c * window + j];
+                Py_ssize_t at = j;
+                while (at > 0 && v[at - 1] > x) {
+                    v[at] = v[at - 1];
+                    at--;
+                }
+                v[at] = x;
+            }
+            Py_ssize_t half = seen / 2;
+            median[c] = seen % 2 ? v[half] : 0.5 * (v[half - 1] + v[half]);
+        }
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    free(v);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&cb);
+    PyBuffer_Release(&idx);
+    PyBuffer_Release(&mb);
+    return result;
+}

@@ -21,6 +21,12 @@ import numpy.typing as npt
 from bastion.errors import BudgetError
 from bastion.guard import integer, public
 
+try:  # the optional compiled kernel: the cells' medians in one call
+    from bastion import _bestfirst as _compiled  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - the extension is optional
+    _compiled = None
+_medians_kernel = getattr(_compiled, "medians", None)
+
 __all__ = [
     "LATTICE",
     "REFRESH_SHIFT",
@@ -166,9 +172,22 @@ class CycleTable:
         """[bucket, cell] the median of each cell's ring of ``kind`` (NaN: never measured),
         the cells observed since the last read taken now."""
         if self._stale:
-            for k, b, cell in self._stale:
-                seen = min(int(self._count[k][b, cell]), self.window)
-                self._median[k][b, cell] = small_median(self._ring[k][b, cell, :seen].tolist())
+            if _medians_kernel is not None:  # all of a kind's in one compiled call
+                for k in _KINDS:
+                    cells = [b * self._count[k].shape[1] + c for kk, b, c in self._stale if kk == k]
+                    if cells:
+                        _medians_kernel(
+                            self._ring[k],
+                            self._count[k],
+                            self.window,
+                            np.array(cells, np.int64),
+                            self._median[k],
+                        )
+            else:
+                for k, b, cell in self._stale:
+                    seen = min(int(self._count[k][b, cell]), self.window)
+                    ring = self._ring[k][b, cell, :seen].tolist()
+                    self._median[k][b, cell] = small_median(ring)
             self._stale.clear()
         return self._median[kind]
 

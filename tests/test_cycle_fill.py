@@ -80,9 +80,19 @@ def test_ratio_epoch_moves_whenever_a_ratio_may_read_differently(seed: int) -> N
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("reads", [1, 3, 50])
-def test_medians_taken_when_read_are_each_rings_median(seed: int, reads: int) -> None:
-    """Cells observed between reads get their medians when read (one at a time or all at
-    once): each is np.median of its ring's ratios, whatever was observed in between."""
+@pytest.mark.parametrize("compiled", [True, False])
+def test_medians_taken_when_read_are_each_rings_median(
+    seed: int, reads: int, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cells observed between reads get their medians when read (one at a time or many):
+    each is np.median of its ring's ratios, whatever was observed in between — compiled
+    (medians()) or not."""
+    import bastion.cycles as cycles
+
+    if compiled and cycles._medians_kernel is None:
+        pytest.skip("no compiled kernel")
+    if not compiled:
+        monkeypatch.setattr(cycles, "_medians_kernel", None)
     rng = np.random.default_rng(seed)
     table = CycleTable(window=int(rng.integers(1, 12)))
     kinds: tuple[CycleKind, ...] = ("tree", "ar", "chain")
