@@ -45,7 +45,8 @@
  *
  * The sources: _bestfirst_tree.c (the heap, one request's tree, build()), _bestfirst_size.c
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint(), floor()),
- * _bestfirst_learn.c (accept(), learn(), calibrate(), gains(), size_factors(), medians()),
+ * _bestfirst_learn.c (accept(), learn(), calibrate(), gains(), size_factors(), medians(),
+ * fill_row()),
  * _bestfirst_shaped.c (beam(), eagle()),
  * _bestfirst_draws.c (draws(), neg_logit(), advance()), _bestfirst_paper.c (paper(), joint_price(),
  * drafter_s()), _bestfirst_request.c
@@ -66,6 +67,8 @@ static PyMethodDef methods[] = {
     {"learn", bf_learn, METH_VARARGS, "A tree step folded into both calibrations, in place."},
     {"gains", bf_gains, METH_VARARGS, "The size calibration's gain ratios (_bestfirst_learn.c)."},
     {"medians", bf_medians, METH_VARARGS, "The cycle table's cell medians (_bestfirst_learn.c)."},
+    {"fill_row", bf_fill_row, METH_VARARGS,
+     "A cycle-table row's gaps filled as np.interp fills them (_bestfirst_learn.c)."},
     {"size_factors", bf_size_factors, METH_VARARGS,
      "The size calibration's factors per lattice cell (_bestfirst_learn.c)."},
     {"beam", bf_beam, METH_VARARGS, "Beam trees for B requests (see _bestfirst_shaped.c)."},

@@ -103,6 +103,7 @@ BF_PRIVATE PyObject *bf_gains(PyObject *self, PyObject *args);     /* _bestfirst
 BF_PRIVATE PyObject *bf_drafter_s(PyObject *self, PyObject *args); /* _bestfirst_paper.c */
 BF_PRIVATE PyObject *bf_advance(PyObject *self, PyObject *args);   /* _bestfirst_draws.c */
 BF_PRIVATE PyObject *bf_medians(PyObject *self, PyObject *args);   /* _bestfirst_learn.c */
+BF_PRIVATE PyObject *bf_fill_row(PyObject *self, PyObject *args);  /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_size_factors(PyObject *self, PyObject *args); /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_beam(PyObject *self, PyObject *args);      /* _bestfirst_shaped.c */
 BF_PRIVATE PyObject *bf_eagle(PyObject *self, PyObject *args);     /* _bestfirst_shaped.c */

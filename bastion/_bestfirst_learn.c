@@ -624,3 +624,67 @@ done:
     PyBuffer_Release(&mb);
     return result;
 }
+
+/* fill_row(row) -> bytes or None
+ *   A cycle-table row's gaps filled as bastion.cycles.CycleTable._fill fills them with
+ *   np.interp (numpy's arr_interp, operation for operation): None where no cell is finite;
+ *   else each cell i's value — its own where finite, the first finite value before the first,
+ *   the last one after the last, and between finite cells x0 < i < x1 slope * (i - x0) + f0,
+ *   slope = (f1 - f0) / (x1 - x0) (numpy's fallbacks where that is NaN). row: float64 [n]. */
+PyObject *bf_fill_row(PyObject *self, PyObject *args) {
+    Py_buffer rb;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*", &rb)) return NULL;
+    Py_ssize_t n = rb.len / (Py_ssize_t)sizeof(double);
+    if (rb.len != n * (Py_ssize_t)sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "fill_row: row must be float64");
+        goto done;
+    }
+    {
+        const double *row = (const double *)rb.buf;
+        Py_ssize_t first = -1, last = -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (isfinite(row[i])) {
+                if (first < 0) first = i;
+                last = i;
+            }
+        }
+        if (first < 0) {
+            Py_INCREF(Py_None);
+            result = Py_None;
+            goto done;
+        }
+        result = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(double));
+        if (!result) goto done;
+        double *out = (double *)PyBytes_AS_STRING(result);
+        Py_ssize_t lo = first; /* the finite cell at or before i */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i <= first) {
+                out[i] = row[first]; /* before the first: np.interp's left; at it: its own */
+                continue;
+            }
+            if (i >= last) {
+                out[i] = row[last]; /* at the last: its own; after it: np.interp's right */
+                continue;
+            }
+            if (isfinite(row[i])) {
+                lo = i;
+                out[i] = row[i];
+                continue;
+            }
+            Py_ssize_t hi = i + 1;
+            while (!isfinite(row[hi])) hi++;
+            double x0 = (double)lo, x1 = (double)hi, f0 = row[lo], f1 = row[hi];
+            double slope = (f1 - f0) / (x1 - x0), x = (double)i;
+            double v = slope * (x - x0) + f0;
+            if (v != v) { /* numpy: the other end's line, then the equal values' own */
+                v = slope * (x - x1) + f1;
+                if (v != v && f0 == f1) v = f0;
+            }
+            out[i] = v;
+        }
+    }
+done:
+    PyBuffer_Release(&rb);
+    return result;
+}

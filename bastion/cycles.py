@@ -26,6 +26,7 @@ try:  # the optional compiled kernel: the cells' medians in one call
 except ImportError:  # pragma: no cover - the extension is optional
     _compiled = None
 _medians_kernel = getattr(_compiled, "medians", None)
+_fill_row = getattr(_compiled, "fill_row", None)
 
 __all__ = [
     "LATTICE",
@@ -257,6 +258,11 @@ class CycleTable:
             if (kind, bb) not in first:
                 continue
             row = med[bb]
+            if _fill_row is not None:  # the same values, compiled (tests/test_cycle_fill.py)
+                filled = _fill_row(row)
+                if filled is not None:
+                    return np.frombuffer(filled, np.float64)
+                continue
             ok = np.isfinite(row)
             if ok.any():
                 if ok.all():

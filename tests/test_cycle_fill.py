@@ -42,7 +42,17 @@ def test_small_median_is_numpys_median_bit_for_bit() -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_fill_reads_as_the_numpy_form(seed: int) -> None:
+@pytest.mark.parametrize("compiled", [True, False])
+def test_fill_reads_as_the_numpy_form(
+    seed: int, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gaps filled (compiled, fill_row(), or in numpy) as np.interp fills them."""
+    import bastion.cycles as cycles
+
+    if compiled and cycles._fill_row is None:
+        pytest.skip("no compiled kernel")
+    if not compiled:
+        monkeypatch.setattr(cycles, "_fill_row", None)
     rng = np.random.default_rng(seed)
     table = CycleTable(window=int(rng.integers(1, 10)))
     kinds: tuple[CycleKind, ...] = ("tree", "ar", "chain")
