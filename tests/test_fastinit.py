@@ -64,3 +64,23 @@ def test_trusted_init_refuses_classes_that_need_init() -> None:
     for cls in (KVRoom, Factory, Slots, int, None, ControllerChoice("ar", 1, 1, 1, 1)):
         with pytest.raises(ArgumentError):  # KVRoom has a __post_init__; an instance is no class
             trusted_init(cls)  # type: ignore[arg-type]
+
+
+def test_a_normalising_post_init_may_be_skipped_when_asked() -> None:
+    """normalised=True: a class whose __post_init__ only normalises its fields is built
+    without it (the caller passes them normalised) — KVRoom, as the simulator's server does;
+    anything but a bool is refused, and slots or default factories still are."""
+    room = np.array([3, 5], np.int64)
+    made = trusted_init(KVRoom, normalised=True)(room, 7, 16)
+    _same(made, KVRoom(room, 7, 16))
+    assert made.room is room and made.fits([2, 4])
+    for junk in (1, "yes", None):
+        with pytest.raises(ArgumentError, match="normalised"):
+            trusted_init(KVRoom, normalised=junk)  # type: ignore[arg-type]
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Slots:
+        x: int
+
+    with pytest.raises(ArgumentError):
+        trusted_init(Slots, normalised=True)
