@@ -410,9 +410,11 @@ class LearningPolicy:
             a_chain = 1.0 + float(chain_cut[0, -1])
         else:
             chain_cut = _chain_cut(top1)
-            known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
-            # the last trees' mean, rounded down (integer division: np.mean's floor, cheaper)
-            start = max(8, 3 * (int(np.add.reduce(known)) // known.size) // 2) if known.size else 64
+            # the last trees' mean, rounded down (integer division: np.mean's floor, cheaper;
+            # sizes are ≥ 0, and 0 — no tree yet — adds nothing to the sum)
+            last = req.previous_tree_sizes
+            known = int(np.count_nonzero(last))
+            start = max(8, 3 * (int(np.add.reduce(last)) // known) // 2) if known else 64
             fast = None
             if _kernel is not None:  # the hot path: the same loop, compiled
                 fast = _choose_joint_compiled(cal, learner, contexts, self.n_max, start, riding)

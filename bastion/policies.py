@@ -47,6 +47,7 @@ from bastion.bestfirst import MAX_TREE_SIZE, best_first_flat
 from bastion.budget import ControllerMode, choose_tree
 from bastion.engine import PerRequestPolicy
 from bastion.errors import BudgetError, ConfigError, UnknownNameError
+from bastion.fastinit import trusted_init
 from bastion.guard import public
 from bastion.interfaces import (
     BatchChoice,
@@ -380,12 +381,13 @@ class AdaptivePolicy:
             fast = choose_per_request(self, marginals, context) if req.size > 1 else None
             return fast or PerRequestPolicy(self).choose_batch(marginals, context)
         start = self.initial_budget
-        known = req.previous_tree_sizes[req.previous_tree_sizes > 0]
-        if known.size:  # begin near the last choices (per request): fewer growth rounds
+        last = req.previous_tree_sizes  # (≥ 0; 0: no tree yet, adding nothing to the sum)
+        known = int(np.count_nonzero(last))
+        if known:  # begin near the last choices (per request): fewer growth rounds
             # (3× their mean: the first round nearly always settles, growing less than 4× did;
             # the trees are the same whatever the start, the stop rule's bound being exact;
             # the mean rounded down by integer division, what int(np.mean) gives, cheaper)
-            start = max(8, 3 * (int(np.add.reduce(known)) // known.size))
+            start = max(8, 3 * (int(np.add.reduce(last)) // known))
         trees, diag = _joint_priced()(
             marginals,
             cost_model,  # it has joint_cost_curve (checked above)
@@ -394,7 +396,10 @@ class AdaptivePolicy:
             self.mode,
             start,
         )
-        return BatchChoice(trees, diag)
+        return _batch_choice(trees, diag)
+
+
+_batch_choice = trusted_init(BatchChoice)  # the joint controller's, every step
 
 
 @functools.cache

@@ -246,7 +246,7 @@ def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> tuple[Array, A
     if fixed is None:
         return None
     step = model.context_bucket
-    bucketed = -(-contexts.astype(np.int64) // step) * step
+    bucketed = -(-np.asarray(contexts, np.int64) // step) * step
     draft = 0.0
     if model.drafter is not None:  # as joint_cost_curve
         draft = model._drafter_pricer().total_s(contexts.shape[0], float(bucketed.sum()))
