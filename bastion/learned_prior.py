@@ -68,7 +68,7 @@ class Lerp:
         return (1.0 - self.w) * self.lo[index] + self.w * self.hi[index]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> FloatArray:
-        whole = (1.0 - self.w) * self.lo + self.w * self.hi
+        whole: FloatArray = self[:]
         return whole if dtype is None else whole.astype(dtype, copy=False)
 
 
@@ -124,7 +124,7 @@ class PricedPrior:
         key, mean = ("even", b, top), mean_context(ctx)
         # a hot path (every batched step observes its cycle against it): a cached step is read
         # without building its price
-        hit = self._lerped.get((key, mean // MODE_CONTEXT_STEP))
+        hit = self._lerped_at(key, mean)
         if hit is not None:
             return hit  # type: ignore[return-value]
         return self._anchored(  # type: ignore[return-value]
@@ -238,11 +238,9 @@ class PricedPrior:
         lo = mid // ANCHOR_STEP
         w = (mid - lo * ANCHOR_STEP) / ANCHOR_STEP
         below, above = self._anchor(key, lo, b, price), self._anchor(key, lo + 1, b, price)
-        made: Any
-        if lazy:
-            made = Lerp(below, above, w)
-        else:
-            made = (1.0 - w) * below + w * above
+        made: Any = Lerp(below, above, w)
+        if not lazy:  # formed whole (short curves, read whole)
+            made = np.asarray(made)
             made.flags.writeable = False
         if len(self._lerped) > 512:
             self._lerped.clear()

@@ -333,8 +333,11 @@ class KVCache:
     def blocks_of(self, tokens: IntArray, add: int = 0, sizes: IntArray | None = None) -> int:
         """Σ ⌈(tokens_i + add) / block_tokens⌉ over an array; with ``sizes``, Σ ⌈(tokens_i +
         max(sizes_i, add)) / block_tokens⌉ (a step's trees beyond each lookahead of ``add``).
-        One compiled call where the arrays are C-contiguous int64 (several calls a step)."""
+        One compiled call where the arrays are C-contiguous int64 (several calls a step); one
+        request's on Python ints (:meth:`blocks_one`)."""
         bt = self.block_tokens
+        if tokens.shape == (1,) and (sizes is None or sizes.shape == (1,)):
+            return self.blocks_one(int(tokens[0]), add, None if sizes is None else int(sizes[0]))
         if _blocks is not None:
             count = _blocks(tokens, add, bt, sizes, add)
             if count is not None:

@@ -374,10 +374,9 @@ def serve(
             # the learning controller may remember what it derives from them (mean_context)
             # the step's KV: each request's lookahead reserved (it fits: checked above); the
             # blocks the batch holds are last step's count while the batch is the same
-            one = int(contexts[0]) if b == 1 else -1  # (batch 1: its context, a Python int)
             if held < 0:
-                held = kv.blocks_one(one) if b == 1 else kv.blocks_of(contexts)
-            want = kv.blocks_one(one, look) if b == 1 else kv.blocks_of(contexts, look)
+                held = kv.blocks_of(contexts)
+            want = kv.blocks_of(contexts, look)
             kv.hold(want - held)
             room = None
             if limited and roomy:
@@ -387,7 +386,7 @@ def serve(
                 # each request's room: its lookahead and the rest of its last block,
                 # ceil((c + look) / bt) · bt − c = (−(c + look) mod bt) + look
                 if b == 1:  # (batch 1: the same sum on a Python int)
-                    left = np.array([(-look - one) % bt + look], np.int64)
+                    left = np.array([(-look - int(contexts[0])) % bt + look], np.int64)
                 else:
                     left = (-look - contexts) % bt + look
                 room = _kv_room(left, free, bt)
@@ -412,10 +411,7 @@ def serve(
             rec = engine.step(requests)
             sizes = rec.trees.sizes
             if roomy:  # the trees' slots beyond the lookahead, held while they are verified
-                if b == 1:
-                    kv.touch(kv.blocks_one(one, look, int(sizes[0])) - want)
-                else:
-                    kv.touch(kv.blocks_of(contexts, look, sizes) - want)
+                kv.touch(kv.blocks_of(contexts, look, sizes) - want)
             charge: bool | str = controller
             if controller and getattr(rec.diagnostics, "repeated", False):
                 charge = "repeat"  # the learning controller repeated its last decision
@@ -459,12 +455,7 @@ def serve(
             committed = rec.result.committed_lens
             # the accepted tokens stay in the cache, the rest of the trees' slots are freed
             # (an AR step commits one token per request, its lookahead: nothing to count)
-            if is_ar:
-                held = want
-            elif b == 1:
-                held = kv.blocks_one(int(pool.context_len[slot]))
-            else:
-                held = kv.blocks_of(pool.context_len[slots])
+            held = want if is_ar else kv.blocks_of(pool.context_len[slots])
             kv.hold(held - want)
             # what the step delivered (nothing past the output length counts) and accepted
             # are formed from these at the end, for every step at once (_attach_steps)

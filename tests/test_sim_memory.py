@@ -370,20 +370,21 @@ def test_the_generic_report_shows_slos_and_plots_them(tmp_path: Path) -> None:
 
 
 @given(
-    tokens=st.integers(0, 10**6),
+    tokens=st.lists(st.integers(0, 10**6), min_size=2, max_size=2),
     add=st.integers(0, 300),
-    size=st.one_of(st.none(), st.integers(1, 2000)),
+    sizes=st.one_of(st.none(), st.lists(st.integers(1, 2000), min_size=2, max_size=2)),
     block=st.sampled_from([1, 2, 7, 16, 64]),
 )
-def test_one_requests_blocks_are_blocks_of_its_array(
-    tokens: int, add: int, size: int | None, block: int
+def test_one_requests_blocks_are_its_share_of_a_batchs(
+    tokens: list[int], add: int, sizes: list[int] | None, block: int
 ) -> None:
-    """The server's batch-1 count (Python ints) is blocks_of's of the one-element arrays."""
+    """blocks_of of one request (counted on Python ints) is its share of a two-request batch's
+    count (the compiled or numpy count), whatever the lookahead and the trees."""
     from bastion.sim.memory import KVCache
 
     kv = KVCache(None)
     kv.block_tokens = block
-    sizes = None if size is None else np.array([size], np.int64)
-    assert kv.blocks_one(tokens, add, size) == kv.blocks_of(
-        np.array([tokens], np.int64), add, sizes
-    )
+    t = np.array(tokens, np.int64)
+    s = None if sizes is None else np.array(sizes, np.int64)
+    alone = [kv.blocks_of(t[i : i + 1], add, None if s is None else s[i : i + 1]) for i in (0, 1)]
+    assert sum(alone) == kv.blocks_of(t, add, s)
