@@ -18,9 +18,9 @@
  *
  * beam(...), eagle(...): BeamPolicy's and EaglePolicy's trees for a batch (_bestfirst_shaped.c).
  *
- * draws(...), neg_logit(...): the simulator's synthetic drafter, the drafted steps' marginals
- *   and target tokens from their requests' random draws, and a block's log-odds
- *   (_bestfirst_draws.c).
+ * draws(...), neg_logit(...), seed_words(...): the simulator's synthetic drafter, the drafted
+ *   steps' marginals and target tokens from their requests' random draws, a block's log-odds,
+ *   and the words a request's generator is seeded from (_bestfirst_draws.c).
  *
  * joint(...), floor(...): the learning controller's joint budget and the stepped decision floor
  *   it is priced from (_bestfirst_joint.c).
@@ -48,7 +48,7 @@
  * _bestfirst_learn.c (accept(), learn(), calibrate(), gains(), size_factors(), medians(),
  * fill_row()),
  * _bestfirst_shaped.c (beam(), eagle()),
- * _bestfirst_draws.c (draws(), neg_logit(), advance()), _bestfirst_paper.c (paper(), joint_price(),
+ * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words()), _bestfirst_paper.c (paper(), joint_price(),
  * drafter_s()), _bestfirst_request.c
  * (request()), _bestfirst_kv.c (blocks(), sums()); _bestfirst.h declares what they share.
  */
@@ -78,6 +78,8 @@ static PyMethodDef methods[] = {
      "The synthetic source's rows of a step, cursors moved on (_bestfirst_draws.c)."},
     {"neg_logit", bf_neg_logit, METH_VARARGS,
      "A synthetic block's negated head log-odds (see _bestfirst_draws.c)."},
+    {"seed_words", bf_seed_words, METH_VARARGS,
+     "numpy SeedSequence words of an entropy (see _bestfirst_draws.c)."},
     {"paper", bf_paper, METH_VARARGS, "The paper controller's joint budget (_bestfirst_paper.c)."},
     {"drafter_s", bf_drafter_s, METH_VARARGS,
      "A drafter pass's operator seconds, summed (_bestfirst_paper.c)."},

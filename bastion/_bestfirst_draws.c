@@ -333,3 +333,67 @@ done:
     PyBuffer_Release(&sl);
     return result;
 }
+
+/* seed_words(entropy, n) -> bytes
+ *
+ * The first n 32-bit words of numpy's SeedSequence(entropy).generate_state(n, np.uint32) for an
+ * entropy given as its 32-bit words (uint32 bytes, as SeedSequence assembles them: each integer
+ * little-endian, 0 as one word), no spawn key, the default pool of 4 words: the pool's hash
+ * mix, then the output hash (O'Neill's seed_seq_fe design). A simulated request's generator
+ * is seeded this way many times a run; numpy's own object costs several microseconds. The
+ * tests compare the words (and the PCG64 states made from them) with numpy's. */
+#define SEED_POOL 4
+#define SEED_INIT_A 0x43b0d7e5u
+#define SEED_MULT_A 0x931e8875u
+#define SEED_INIT_B 0x8b51f9ddu
+#define SEED_MULT_B 0x58f38dedu
+#define SEED_MIX_L 0xca01f9ddu
+#define SEED_MIX_R 0x4973f715u
+#define SEED_XSHIFT 16
+
+static uint32_t seed_hashmix(uint32_t value, uint32_t *hash_const) {
+    value ^= *hash_const;
+    *hash_const *= SEED_MULT_A;
+    value *= *hash_const;
+    return value ^ (value >> SEED_XSHIFT);
+}
+
+static uint32_t seed_mix(uint32_t x, uint32_t y) {
+    uint32_t r = SEED_MIX_L * x - SEED_MIX_R * y;
+    return r ^ (r >> SEED_XSHIFT);
+}
+
+PyObject *bf_seed_words(PyObject *self, PyObject *args) {
+    Py_buffer ent;
+    Py_ssize_t n;
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*n", &ent, &n)) return NULL;
+    Py_ssize_t m = ent.len / (Py_ssize_t)sizeof(uint32_t);
+    if (ent.len != m * (Py_ssize_t)sizeof(uint32_t) || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "seed_words: entropy must be uint32 words, n >= 0");
+        goto done;
+    }
+    {
+        const uint32_t *e = (const uint32_t *)ent.buf;
+        uint32_t pool[SEED_POOL], h = SEED_INIT_A;
+        for (int i = 0; i < SEED_POOL; i++) pool[i] = seed_hashmix(i < m ? e[i] : 0u, &h);
+        for (int src = 0; src < SEED_POOL; src++)
+            for (int dst = 0; dst < SEED_POOL; dst++)
+                if (src != dst) pool[dst] = seed_mix(pool[dst], seed_hashmix(pool[src], &h));
+        for (Py_ssize_t src = SEED_POOL; src < m; src++)
+            for (int dst = 0; dst < SEED_POOL; dst++)
+                pool[dst] = seed_mix(pool[dst], seed_hashmix(e[src], &h));
+        result = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint32_t));
+        if (!result) goto done;
+        uint32_t *out = (uint32_t *)PyBytes_AS_STRING(result), hb = SEED_INIT_B;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t v = pool[i % SEED_POOL] ^ hb;
+            hb *= SEED_MULT_B;
+            v *= hb;
+            out[i] = v ^ (v >> SEED_XSHIFT);
+        }
+    }
+done:
+    PyBuffer_Release(&ent);
+    return result;
+}

@@ -46,6 +46,7 @@ from bastion.batch import BatchMarginals
 from bastion.errors import ConfigError
 from bastion.fastinit import trusted_init
 from bastion.guard import public
+from bastion.sim.seeding import seeded
 from bastion.sim.workloads import Workload
 
 try:  # the optional compiled kernel (setup.py): a block's arithmetic in one call
@@ -163,6 +164,7 @@ class SyntheticSource:
         self._row = np.zeros(1, np.int64)  # a batch-1 step's row index (see _advance)
         self._top1 = np.empty((0, w.depth))
         self._rngs: list[np.random.Generator | None] = []
+        self._lengths_rng: np.random.Generator | None = None  # re-seeded per request (lengths)
         self._id_views: dict[int, IntArray] = {}  # read-only [B, D, K] rank ids (see _rank_ids)
 
     # -- slots ----------------------------------------------------------------------------------
@@ -190,7 +192,8 @@ class SyntheticSource:
         sample = getattr(w, "sample_lengths", None)
         if sample is None:
             return w.prompt_len, w.output_len
-        prompt, out = sample(np.random.default_rng([self.seed, index, 0x6C656E]), 1)
+        self._lengths_rng = rng = seeded((self.seed, index, 0x6C656E), self._lengths_rng)
+        prompt, out = sample(rng, 1)
         return int(prompt[0]), int(out[0])
 
     def reserve(self, slots: int) -> None:
@@ -199,11 +202,12 @@ class SyntheticSource:
             self._grow(slots)
 
     def admit(self, slot: int, index: int) -> np.random.Generator:
-        """Start request ``index`` in ``slot``; returns the request's own generator."""
+        """Start request ``index`` in ``slot``; returns the request's own generator (the slot's,
+        seeded for the request: the slot's next request re-seeds it)."""
         if slot >= self._slots:
             self._grow(max(slot + 1, 2 * self._slots, 8))
         w = self.workload
-        rng = np.random.default_rng([self.seed, index])
+        rng = seeded((self.seed, index), self._rngs[slot])  # default_rng([seed, index])'s
         shift = rng.normal(0.0, w.difficulty_sd) if w.difficulty_sd else 0.0
         self._top1[slot] = self._base_logit + shift  # the request's head log-odds per position
         self._rngs[slot] = rng

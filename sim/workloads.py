@@ -245,16 +245,25 @@ class Workload:
         if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
             raise ConfigError(f"sample_lengths needs a whole number n ≥ 0 of requests; got {n!r}")
         z = rng.standard_normal((2, int(n)))
-        out = []
-        for row, median, sigma, high in (
-            (0, self.prompt_len, self.prompt_len_sigma, self.prompt_len_max),
-            (1, self.output_len, self.output_len_sigma, self.output_len_max),
-        ):
-            lengths = np.rint(median * np.exp(sigma * z[row]))
-            # np.clip(lengths, 1, high)'s values (never NaN) without its per-call cost: one call
-            # per request admitted
-            out.append(np.minimum(np.maximum(lengths, 1), high).astype(np.int64))
-        return out[0], out[1]
+        if n == 1:  # one request (a call per request admitted): the same values on Python
+            # numbers — numpy's exp of both σ·z at once, Python's round() rounds half to even
+            # as np.rint does
+            e_prompt, e_out = np.exp(z[:, 0] * (self.prompt_len_sigma, self.output_len_sigma))
+            prompt = min(max(round(self.prompt_len * float(e_prompt)), 1), self.prompt_len_max)
+            out = min(max(round(self.output_len * float(e_out)), 1), self.output_len_max)
+            return np.array([prompt], np.int64), np.array([out], np.int64)
+        # both rows in one pass: each entry is its row's round(median · exp(σ·z)), then
+        # np.clip(…, 1, max)'s values (never NaN) without its per-call cost
+        median, sigma, high = np.array(
+            (
+                (self.prompt_len, self.prompt_len_sigma, self.prompt_len_max),
+                (self.output_len, self.output_len_sigma, self.output_len_max),
+            ),
+            dtype=np.float64,
+        ).T[:, :, None]
+        lengths = np.rint(median * np.exp(sigma * z))
+        clipped = np.minimum(np.maximum(lengths, 1), high).astype(np.int64)
+        return clipped[0], clipped[1]
 
 
 # -- files ------------------------------------------------------------------------------------
