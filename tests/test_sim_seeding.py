@@ -50,7 +50,7 @@ def test_seeded_is_default_rng(entropy: list[int], keep: bool) -> None:
 
 
 def test_numpy_integers_and_tuples() -> None:
-    _same_as_numpy([np.int64(7), np.uint32(2**32 - 1)], None)
+    _same_as_numpy([np.int64(7), np.uint32(2**32 - 1)], None)  # type: ignore[list-item]
     ours = seeded((3, 9), None)
     assert ours.bit_generator.state == np.random.default_rng([3, 9]).bit_generator.state
 
@@ -76,7 +76,7 @@ def test_other_entropies_get_numpys_errors(entropy: list[object]) -> None:
     with pytest.raises((ValueError, TypeError)) as ours:
         seeded(entropy)  # type: ignore[arg-type]
     with pytest.raises((ValueError, TypeError)) as theirs:
-        np.random.default_rng(entropy)
+        np.random.default_rng(entropy)  # type: ignore[arg-type]
     assert type(ours.value) is type(theirs.value)
 
 
