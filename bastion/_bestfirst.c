@@ -26,8 +26,9 @@
  *   it is priced from (_bestfirst_joint.c).
  *
  * paper(...): the paper controller's joint budget on a calibrated roofline it prices itself
- *   (_bestfirst_paper.c); request(...): the paper's per-request rule at batch > 1, the same
- *   way (_bestfirst_request.c).
+ *   (_bestfirst_paper.c, with drafter_s(...) and pass_sums(...): the simulated GPU's operator
+ *   sums of a drafter pass and of a target pass); request(...): the paper's per-request
+ *   rule at batch > 1, the same way (_bestfirst_request.c).
  *
  * blocks(...), sums(...): the simulated server's KV-cache block counts and the ground truth's
  *   sums over a step's requests (_bestfirst_kv.c).
@@ -48,8 +49,8 @@
  * _bestfirst_learn.c (accept(), learn(), calibrate(), gains(), size_factors(), medians(),
  * fill_row()),
  * _bestfirst_shaped.c (beam(), eagle()),
- * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words()), _bestfirst_paper.c (paper(), joint_price(),
- * drafter_s()), _bestfirst_request.c
+ * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words()), _bestfirst_paper.c (paper(),
+ * joint_price(), drafter_s(), pass_sums()), _bestfirst_request.c
  * (request()), _bestfirst_kv.c (blocks(), sums()); _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
@@ -83,6 +84,8 @@ static PyMethodDef methods[] = {
     {"paper", bf_paper, METH_VARARGS, "The paper controller's joint budget (_bestfirst_paper.c)."},
     {"drafter_s", bf_drafter_s, METH_VARARGS,
      "A drafter pass's operator seconds, summed (_bestfirst_paper.c)."},
+    {"pass_sums", bf_pass_sums, METH_VARARGS,
+     "A simulated target pass's operator sums (_bestfirst_paper.c)."},
     {"joint_price", bf_joint_price, METH_VARARGS,
      "A calibrated roofline's joint curve along a growth (_bestfirst_paper.c)."},
     {"request", bf_request, METH_VARARGS, "The per-request rule (_bestfirst_request.c)."},

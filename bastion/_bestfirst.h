@@ -101,6 +101,7 @@ BF_PRIVATE PyObject *bf_learn(PyObject *self, PyObject *args);     /* _bestfirst
 BF_PRIVATE PyObject *bf_calibrate(PyObject *self, PyObject *args); /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_gains(PyObject *self, PyObject *args);     /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_drafter_s(PyObject *self, PyObject *args); /* _bestfirst_paper.c */
+BF_PRIVATE PyObject *bf_pass_sums(PyObject *self, PyObject *args); /* _bestfirst_paper.c */
 BF_PRIVATE PyObject *bf_advance(PyObject *self, PyObject *args);   /* _bestfirst_draws.c */
 BF_PRIVATE PyObject *bf_medians(PyObject *self, PyObject *args);   /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_fill_row(PyObject *self, PyObject *args);  /* _bestfirst_learn.c */

@@ -483,3 +483,52 @@ done:
     PyBuffer_Release(&slopeb);
     return result;
 }
+
+/* pass_sums(y, phi, attention, lm) -> (total, attention_total, lm_seconds)
+ *
+ * The simulated GPU's price of one target pass after its feature product (bastion.sim.
+ * pass_pricing._price_one): with y the pass's 2n operator seconds (compute, then memory; numpy's
+ * product of its features and the per-operator matrix), per_op_i = max(y_i, y_{n+i}) (np.maximum's
+ * NaN) times phi_i (the kernel-aware GEMM step factors of its token count; empty: none), and
+ *   total = Σ_i per_op_i as numpy's add.reduce sums (pairwise),
+ *   attention_total = Σ_i per_op_i * attention_i, which numpy forms as a matrix product: the
+ *     caller passes only a 0/1 vector with at most two ones, whose sum is the same rounded
+ *     value in every order (each product is exact and adding zeros changes nothing),
+ *   lm_seconds = per_op_lm. */
+PyObject *bf_pass_sums(PyObject *self, PyObject *args) {
+    Py_buffer yb, phib, attb;
+    Py_ssize_t lm;
+    PyObject *result = NULL;
+    double *per_op = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*n", &yb, &phib, &attb, &lm)) return NULL;
+    Py_ssize_t dsz = (Py_ssize_t)sizeof(double), m = yb.len / dsz, n = m / 2;
+    if (yb.len != m * dsz || m != 2 * n || n < 1 || attb.len != n * dsz ||
+        (phib.len != 0 && phib.len != n * dsz) || lm < 0 || lm >= n) {
+        PyErr_SetString(PyExc_ValueError,
+                        "pass_sums: y must be 2n float64, phi empty or n, attention n, lm < n");
+        goto done;
+    }
+    per_op = malloc((size_t)n * sizeof(double));
+    if (!per_op) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    {
+        const double *y = (const double *)yb.buf, *att = (const double *)attb.buf;
+        const double *phi = phib.len ? (const double *)phib.buf : NULL;
+        double attention = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double v = nmax(y[i], y[n + i]);
+            if (phi) v = v * phi[i];
+            per_op[i] = v;
+            attention = i ? attention + v * att[i] : v * att[i];
+        }
+        result = Py_BuildValue("ddd", bf_pairwise(per_op, n), attention, per_op[lm]);
+    }
+done:
+    free(per_op);
+    PyBuffer_Release(&yb);
+    PyBuffer_Release(&phib);
+    PyBuffer_Release(&attb);
+    return result;
+}

@@ -41,6 +41,12 @@ from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.prefill import Chunks
 from bastion.sim.routing import expected_experts, routing_draws, routing_draws_one
 
+try:  # the optional compiled kernel (setup.py): a pass's operator sums in one call
+    from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised where no compiler is available
+    _kernel = None
+_pass_sums = getattr(_kernel, "pass_sums", None)
+
 _ATTENTION_OPS = ("attn_scores", "attn_values")
 
 log = logging.getLogger(__name__)
@@ -181,6 +187,19 @@ class PassPricer:
         self._half = t.moe_half_occupancy_per_sm * hw.sm_count
         self._layers = float(m.layers)
         self._host = t.host_layer_s > 0 or t.host_expert_s > 0
+        # one pass's operator sums in one compiled call (_price_one) where they need no more
+        # than the kernel does: a dense target, no measured shape factors, and an attention
+        # selector of at most two ones (its matrix product then sums the same in any order)
+        self._sums = None
+        ones = self._attention == 1.0
+        if (
+            _pass_sums is not None
+            and not self._moe
+            and not self._shape_list
+            and int(np.count_nonzero(ones)) <= 2
+            and bool(np.all(ones | (self._attention == 0.0)))
+        ):
+            self._sums = _pass_sums
         # shared by every simulated GPU of the same drafter, device and options: its lines are
         # a pure function of them, and each costs two full roofline evaluations to read off
         key = (repr(self.drafter), repr(self.device), repr(self.options))
@@ -392,15 +411,24 @@ def _price_one(
     share: float,
     head: tuple[Array, float] | None = None,
 ) -> float:
-    """:meth:`PassPricer.price` of one pass (``x`` one row) as a float: the operators' times in
-    numpy as there, the rest — the same additions and products of the same doubles, in the
-    same order — on Python floats (a decode step prices one or two passes)."""
-    per_op = p._per_op(x, np.array([tokens]), np.array([touched]))
+    """:meth:`PassPricer.price` of one pass (``x`` one row) as a float: the features' product
+    with the operator matrix in numpy as there, the operators' max, step factors and sums in
+    the compiled ``pass_sums`` where it applies (numpy's operations in numpy's order, its
+    pairwise sum included), the rest — the same additions and products of the same doubles, in
+    the same order — on Python floats (a decode step prices one or two passes)."""
     pen = p.truth.tree_attention_penalty * share
-    total = float(np.add.reduce(per_op, axis=1)[0]) + pen * float((per_op @ p._attention)[0])
+    if p._sums is not None:  # the operators' max, step factors and sums in one call
+        phi = p.phi
+        factors = b"" if phi is None else phi[min(max(round(tokens) - 1, 0), phi.shape[0] - 1)]
+        op_sum, attention, lm_op = p._sums(x @ p._matrix, factors, p._attention, p._lm)
+        total = op_sum + pen * attention
+    else:
+        per_op = p._per_op(x, np.array([tokens]), np.array([touched]))
+        total = float(np.add.reduce(per_op, axis=1)[0]) + pen * float((per_op @ p._attention)[0])
+        lm_op = float(per_op[0, p._lm])
     if head is not None:
         lm = _lm_head(p, head[0], np.array([head[1]]))
-        total = total - float(per_op[0, p._lm]) + float(lm[0])
+        total = total - lm_op + float(lm[0])
     total = total + p._launch_plain + pen * p._launch_attention
     if p._comm:  # the all-reduces of tensor parallelism, after the device's time
         total = total + (p._comm_const + p._comm_slope * tokens)
