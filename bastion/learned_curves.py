@@ -62,7 +62,8 @@ class DecisionCurves:
         # what candidate_cycles multiplies: the table's ratio and pessimism per lattice cell
         # and AR ratio (per refresh), the prior's cycle per size and AR cycle (per context step)
         self._single_table: tuple[int, FloatArray, FloatArray, float] | None = None
-        self._mode_memo: dict[tuple[str, int, int, int], tuple[int, float]] = {}
+        # (kind, B, context step, depth) → (ratio epoch, the learned cycle, the prior's cycle)
+        self._mode_memo: dict[tuple[str, int, int, int], tuple[int, float, float]] = {}
         self._single_priced: dict[
             tuple[int, int], tuple[IntArray, IntArray, FloatArray, float]
         ] = {}
@@ -282,13 +283,16 @@ class DecisionCurves:
             key = (kind, ctx.shape[0], mean_context(ctx) // MODE_CONTEXT_STEP, depth)
         stamp = self.table.ratio_epoch
         hit = self._mode_memo.get(key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        ratio = float(self.table.ratios(kind, ctx.shape[0])[0])
-        value = self.priced.mode(kind, ctx, depth) * ratio
+        if hit is not None:
+            if hit[0] == stamp:
+                return hit[1]
+            prior = hit[2]  # the prior's cycle of the key never changes: only the ratio moved
+        else:
+            prior = self.priced.mode(kind, ctx, depth)
+        value = prior * float(self.table.ratios(kind, ctx.shape[0])[0])
         if len(self._mode_memo) > 256:
             self._mode_memo.clear()
-        self._mode_memo[key] = (stamp, value)
+        self._mode_memo[key] = (stamp, value, prior)
         return value
 
 

@@ -438,6 +438,38 @@ class BatchPrior(ContextPrior):
         return CostCurve(0.0, 0.0, cc.verify_s + extra, cc.ar_step_s + extra)
 
 
+def test_memoised_mode_cycles_are_the_prior_times_the_current_ratio() -> None:
+    """A mode cycle is the prior's cycle of its (kind, B, context step, depth) times the table's
+    current ratio: exactly, however often the ratio moves in between, while the prior's cycle
+    of a key is priced once (it never changes; only the ratio is read again)."""
+    learner = LearnedCostModel(BatchPrior(), explore_every=0)
+    calls: list[tuple[str, int, int]] = []
+    mode = learner.priced.mode
+
+    def counted(kind, ctx, depth):  # type: ignore[no-untyped-def]
+        calls.append((kind, int(ctx.shape[0]), depth))
+        return mode(kind, ctx, depth)
+
+    learner.priced.mode = counted  # type: ignore[method-assign]
+    fresh = LearnedCostModel(BatchPrior()).priced
+    rng = np.random.default_rng(5)
+    keys = [("ar", 1, 0), ("chain", 1, 6), ("ar", 4, 0), ("chain", 4, 6), ("chain", 4, 3)]
+    for round_ in range(6):
+        for kind, b, depth in keys:
+            ctx = np.full(b, 700, np.int64)
+            got = learner.mode_cycle(kind, ctx, depth)  # type: ignore[arg-type]
+            ratio = float(learner.table.ratios(kind, b)[0])  # type: ignore[arg-type]
+            assert got == fresh.mode(kind, ctx, depth) * ratio  # type: ignore[arg-type]
+            # the table moves: the next round reads another ratio
+            learner.observe_cycle(kind, ctx, np.full(b, depth + 1), got * (1.5 + rng.random()))  # type: ignore[arg-type]
+        if round_ == 0:
+            assert len(calls) == len(keys)
+    assert len(calls) == len(keys)  # each key's prior priced once
+    assert learner.mode_cycle("chain", np.full(4, 700), 6) != fresh.mode(
+        "chain", np.full(4, 700, np.int64), 6
+    )  # (the ratios did move)
+
+
 def test_standing_ar_steps_reuse_one_choice_whose_cycle_stays_current() -> None:
     """While AR stands, each step's choice is an AR step over root-only trees whose predicted
     cycle is the learned AR cycle of that step; the choice object is reused while that cycle
