@@ -39,6 +39,26 @@ typedef struct {
 #endif
 #define PREFETCH_AHEAD 4 /* nodes ahead whose rows a walk over trees prefetches */
 
+/* The joint budget's regrowth of a bounded round, shared by joint() and paper():
+   bf_growth is bastion.joint._growth (c_hat: the m + 1 priced passes' Ĉ), bf_regrown is
+   bastion.joint._regrown (Python's min(max(math.ceil(growth * total), total + b), most), the
+   same doubles). */
+#define GROWTH_MIN 1.25
+static inline double bf_growth(const double *c_hat, Py_ssize_t m, double c_needed) {
+    if (m < 2) return 2.0;
+    double slope = (c_hat[m] - c_hat[m / 2]) / (double)(m - m / 2);
+    if (slope <= 0.0) return 8.0;
+    double g = ((double)m + (c_needed - c_hat[m]) / slope) / (double)m;
+    if (!(g >= GROWTH_MIN)) return GROWTH_MIN; /* min(8, max(GROWTH_MIN, g)): NaN too */
+    return g > 8.0 ? 8.0 : g;
+}
+static inline Py_ssize_t bf_regrown(Py_ssize_t total, double growth, Py_ssize_t b,
+                                    Py_ssize_t most) {
+    Py_ssize_t next = (Py_ssize_t)ceil(growth * (double)total);
+    if (next < total + b) next = total + b;
+    return next < most ? next : most;
+}
+
 /* forest()'s heap entry (see _bestfirst_forest.c): key (-score, request, depth, parent
    position, rank); joint() allocates the heap forest_grow() fills. */
 typedef struct {

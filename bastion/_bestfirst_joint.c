@@ -140,7 +140,7 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
                 if (s_hat[j] > s_hat[chosen]) chosen = j;
             }
             if (!more) break;
-            Py_ssize_t growth = 2;
+            double growth = 2.0;
             int monotone = m > 0;
             for (Py_ssize_t j = 1; j <= m && monotone; j++) monotone = c_hat[j] >= c_hat[j - 1];
             if (monotone) {
@@ -180,21 +180,10 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
                     }
                     if (!nan_seen && ahead * ar <= s_hat[chosen]) break;
                 }
-                /* bastion.joint._growth (the curve's growth_s is 0: no second bound) */
-                Py_ssize_t v = m;
-                if (v >= 2) {
-                    double slope = (c_hat[m] - c_hat[v / 2]) / (double)(v - v / 2);
-                    if (slope <= 0.0) {
-                        growth = 8;
-                    } else {
-                        double target = (double)v + (c_needed - c_hat[m]) / slope;
-                        double g = ceil(target / (double)v);
-                        growth = (Py_ssize_t)(g > 8.0 ? 8.0 : (g < 2.0 ? 2.0 : g));
-                    }
-                }
+                /* (the curve's growth_s is 0: no second bound) */
+                growth = bf_growth(c_hat, m, c_needed);
             }
-            Py_ssize_t next = growth * total > total + b ? growth * total : total + b;
-            total = next < most ? next : most;
+            total = bf_regrown(total, growth, b, most); /* bastion.joint._regrown */
         }
         if (status != 0) {
             result = Py_BuildValue("(innnOOOOOOOOO)", status, (Py_ssize_t)0, (Py_ssize_t)0,

@@ -264,7 +264,7 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
                 goto answer;
             }
             if (!more) break;
-            Py_ssize_t growth = 2;
+            double growth = 2.0;
             int monotone = m > 0 && mono;
             if (monotone) {
                 /* each request's built mass: its root, then its nodes in their order (numpy's
@@ -295,20 +295,9 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
                     double best = far > near ? far : near;
                     if (best * ar <= s_best) break;
                 }
-                Py_ssize_t v = m; /* bastion.joint._growth */
-                if (v >= 2) {
-                    double slope = (c_hat[m] - c_hat[v / 2]) / (double)(v - v / 2);
-                    if (slope <= 0.0) {
-                        growth = 8;
-                    } else {
-                        double target = (double)v + (c_needed - c_hat[m]) / slope;
-                        double g = ceil(target / (double)v);
-                        growth = (Py_ssize_t)(g > 8.0 ? 8.0 : (g < 2.0 ? 2.0 : g));
-                    }
-                }
+                growth = bf_growth(c_hat, m, c_needed);
             }
-            Py_ssize_t next = growth * total > total + b ? growth * total : total + b;
-            total = next < most ? next : most;
+            total = bf_regrown(total, growth, b, most); /* bastion.joint._regrown */
         }
     answer:
         if (status != 0) {

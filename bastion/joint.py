@@ -47,6 +47,7 @@ weigh requests unequally (every committed token counts the same).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -222,20 +223,32 @@ def _floor_bound(
     return best
 
 
-def _growth(c_hat: FloatArray, c_needed: float) -> int:
-    """How much to grow the chain so that it reaches Ĉ = ``c_needed`` (2 … 8).
+GROWTH_MIN = 1.25  # the least a bounded round regrows the chain by (see _growth)
 
-    Only a speed heuristic (the stop rule decides the answer): extrapolates Ĉ linearly from
-    the last half of the priced chain, since every round has a fixed cost.
+
+def _growth(c_hat: FloatArray, c_needed: float) -> float:
+    """How much to grow the chain so that it reaches Ĉ = ``c_needed`` (1.25 … 8×).
+
+    Only a speed heuristic (the stop rule decides the answer, and the trees do not depend on
+    where a round stops): extrapolates Ĉ linearly from the last half of the priced chain and
+    grows to that length, at least :data:`GROWTH_MIN` times (a round has a fixed cost), at
+    most 8 times. A whole factor (2 at least) overshot: the proof needs ≈ 2× the chosen
+    total, and doubling past it grew ≈ 1.4× more than needed (docs/benchmarks.md, round 8).
     """
     v = c_hat.shape[0] - 1
     if v < 2:
-        return 2
+        return 2.0
     slope = (float(c_hat[-1]) - float(c_hat[v // 2])) / (v - v // 2)
     if slope <= 0.0:
-        return 8
+        return 8.0
     target = v + (c_needed - float(c_hat[-1])) / slope
-    return int(min(8.0, max(2.0, np.ceil(target / v))))
+    return float(min(8.0, max(GROWTH_MIN, target / v)))
+
+
+def _regrown(total: int, growth: float, b: int, most: int) -> int:
+    """The next round's total: ``growth`` times this one's, rounded up, at least B more, at
+    most ``most`` (the compiled loops compute the same doubles)."""
+    return min(max(math.ceil(growth * total), total + b), most)
 
 
 @public(error=BudgetError)
@@ -282,7 +295,7 @@ def choose_joint_batch(
 
     The chain is :func:`bastion.bestfirst.best_first_forest`: the B best-first trees grown
     together in merged order (one heap over every request's frontier), so every node it returns
-    is final; while the stop rule needs more, the chain is regrown longer (2–8×).
+    is final; while the stop rule needs more, the chain is regrown longer (1.25–8×).
 
     A curve's ``growth_s`` (δ ≥ 0) is a guaranteed lower bound on how much Ĉ grows per node
     added beyond its last entry; auto uses it to bound Ĉ beyond the priced chain,
@@ -306,7 +319,7 @@ def choose_joint_batch(
     total = most if rule == "exhaustive" else min(b * (min(initial, n_max) - 1), most)
 
     while True:
-        growth = 2
+        growth = 2.0
         parents, depths, ranks, scores, offsets, order, rho, more = best_first_forest(
             probs, n_max, total
         )
@@ -357,7 +370,7 @@ def choose_joint_batch(
                     if ahead * cc.ar_step_s <= s_best:
                         break
                 growth = _growth(c_hat, c_needed)
-        total = min(max(growth * total, total + b), most)
+        total = _regrown(total, growth, b, most)
 
     alloc = 1 + np.bincount(order[:chosen], minlength=b)
     sizes = np.diff(offsets)

@@ -322,3 +322,51 @@ def test_compiled_joint_budget_stops_where_the_floor_says() -> None:
         assert bare.predicted_speedup == ref.predicted_speedup
         decided += bare.s_hat.shape[0] > ref.s_hat.shape[0]
     assert decided >= 5
+
+
+def test_compiled_joint_budget_regrows_by_the_fractional_factor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between bounded rounds the chain is regrown by ``_growth``'s factor, 1.25–8×, not a
+    whole one: the compiled loop grows the same chain as the Python loop where that factor is
+    below 2 (the learned curve's steps make it rare: the cases below, small first rounds on
+    cycles rising at several rates, reach it a few times; tests/test_joint_compiled.py checks
+    the paper controller's loop, which shares the compiled regrowth, on many more)."""
+    import bastion.joint as joint
+    from bastion.sim.synthetic import SyntheticSource
+    from bastion.sim.workloads import get_workload
+
+    factors: list[float] = []
+    growth = joint._growth
+
+    def recorded(c_hat: npt.NDArray[np.float64], c_needed: float) -> float:
+        factors.append(growth(c_hat, c_needed))
+        return factors[-1]
+
+    monkeypatch.setattr(joint, "_growth", recorded)
+    fractional = 0
+    for seed in range(80):
+        rng = np.random.default_rng(100 + seed)
+        b = int(rng.integers(2, 24))
+        source = SyntheticSource(get_workload(("math", "code", "chat")[seed % 3]), seed)
+        for i in range(b):
+            source.admit(i, i)
+        contexts = np.full(b, int(rng.integers(100, 4000)), np.int64)
+        marginals = source.draft(np.arange(b), contexts)[0]
+        learner = LearnedCostModel(FlatPrior(slope=float(rng.choice([1e-5, 3e-5, 1e-4]))))
+        n_max, start = int(rng.choice([64, 256, 1024])), int(rng.integers(2, 6))
+        del factors[:]
+        _, ref = choose_joint_batch(
+            marginals,
+            lambda g: learner.joint_decision_curve(contexts, g, n_max),  # noqa: B023
+            n_max,
+            "auto",
+            start,
+        )
+        fast = controller._choose_joint_compiled(marginals, learner, contexts, n_max, start)
+        if fast is None:
+            continue
+        assert fast[1].s_hat.shape == ref.s_hat.shape  # grown as far as the Python loop
+        assert np.array_equal(fast[1].s_hat, ref.s_hat)
+        fractional += any(joint.GROWTH_MIN <= f < 2.0 for f in factors)
+    assert fractional >= 3

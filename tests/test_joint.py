@@ -763,3 +763,23 @@ def test_the_decision_floor_is_below_every_chains_curve(
 def test_a_curve_refuses_a_floor_that_is_not_a_float_vector(floor: object) -> None:
     with pytest.raises(CostModelError, match="floor_s"):
         CostCurve(0.0, 0.0, np.ones(3), 1.0, floor_s=floor)  # type: ignore[arg-type]
+
+
+def test_growth_factor_reaches_the_extrapolated_length_within_its_bounds() -> None:
+    """_growth: the factor taking the chain to where Ĉ, extrapolated from its last half, reaches
+    c_needed — a fraction, at least GROWTH_MIN (NaN too), at most 8; 2 for a chain too short to
+    extrapolate, 8 where Ĉ does not rise; _regrown: that factor of the total, rounded up, at
+    least B more, at most the cap."""
+    from bastion.joint import GROWTH_MIN, _growth, _regrown
+
+    c_hat = 1.0 + 0.01 * np.arange(101)  # Ĉ rises by 0.01 a node: 2.0 at 100 nodes
+    assert _growth(c_hat, 2.7) == pytest.approx(1.7)  # 170 nodes: 1.7×, not rounded to 2
+    assert _growth(c_hat, 2.1) == GROWTH_MIN  # 110 nodes: at least the least factor
+    assert _growth(c_hat, 50.0) == 8.0
+    assert _growth(c_hat, float("nan")) == GROWTH_MIN
+    assert _growth(np.ones(101), 3.0) == 8.0  # flat: no extrapolation
+    assert _growth(np.array([1.0, 2.0]), 3.0) == 2.0
+    assert _regrown(100, 1.7, 4, 10_000) == 170
+    assert _regrown(100, 1.7000001, 4, 10_000) == 171  # rounded up
+    assert _regrown(10, 1.25, 8, 10_000) == 18  # at least B more
+    assert _regrown(100, 8.0, 4, 500) == 500  # at most the cap
