@@ -2,7 +2,8 @@
  * The paper controller's joint budget in one call: paper(), on forest()'s merged chain, its
  * cost priced here from a calibrated roofline.
  *
- * paper(probs, token_ids, depth, k, n_max, total, most, mass, contexts, price)
+ * paper(probs, token_ids, depth, k, n_max, total, most, mass, contexts, price, bucket,
+ *       draft_at0, draft_slope, draft_launch)
  *     -> (status, chosen, more, exhausted, parents, depths, ranks, scores, tokens, offsets,
  *         a_hat, c_hat, s_hat, L_AR)   (as joint()'s, _bestfirst_joint.c, and the L_AR priced)
  *
@@ -16,11 +17,16 @@
  * (not exact) stops the call (status -3). The numpy sums that are not exact (a request's
  * built mass, the unseen mass over the batch) are numpy's pairwise sums (bf_pairwise).
  *   mass: B lattice masses (bastion.joint._lattice_mass), or empty: computed here with
- *     numpy's sums and products in numpy's order; contexts: B bucketed contexts;
+ *     numpy's sums and products in numpy's order; contexts: the B requests' contexts (int64),
+ *     rounded up here to `bucket` tokens as joint_cost_curve rounds them (a context < 0 or
+ *     beyond 2^52: status -3); draft_at0, draft_slope, draft_launch: the drafter pass's line
+ *     for B requests (DrafterPricer.line; empty buffers: no drafter, T_draft = 0), priced at
+ *     the bucketed contexts' sum as DrafterPricer.total_s prices it;
  *   price: 28 doubles: Σ f0, Σ f per feature (6) of the compute branch's pricer (tiled where
  *     the calibration pads), its FLOP rate and tile; Σ b0, Σ b (6) of the memory branch's
  *     (bare) pricer, its byte rate and tile; the calibration's α, β of compute then memory;
- *     γ (0: static mode, no factor); T_draft + T_aux; whether the growth bound applies (1.0:
+ *     γ (0: static mode, no factor); T_aux (T_draft added here; either not finite and
+ *     >= 0: status -1); whether the growth bound applies (1.0:
  *     no coefficient or α below 0); tensor parallelism's all-reduces: whether a pass has them
  *     (1.0: tp > 1), their seconds c0 + c1 T per pass of T tokens (bastion.cost.parallel),
  *     added to the calibrated seconds before γ, c1 to the growth bound's rise per node.
@@ -118,11 +124,13 @@ static double rise(const double *pr, double c_min, double compute, double memory
 }
 
 PyObject *bf_paper(PyObject *self, PyObject *args) {
-    Py_buffer probs, ids, massb, ctxb, priceb;
-    Py_ssize_t depth, k, n_max, total, most;
+    Py_buffer probs, ids, massb, ctxb, priceb, at0b, slopeb;
+    Py_ssize_t depth, k, n_max, total, most, bucket;
+    double launch;
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*nnnnny*y*y*", &probs, &ids, &depth, &k, &n_max, &total,
-                          &most, &massb, &ctxb, &priceb))
+    if (!PyArg_ParseTuple(args, "y*y*nnnnny*y*y*ny*y*d", &probs, &ids, &depth, &k, &n_max,
+                          &total, &most, &massb, &ctxb, &priceb, &bucket, &at0b, &slopeb,
+                          &launch))
         return NULL;
     Py_ssize_t b = depth > 0 && k > 0 ? probs.len / (Py_ssize_t)sizeof(double) / depth / k : 0;
     fentry *heap = NULL;
@@ -130,20 +138,21 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
             *g_rnk = NULL, *cap = NULL, *alloc = NULL, *held = NULL, *start = NULL,
             *priced = NULL;
     double *g_sco = NULL, *a_hat = NULL, *c_hat = NULL, *s_hat = NULL, *built = NULL,
-           *own = NULL, *own_mass = NULL, *pj = NULL;
+           *own = NULL, *own_mass = NULL, *pj = NULL, *c = NULL;
     if (depth < 1 || k < 1 || b < 1 || n_max < 1 || total < 0 || most < 0 || depth > INT32_MAX ||
         k > INT32_MAX || b > INT32_MAX ||
         !bf_holds_exactly(probs.len, sizeof(double), b, depth, k) ||
         !bf_holds_exactly(ids.len, sizeof(int64_t), b, depth, k) || most > b * (n_max - 1) ||
         (massb.len != 0 && massb.len != b * (Py_ssize_t)sizeof(double)) ||
-        ctxb.len != b * (Py_ssize_t)sizeof(double) || priceb.len != 28 * sizeof(double)) {
+        ctxb.len != b * (Py_ssize_t)sizeof(int64_t) || priceb.len != 28 * sizeof(double) ||
+        bucket < 1 || at0b.len != slopeb.len || at0b.len % (2 * (Py_ssize_t)sizeof(double))) {
         PyErr_SetString(PyExc_ValueError, "paper: inconsistent sizes");
         goto done;
     }
     if (total > most) total = most;
     {
         const double *p = (const double *)probs.buf, *mass = (const double *)massb.buf;
-        const double *c = (const double *)ctxb.buf, *pr = (const double *)priceb.buf;
+        const double *pr = (const double *)priceb.buf;
         if (massb.len == 0) { /* _lattice_mass: (1 + Σ_d Π_{e<=d} Σ_j p[e, j]) (1 + 1e-9) */
             own_mass = malloc((size_t)(b + depth) * sizeof(double));
             if (!own_mass) {
@@ -170,10 +179,45 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
         start = malloc((size_t)(b + 1) * sizeof(int64_t));
         built = malloc((size_t)b * sizeof(double));
         priced = malloc((size_t)b * sizeof(int64_t)); /* nodes per request in priced passes */
-        if (!count || !cap || !alloc || !held || !start || !built || !priced) {
+        c = malloc((size_t)b * sizeof(double));
+        if (!count || !cap || !alloc || !held || !start || !built || !priced || !c) {
             PyErr_NoMemory();
             goto done;
         }
+        /* the contexts rounded up to the bucket, -(-c // bucket) * bucket, whole numbers
+           below 2^53 (else, or a context < 0, the Python loop: status -3 below), and their
+           sum, what numpy's int64 sum gives; T_draft at that sum as DrafterPricer.total_s
+           prices it (drafter_s() plus the launch; 0 without a line), T_draft + T_aux */
+        int64_t context_sum = 0;
+        int contexts_ok = 1;
+        const int64_t *raw = (const int64_t *)ctxb.buf;
+        for (Py_ssize_t r = 0; r < b; r++) {
+            int64_t v = raw[r];
+            if (v < 0 || v > (int64_t)(EXACT / 2) || context_sum > (int64_t)(EXACT / 2)) {
+                contexts_ok = 0;
+                c[r] = 0.0;
+                continue;
+            }
+            int64_t q = (v + (int64_t)bucket - 1) / (int64_t)bucket * (int64_t)bucket;
+            c[r] = (double)q;
+            context_sum += q;
+        }
+        double draft = 0.0;
+        Py_ssize_t n_ops = at0b.len / (2 * (Py_ssize_t)sizeof(double));
+        if (n_ops > 0) {
+            const double *a0 = (const double *)at0b.buf, *sl = (const double *)slopeb.buf;
+            double cs = (double)context_sum;
+            double *ops = malloc((size_t)n_ops * sizeof(double));
+            if (!ops) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            for (Py_ssize_t i = 0; i < n_ops; i++)
+                ops[i] = nmax(a0[i] + cs * sl[i], a0[n_ops + i] + cs * sl[n_ops + i]);
+            draft = bf_pairwise(ops, n_ops) + launch;
+            free(ops);
+        }
+        double prep = pr[23];
         /* joint_shapes: the roots' pairs Σ (c + 1), the smallest context */
         double pairs0 = 0.0, c_min = c[0];
         for (Py_ssize_t r = 0; r < b; r++) {
@@ -181,13 +225,15 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
             if (c[r] < c_min) c_min = c[r];
             cap[r] = n_max;
         }
-        double fixed = pr[23], ar = 0.0, compute, memory;
+        double fixed = draft + prep, ar = 0.0, compute, memory;
         int status = 0, more = 0;
         Py_ssize_t m = 0, chosen = 0;
-        for (Py_ssize_t r = 0; r < b; r++)
-            if (!(c[r] >= 0.0 && c[r] == floor(c[r]))) status = -3;
-        if (status || !exact(pr, (double)b, pairs0, pairs0)) {
+        if (!contexts_ok || !exact(pr, (double)b, pairs0, pairs0)) {
             status = -3;
+            goto answer;
+        }
+        if (!(isfinite(draft) && draft >= 0.0 && isfinite(prep) && prep >= 0.0)) {
+            status = -1; /* (joint_pricing's check: the Python loop prices and raises) */
             goto answer;
         }
         seconds(pr, (double)b, pairs0, pairs0, 0.0, &compute, &memory);
@@ -343,6 +389,7 @@ done:
     free(built);
     free(own);
     free(pj);
+    free(c);
     free(priced);
     free(g_req);
     free(g_pos);
@@ -358,6 +405,8 @@ done:
     PyBuffer_Release(&massb);
     PyBuffer_Release(&ctxb);
     PyBuffer_Release(&priceb);
+    PyBuffer_Release(&at0b);
+    PyBuffer_Release(&slopeb);
     return result;
 }
 

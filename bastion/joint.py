@@ -433,10 +433,10 @@ def _choose_paper_compiled(
     b, depth, k = probs.shape
     n_max = _check_int(n_max, "n_max")
     initial = _check_int(initial_budget, "initial_budget")
-    priced = joint_pricing(cost_model, ctx) if ctx.shape == (b,) and ctx.min() >= 0 else None
+    priced = joint_pricing(cost_model, b) if ctx.shape == (b,) else None
     if priced is None:
         return None
-    price, buckets = priced
+    price, bucket, draft_at0, draft_slope, draft_launch = priced
     most = b * (n_max - 1)
     out = _compiled.paper(
         np.ascontiguousarray(probs, np.float64),
@@ -447,8 +447,12 @@ def _choose_paper_compiled(
         min(b * (min(initial, n_max) - 1), most),
         most,
         b"",  # the lattice masses: computed by the kernel
-        buckets,
+        np.ascontiguousarray(ctx, np.int64),  # (a context < 0: status -3, the Python loop)
         price,
+        bucket,
+        draft_at0,
+        draft_slope,
+        draft_launch,
     )
     status, chosen, _more, exhausted, par, dep, rnk, sco, tok, off, a_hat, c_hat, s_hat, ar = out
     if status != 0:

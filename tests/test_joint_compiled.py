@@ -122,3 +122,31 @@ def test_compiled_joint_budget_prices_the_all_reduces_as_python(
         fast = joint._choose_paper_compiled(m, cm, ctx, n_max, start)
         assert fast is not None
         assert _same(fast, _reference(m, cm, ctx, n_max, start))
+
+
+@needs_kernel
+@pytest.mark.parametrize("bucket", [1, 7, 64])
+@pytest.mark.parametrize("drafter", [True, False])
+def test_the_kernel_buckets_the_contexts_and_prices_the_drafter_itself(
+    bucket: int, drafter: bool
+) -> None:
+    """``paper()`` takes the raw contexts and the drafter pass's line: the contexts rounded up
+    to any bucket (multiples and not), T_draft at their sum, or none without a drafter — the
+    same trees and diagnostics as the Python loop on ``joint_cost_curve``; a context below 0
+    leaves the step to the Python loop."""
+    cm = _model("qwen3-8b", "static")
+    cm.context_bucket = bucket
+    if not drafter:
+        cm.drafter, cm._drafter = None, None
+    cm.prep_s = 3e-4
+    rng = np.random.default_rng(bucket + 10 * drafter)
+    for _ in range(6):
+        b = int(rng.integers(2, 24))
+        m = _step(rng, b)
+        ctx = rng.integers(0, 9000, b).astype(np.int64)
+        ctx[0] = bucket * int(rng.integers(0, 50))  # one on a bucket's edge
+        fast = joint._choose_paper_compiled(m, cm, ctx, 64, 12)
+        assert fast is not None
+        assert _same(fast, _reference(m, cm, ctx, 64, 12))
+    ctx[1] = -1
+    assert joint._choose_paper_compiled(m, cm, ctx, 64, 12) is None

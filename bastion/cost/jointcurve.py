@@ -234,28 +234,26 @@ def growth_bound(
     return max(step, 0.0)
 
 
-def joint_pricing(model: Any, contexts: npt.NDArray[np.int64]) -> tuple[Array, Array] | None:
-    """The 28 numbers ``paper()`` prices a :class:`~bastion.cost.costmodel.RooflineCostModel`'s
-    joint curve from (see ``_bestfirst_paper.c``), for a step of requests with ``contexts``:
-    what :func:`joint_seconds` and :func:`growth_bound` read in the calibrated modes (static,
+def joint_pricing(model: Any, b: int) -> tuple[Array, int, Any, Any, float] | None:
+    """What ``paper()`` prices a :class:`~bastion.cost.costmodel.RooflineCostModel`'s joint
+    curve from (see ``_bestfirst_paper.c``) for a step of ``b`` requests: the 28 numbers
+    :func:`joint_seconds` and :func:`growth_bound` read in the calibrated modes (static,
     ema+calib) of a dense target, where every count is a whole number, tensor parallelism's
-    all-reduces included; and the contexts rounded up to the model's bucket (float64), which
-    ``paper()`` also reads. None where the model is not such a model, and the caller prices
-    the curve as the model does."""
+    all-reduces included, with T_aux at 23 (read-only, kept on the model); the model's context
+    bucket, to which the kernel rounds the contexts up; and the drafter pass's line for ``b``
+    requests (:meth:`~bastion.cost.drafterpass.DrafterPricer.line`: its operators' seconds at
+    Σc = 0, their change per context token, its launch seconds — empty without a drafter),
+    from which the kernel prices T_draft at the bucketed contexts' sum as ``joint_cost_curve``
+    does. None where the model is not such a model, and the caller prices the curve as the
+    model does."""
     fixed = _joint_fixed(model)  # (None unless calibrated_dense(model))
-    if fixed is None:
+    step = model.context_bucket if fixed is not None else None
+    if type(step) is not int or step < 1:
         return None
-    step = model.context_bucket
-    bucketed = -(-np.asarray(contexts, np.int64) // step) * step
-    draft = 0.0
-    if model.drafter is not None:  # as joint_cost_curve
-        draft = model._drafter_pricer().total_s(contexts.shape[0], float(bucketed.sum()))
-    prep = model.prep_s
-    if not (math.isfinite(draft) and draft >= 0 and math.isfinite(prep) and prep >= 0):
-        return None
-    price = fixed.copy()
-    price[23] = draft + prep
-    return price, bucketed.astype(np.float64)
+    if model.drafter is None:  # no drafter pass: T_draft is 0
+        return fixed, step, b"", b"", 0.0
+    at0, slope, launch = model._drafter_pricer().line(b)
+    return fixed, step, at0, slope, launch
 
 
 def calibrated_dense(model: Any) -> bool:
@@ -269,8 +267,8 @@ def calibrated_dense(model: Any) -> bool:
 
 
 def _joint_fixed(model: Any) -> Array | None:
-    """:func:`joint_pricing`'s numbers but T_draft + T_aux (0 there), kept on the model per
-    correction, or None where the compiled pricing does not apply."""
+    """:func:`joint_pricing`'s 28 numbers, kept on the model per correction (and T_aux), or
+    None where the compiled pricing does not apply."""
     if not calibrated_dense(model):
         return None
     mode, cal = model.mode, model.calibration
@@ -299,11 +297,12 @@ def _joint_fixed(model: Any) -> Array | None:
             (
                 coefficients,
                 [cal.compute.alpha, cal.compute.beta, cal.memory.alpha, cal.memory.beta, gamma],
-                [0.0, 1.0 if no_growth else 0.0],
+                [float(model.prep_s), 1.0 if no_growth else 0.0],  # T_aux (paper() adds T_draft)
                 # tensor parallelism's all-reduces (as joint_seconds and growth_bound add them)
                 [1.0 if bare.has_comm else 0.0, bare.comm_const, bare.comm_slope],
             )
         ).astype(np.float64)
+        fixed.flags.writeable = False
         fixed = memo.put(("joint-pricing", stamp), fixed)
     return fixed
 
