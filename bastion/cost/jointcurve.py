@@ -13,7 +13,6 @@ affine pricers' coefficients (:func:`joint_seconds`), and :func:`growth_bound` p
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
