@@ -246,13 +246,15 @@ def joint_pricing(model: Any, b: int) -> tuple[Array, int, Any, Any, float] | No
     does. None where the model is not such a model, and the caller prices the curve as the
     model does."""
     fixed = _joint_fixed(model)  # (None unless calibrated_dense(model))
-    step = model.context_bucket if fixed is not None else None
+    if fixed is None:
+        return None
+    step = model.context_bucket
     if type(step) is not int or step < 1:
         return None
     if model.drafter is None:  # no drafter pass: T_draft is 0
         return fixed, step, b"", b"", 0.0
     at0, slope, launch = model._drafter_pricer().line(b)
-    return fixed, step, at0, slope, launch
+    return fixed, step, at0, slope, float(launch)
 
 
 def calibrated_dense(model: Any) -> bool:
