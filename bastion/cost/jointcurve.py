@@ -249,8 +249,9 @@ def joint_pricing(model: Any, b: int) -> tuple[Array, int, Any, Any, float] | No
     if fixed is None:
         return None
     step = model.context_bucket
-    if type(step) is not int or step < 1:
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 1:
         return None
+    step = int(step)
     if model.drafter is None:  # no drafter pass: T_draft is 0
         return fixed, step, b"", b"", 0.0
     at0, slope, launch = model._drafter_pricer().line(b)
