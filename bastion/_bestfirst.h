@@ -102,6 +102,12 @@ BF_PRIVATE Py_ssize_t bf_forest_grow(const double *p, Py_ssize_t b, Py_ssize_t d
                                     int64_t *g_pos, int64_t *g_par, int64_t *g_dep,
                                     int64_t *g_rnk, double *g_sco, int *more,
                                     Py_ssize_t *hn_io, Py_ssize_t added);
+BF_PRIVATE int bf_joint_buffers(Py_ssize_t b, Py_ssize_t m, Py_ssize_t chosen,
+                                const int64_t *alloc, const int64_t *g_req, const int64_t *g_pos,
+                                const int64_t *g_par, const int64_t *g_dep, const int64_t *g_rnk,
+                                const double *g_sco, const int64_t *tid, Py_ssize_t depth,
+                                Py_ssize_t k, const double *a_hat, const double *c_hat,
+                                const double *s_hat, PyObject **ints, PyObject **floats);
 BF_PRIVATE void bf_forest_scatter(Py_ssize_t b, Py_ssize_t m, const int64_t *keep,
                                   const int64_t *g_req, const int64_t *g_pos,
                                   const int64_t *g_par, const int64_t *g_dep,

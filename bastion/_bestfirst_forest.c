@@ -267,3 +267,32 @@ done:
     if (ids.buf) PyBuffer_Release(&ids);
     return result;
 }
+
+/* The joint kernels' answer (joint(), paper()) in two buffers: int64 [offsets (B + 1), parents,
+   tokens, depths, ranks (n each)] and float64 [scores (n), Â, Ĉ, Ŝ (m + 1 each)], n = B +
+   chosen nodes kept (each request's first alloc[r] - 1 added ones, as forest_scatter writes
+   them). 0, or -1 with an exception set. */
+int bf_joint_buffers(Py_ssize_t b, Py_ssize_t m, Py_ssize_t chosen, const int64_t *alloc,
+                     const int64_t *g_req, const int64_t *g_pos, const int64_t *g_par,
+                     const int64_t *g_dep, const int64_t *g_rnk, const double *g_sco,
+                     const int64_t *tid, Py_ssize_t depth, Py_ssize_t k, const double *a_hat,
+                     const double *c_hat, const double *s_hat, PyObject **ints,
+                     PyObject **floats) {
+    Py_ssize_t n = b + chosen, i8 = sizeof(int64_t), f8 = sizeof(double);
+    *ints = PyBytes_FromStringAndSize(NULL, (b + 1 + 4 * n) * i8);
+    *floats = PyBytes_FromStringAndSize(NULL, (n + 3 * (m + 1)) * f8);
+    if (!*ints || !*floats) {
+        Py_CLEAR(*ints);
+        Py_CLEAR(*floats);
+        return -1;
+    }
+    int64_t *off = (int64_t *)PyBytes_AS_STRING(*ints);
+    int64_t *par = off + b + 1, *tok = par + n, *dep = tok + n, *rnk = dep + n;
+    double *sco = (double *)PyBytes_AS_STRING(*floats);
+    bf_forest_scatter(b, m, alloc, g_req, g_pos, g_par, g_dep, g_rnk, g_sco, tid, depth, k, off,
+                      par, dep, rnk, sco, tok);
+    memcpy(sco + n, a_hat, (size_t)(m + 1) * sizeof(double));
+    memcpy(sco + n + m + 1, c_hat, (size_t)(m + 1) * sizeof(double));
+    memcpy(sco + n + 2 * (m + 1), s_hat, (size_t)(m + 1) * sizeof(double));
+    return 0;
+}

@@ -2,8 +2,10 @@
  * The learning controller's joint budget in one call: joint(), on forest()'s merged chain.
  *
  * joint(probs, token_ids, depth, k, n_max, total, most, mass, cells, best_above, ar)
- *     -> (status, chosen, more, exhausted, parents, depths, ranks, scores, tokens, offsets,
- *         a_hat, c_hat, s_hat)
+ *     -> (status, chosen, more, exhausted, ints, floats, m)
+ *   ints, floats: the trees and the curve priced (bf_joint_buffers, _bestfirst_forest.c:
+ *   int64 offsets, parents, tokens, depths, ranks; float64 scores, Â, Ĉ, Ŝ of the m + 1
+ *   passes priced); None where status != 0
  *
  * bastion.joint.choose_joint_batch in mode "auto" (the bounded argmax) on the learning
  * controller's stepped decision curve (bastion.learned.LearnedCostModel.joint_decision_curve),
@@ -186,9 +188,8 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
             total = bf_regrown(total, growth, b, most); /* bastion.joint._regrown */
         }
         if (status != 0) {
-            result = Py_BuildValue("(innnOOOOOOOOO)", status, (Py_ssize_t)0, (Py_ssize_t)0,
-                                   (Py_ssize_t)0, Py_None, Py_None, Py_None, Py_None, Py_None,
-                                   Py_None, Py_None, Py_None, Py_None);
+            result = Py_BuildValue("(innnOOn)", status, (Py_ssize_t)0, (Py_ssize_t)0,
+                                   (Py_ssize_t)0, Py_None, Py_None, (Py_ssize_t)0);
             goto done;
         }
         int exhausted = !more;
@@ -197,28 +198,12 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
             if (count[r] >= n_max) exhausted = 0;
         }
         for (Py_ssize_t j = 0; j < chosen; j++) alloc[g_req[j]]++;
-        Py_ssize_t n = b + chosen, i8 = sizeof(int64_t), f8 = sizeof(double);
-        PyObject *o[6] = {PyBytes_FromStringAndSize(NULL, n * i8),
-                          PyBytes_FromStringAndSize(NULL, n * i8),
-                          PyBytes_FromStringAndSize(NULL, n * i8),
-                          PyBytes_FromStringAndSize(NULL, n * f8),
-                          PyBytes_FromStringAndSize(NULL, n * i8),
-                          PyBytes_FromStringAndSize(NULL, (b + 1) * i8)};
-        if (!o[0] || !o[1] || !o[2] || !o[3] || !o[4] || !o[5]) {
-            for (int i = 0; i < 6; i++) Py_XDECREF(o[i]);
+        PyObject *ints, *floats;
+        if (bf_joint_buffers(b, m, chosen, alloc, g_req, g_pos, g_par, g_dep, g_rnk, g_sco, tid,
+                             depth, k, a_hat, c_hat, s_hat, &ints, &floats))
             goto done;
-        }
-        int64_t *par = (int64_t *)PyBytes_AS_STRING(o[0]), *dep = (int64_t *)PyBytes_AS_STRING(o[1]);
-        int64_t *rnk = (int64_t *)PyBytes_AS_STRING(o[2]), *tok = (int64_t *)PyBytes_AS_STRING(o[4]);
-        double *sco = (double *)PyBytes_AS_STRING(o[3]);
-        int64_t *off = (int64_t *)PyBytes_AS_STRING(o[5]);
-        /* each request's first alloc - 1 added nodes */
-        bf_forest_scatter(b, m, alloc, g_req, g_pos, g_par, g_dep, g_rnk, g_sco, tid, depth, k, off,
-                          par, dep, rnk, sco, tok);
-        result = Py_BuildValue("(innnNNNNNNy#y#y#)", 0, chosen, (Py_ssize_t)more,
-                               (Py_ssize_t)exhausted, o[0], o[1], o[2], o[3], o[4], o[5],
-                               (char *)a_hat, (m + 1) * f8, (char *)c_hat, (m + 1) * f8,
-                               (char *)s_hat, (m + 1) * f8);
+        result = Py_BuildValue("(innnNNn)", 0, chosen, (Py_ssize_t)more, (Py_ssize_t)exhausted,
+                               ints, floats, m);
     }
 done:
     free(own_mass);

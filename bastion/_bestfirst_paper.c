@@ -4,8 +4,8 @@
  *
  * paper(probs, token_ids, depth, k, n_max, total, most, mass, contexts, price, bucket,
  *       draft_at0, draft_slope, draft_launch)
- *     -> (status, chosen, more, exhausted, parents, depths, ranks, scores, tokens, offsets,
- *         a_hat, c_hat, s_hat, L_AR)   (as joint()'s, _bestfirst_joint.c, and the L_AR priced)
+ *     -> (status, chosen, more, exhausted, ints, floats, m, L_AR)   (as joint()'s,
+ *         _bestfirst_joint.c, and the L_AR priced)
  *
  * bastion.joint.choose_joint_batch in mode "auto" with the curve
  * RooflineCostModel.joint_cost_curve prices in its calibrated modes (static, ema+calib) for a
@@ -347,9 +347,8 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
         }
     answer:
         if (status != 0) {
-            result = Py_BuildValue("(innnOOOOOOOOOd)", status, (Py_ssize_t)0, (Py_ssize_t)0,
-                                   (Py_ssize_t)0, Py_None, Py_None, Py_None, Py_None, Py_None,
-                                   Py_None, Py_None, Py_None, Py_None, 0.0);
+            result = Py_BuildValue("(innnOOnd)", status, (Py_ssize_t)0, (Py_ssize_t)0,
+                                   (Py_ssize_t)0, Py_None, Py_None, (Py_ssize_t)0, 0.0);
             goto done;
         }
         int exhausted = !more;
@@ -358,25 +357,12 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
             if (count[r] >= n_max) exhausted = 0;
         }
         for (Py_ssize_t j = 0; j < chosen; j++) alloc[g_req[j]]++;
-        Py_ssize_t n = b + chosen, i8 = sizeof(int64_t), f8 = sizeof(double);
-        PyObject *o[6] = {PyBytes_FromStringAndSize(NULL, n * i8),
-                          PyBytes_FromStringAndSize(NULL, n * i8),
-                          PyBytes_FromStringAndSize(NULL, n * i8),
-                          PyBytes_FromStringAndSize(NULL, n * f8),
-                          PyBytes_FromStringAndSize(NULL, n * i8),
-                          PyBytes_FromStringAndSize(NULL, (b + 1) * i8)};
-        if (!o[0] || !o[1] || !o[2] || !o[3] || !o[4] || !o[5]) {
-            for (int i = 0; i < 6; i++) Py_XDECREF(o[i]);
+        PyObject *ints, *floats;
+        if (bf_joint_buffers(b, m, chosen, alloc, g_req, g_pos, g_par, g_dep, g_rnk, g_sco, tid,
+                             depth, k, a_hat, c_hat, s_hat, &ints, &floats))
             goto done;
-        }
-        bf_forest_scatter(b, m, alloc, g_req, g_pos, g_par, g_dep, g_rnk, g_sco, tid, depth, k,
-                          (int64_t *)PyBytes_AS_STRING(o[5]), (int64_t *)PyBytes_AS_STRING(o[0]),
-                          (int64_t *)PyBytes_AS_STRING(o[1]), (int64_t *)PyBytes_AS_STRING(o[2]),
-                          (double *)PyBytes_AS_STRING(o[3]), (int64_t *)PyBytes_AS_STRING(o[4]));
-        result = Py_BuildValue("(innnNNNNNNy#y#y#d)", 0, chosen, (Py_ssize_t)more,
-                               (Py_ssize_t)exhausted, o[0], o[1], o[2], o[3], o[4], o[5],
-                               (char *)a_hat, (m + 1) * f8, (char *)c_hat, (m + 1) * f8,
-                               (char *)s_hat, (m + 1) * f8, ar);
+        result = Py_BuildValue("(innnNNnd)", 0, chosen, (Py_ssize_t)more, (Py_ssize_t)exhausted,
+                               ints, floats, m, ar);
     }
 done:
     free(own_mass);

@@ -268,11 +268,10 @@ def _choose_joint_compiled(
         np.ascontiguousarray(best_above, np.float64),
         float(ar),
     )
-    status, chosen, _more, exhausted, par, dep, rnk, sco, tok, off, a_hat, c_hat, s_hat = out
+    status, chosen, _more, exhausted, ints, floats, m = out
     if status != 0:
         return None
-    curve = (a_hat, c_hat, s_hat)
-    return joint_result(b, n_max, chosen, exhausted, (off, par, tok, dep, sco, rnk), curve, ar)
+    return joint_result(b, n_max, chosen, exhausted, ints, floats, m, ar)
 
 
 def _chain_cut(top1: FloatArray) -> FloatArray:

@@ -55,7 +55,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from bastion.batch import BatchMarginals, TreeBatch, tree_batch_from_buffers
+from bastion.batch import BatchMarginals, TreeBatch
 from bastion.bestfirst import best_first_forest
 from bastion.budget import ControllerMode, Rule, first_decrease
 from bastion.cost.jointcurve import joint_pricing
@@ -131,6 +131,7 @@ class JointDiagnostics:
 
 
 _joint_diagnostics = trusted_init(JointDiagnostics)  # every compiled joint step's
+_kernel_trees = trusted_init(TreeBatch)  # a compiled joint step's trees, over its buffers
 
 
 @public(scores=each(array(1, lo=0.0, nonempty=True)))
@@ -454,11 +455,10 @@ def _choose_paper_compiled(
         draft_slope,
         draft_launch,
     )
-    status, chosen, _more, exhausted, par, dep, rnk, sco, tok, off, a_hat, c_hat, s_hat, ar = out
+    status, chosen, _more, exhausted, ints, floats, m, ar = out
     if status != 0:
         return None
-    curve = (a_hat, c_hat, s_hat)
-    return joint_result(b, n_max, chosen, exhausted, (off, par, tok, dep, sco, rnk), curve, ar)
+    return joint_result(b, n_max, chosen, exhausted, ints, floats, m, ar)
 
 
 def joint_result(
@@ -466,24 +466,34 @@ def joint_result(
     n_max: int,
     chosen: int,
     exhausted: bool,
-    tree: tuple[bytes, ...],
-    curve: tuple[bytes, bytes, bytes],
+    ints: bytes,
+    floats: bytes,
+    m: int,
     ar: float,
 ) -> tuple[TreeBatch, JointDiagnostics]:
-    """A compiled joint budget's answer as :func:`choose_joint_batch`'s: the trees over its
-    buffers (``tree``: offsets, parents, tokens, depths, scores, ranks) and the diagnostics of
-    the bounded rule (``curve``: Â, Ĉ and Ŝ of the last chain). Internal: shared by the joint
-    kernels' callers."""
-    trees = tree_batch_from_buffers(*tree)
+    """A compiled joint budget's answer as :func:`choose_joint_batch`'s: the trees and the
+    diagnostics of the bounded rule over the kernel's two buffers (``ints``: int64 offsets,
+    parents, tokens, depths, ranks; ``floats``: float64 scores, then Â, Ĉ and Ŝ of the m + 1
+    passes priced; views, no copies). Internal: shared by the joint kernels' callers."""
+    n, e = b + chosen, b + 1
+    iv = np.frombuffer(ints, np.int64)
+    fv = np.frombuffer(floats, np.float64)
+    trees = _kernel_trees(
+        iv[:e],
+        iv[e : e + n],
+        iv[e + n : e + 2 * n],
+        iv[e + 2 * n : e + 3 * n],
+        fv[:n],
+        iv[e + 3 * n :],
+    )
     sizes = tuple(trees.sizes.tolist())
-    frombuffer = np.frombuffer
     diag = _joint_diagnostics(
         sizes,
-        b + int(chosen),
+        n,
         "bounded",
-        frombuffer(curve[0], np.float64),
-        frombuffer(curve[1], np.float64),
-        frombuffer(curve[2], np.float64),
+        fv[n : n + m + 1],
+        fv[n + m + 1 : n + 2 * m + 2],
+        fv[n + 2 * m + 2 :],
         float(ar),
         bool(exhausted),
         n_max in sizes,
