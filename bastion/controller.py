@@ -411,9 +411,9 @@ class LearningPolicy:
             chain_cut = _chain_cut(top1)
             # the last trees' mean, rounded down (integer division: np.mean's floor, cheaper;
             # sizes are ≥ 0, and 0 — no tree yet — adds nothing to the sum)
-            last = req.previous_tree_sizes
-            known = int(np.count_nonzero(last))
-            start = max(8, 3 * (int(np.add.reduce(last)) // known) // 2) if known else 64
+            last = req.previous_tree_sizes.tolist()  # (Python ints: cheaper for a few)
+            known = len(last) - last.count(0)
+            start = max(8, 3 * (sum(last) // known) // 2) if known else 64
             fast = None
             if _kernel is not None:  # the hot path: the same loop, compiled
                 fast = _choose_joint_compiled(cal, learner, contexts, self.n_max, start, riding)
