@@ -268,10 +268,7 @@ def _choose_joint_compiled(
         np.ascontiguousarray(best_above, np.float64),
         float(ar),
     )
-    status, chosen, _more, exhausted, ints, floats, m = out
-    if status != 0:
-        return None
-    return joint_result(b, n_max, chosen, exhausted, ints, floats, m, ar)
+    return joint_result(b, n_max, out, ar) if out[0] == 0 else None
 
 
 def _chain_cut(top1: FloatArray) -> FloatArray:

@@ -50,7 +50,7 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -228,14 +228,10 @@ GROWTH_MIN = 1.25  # the least a bounded round regrows the chain by (see _growth
 
 
 def _growth(c_hat: FloatArray, c_needed: float) -> float:
-    """How much to grow the chain so that it reaches Ĉ = ``c_needed`` (1.25 … 8×).
-
-    Only a speed heuristic (the stop rule decides the answer, and the trees do not depend on
-    where a round stops): extrapolates Ĉ linearly from the last half of the priced chain and
-    grows to that length, at least :data:`GROWTH_MIN` times (a round has a fixed cost), at
-    most 8 times. A whole factor (2 at least) overshot: the proof needs ≈ 2× the chosen
-    total, and doubling past it grew ≈ 1.4× more than needed (docs/benchmarks.md, round 8).
-    """
+    """How much to grow the chain so that it reaches Ĉ = ``c_needed``: a speed heuristic (the
+    trees do not depend on where a round stops). Ĉ extrapolated linearly from the chain's last
+    half; at least :data:`GROWTH_MIN` (a round has a fixed cost), at most 8 — a fraction: a
+    whole factor ≥ 2 overshot the ≈ 2× of the chosen total the proof needs."""
     v = c_hat.shape[0] - 1
     if v < 2:
         return 2.0
@@ -455,48 +451,25 @@ def _choose_paper_compiled(
         draft_slope,
         draft_launch,
     )
-    status, chosen, _more, exhausted, ints, floats, m, ar = out
-    if status != 0:
-        return None
-    return joint_result(b, n_max, chosen, exhausted, ints, floats, m, ar)
+    return joint_result(b, n_max, out, out[7]) if out[0] == 0 else None
 
 
 def joint_result(
-    b: int,
-    n_max: int,
-    chosen: int,
-    exhausted: bool,
-    ints: bytes,
-    floats: bytes,
-    m: int,
-    ar: float,
+    b: int, n_max: int, out: tuple[Any, ...], ar: float
 ) -> tuple[TreeBatch, JointDiagnostics]:
-    """A compiled joint budget's answer as :func:`choose_joint_batch`'s: the trees and the
-    diagnostics of the bounded rule over the kernel's two buffers (``ints``: int64 offsets,
-    parents, tokens, depths, ranks; ``floats``: float64 scores, then Â, Ĉ and Ŝ of the m + 1
-    passes priced; views, no copies). Internal: shared by the joint kernels' callers."""
-    n, e = b + chosen, b + 1
-    iv = np.frombuffer(ints, np.int64)
-    fv = np.frombuffer(floats, np.float64)
-    trees = _kernel_trees(
-        iv[:e],
-        iv[e : e + n],
-        iv[e + n : e + 2 * n],
-        iv[e + 2 * n : e + 3 * n],
-        fv[:n],
-        iv[e + 3 * n :],
-    )
+    """A compiled joint budget's answer (``out``: joint()'s or paper()'s, status 0) as
+    :func:`choose_joint_batch`'s: the trees and the diagnostics of the bounded rule, views of
+    its two buffers (int64 offsets, parents, tokens, depths, ranks; float64 scores, then Â, Ĉ
+    and Ŝ of the m + 1 passes priced). Internal: shared by the joint kernels' callers."""
+    chosen, exhausted, m = out[1], out[3], out[6]
+    n, a = b + chosen, m + 1
+    iv, fv = np.frombuffer(out[4], np.int64), np.frombuffer(out[5], np.float64)
+    t, c = iv[b + 1 :], fv[n:]  # the nodes' int64 arrays, the curves
+    trees = _kernel_trees(iv[: b + 1], t[:n], t[n : 2 * n], t[2 * n : 3 * n], fv[:n], t[3 * n :])
     sizes = tuple(trees.sizes.tolist())
+    capped = n_max in sizes
     diag = _joint_diagnostics(
-        sizes,
-        n,
-        "bounded",
-        fv[n : n + m + 1],
-        fv[n + m + 1 : n + 2 * m + 2],
-        fv[n + 2 * m + 2 :],
-        float(ar),
-        bool(exhausted),
-        n_max in sizes,
+        sizes, n, "bounded", c[:a], c[a : 2 * a], c[2 * a :], float(ar), bool(exhausted), capped
     )
     return trees, diag
 

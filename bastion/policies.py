@@ -381,16 +381,12 @@ class AdaptivePolicy:
             fast = choose_per_request(self, marginals, context) if req.size > 1 else None
             return fast or PerRequestPolicy(self).choose_batch(marginals, context)
         start = self.initial_budget
-        # the last sizes as Python ints (≥ 0; 0: no tree yet, adding nothing to the sum; a
-        # list's sum and count of zeros cost half numpy's two calls on a step's few values)
-        last = req.previous_tree_sizes.tolist()
+        last = req.previous_tree_sizes.tolist()  # (≥ 0; 0: no tree yet, adding nothing)
         known = len(last) - last.count(0)
-        if known:  # begin near the last choices (per request): fewer growth rounds
-            # (1.5× their mean: the stop rule's proof needs ≈ 2× the chosen total, which the
-            # 1.25–8× regrowth then reaches without overshooting far; 3× settled in one round
-            # but grew ≈ 1.4× more; the trees are the same whatever the start, the stop rule's
-            # bound being exact; the mean rounded down by integer division, what
-            # int(np.mean) gives, cheaper)
+        if known:  # begin near the last choices (per request): fewer growth rounds (1.5× their
+            # mean, rounded down as int(np.mean): the proof needs ≈ 2× the chosen total, which
+            # the 1.25–8× regrowth then reaches; 3× settled in one round but grew ≈ 1.4× more;
+            # the trees are the same whatever the start, the stop rule's bound being exact)
             start = max(8, 3 * (sum(last) // known) // 2)
         trees, diag = _joint_priced()(
             marginals,
