@@ -139,7 +139,6 @@ class SyntheticSource:
         if not np.all(self._law_rows >= 0):
             self._law_max = np.full(w.depth, math.inf)
         self._bank_size = bank_size
-        self._ids = np.broadcast_to(np.arange(w.k, dtype=np.int64), (1, w.depth, w.k))
         self._slots = 0
         # the compiled path keeps each block's draws and computes a step when it is drafted;
         # the numpy path computes the block's marginals and target tokens when it is drawn
@@ -165,7 +164,7 @@ class SyntheticSource:
         self._top1 = np.empty((0, w.depth))
         self._rngs: list[np.random.Generator | None] = []
         self._lengths_rng: np.random.Generator | None = None  # re-seeded per request (lengths)
-        self._id_views: dict[int, IntArray] = {}  # read-only [B, D, K] rank ids (see _rank_ids)
+        self._id_views: dict[int, IntArray] = {}  # read-only [B, D, K] rank ids (_rank_ids)
 
     # -- slots ----------------------------------------------------------------------------------
 
@@ -289,7 +288,7 @@ class SyntheticSource:
             target = self._target.reshape(-1, w.depth + 1).take(rows, axis=0)
         ids = self._id_views.get(rows.shape[0])
         if ids is None:
-            ids = self._rank_ids(rows.shape[0])
+            ids = self._id_views[rows.shape[0]] = _rank_ids(rows.shape[0], w.depth, w.k)
         return _batch_marginals(ids, probs), target
 
     def _advance(self, slots: IntArray) -> IntArray:
@@ -323,15 +322,17 @@ class SyntheticSource:
         self._cursor[slots] = cursor + 1
         return slots * block + cursor
 
-    def _rank_ids(self, b: int) -> IntArray:
-        """The token ids of a step of ``b`` requests, [B, D, K]: every row's ranks 0 … K − 1.
-        A C-contiguous read-only array kept per batch size, not a broadcast view: the
-        controller's compiled calls need contiguous ids, and copying a view every step
-        (≈ 60 KB at B = 32) cost more than keeping one array per batch size."""
-        ids = np.ascontiguousarray(np.broadcast_to(self._ids, (b, *self._ids.shape[1:])))
-        ids.flags.writeable = False
-        self._id_views[b] = ids
-        return ids
+
+@functools.lru_cache(maxsize=40)  # (≤ 40 shapes: at B = 256 one is ≈ 0.5 MB)
+def _rank_ids(b: int, depth: int, k: int) -> IntArray:
+    """The token ids of a step of ``b`` requests, [B, D, K]: every row's ranks 0 … K − 1.
+    A C-contiguous read-only array kept per shape and shared by every source (a serve's batch
+    sizes come and go; each source building its own cost ≈ 1 µs a step at C = 32), not a
+    broadcast view: the controller's compiled calls need contiguous ids, and copying a view
+    every step (≈ 60 KB at B = 32) cost more than keeping one array per batch size."""
+    ids = np.ascontiguousarray(np.broadcast_to(np.arange(k, dtype=np.int64), (b, depth, k)))
+    ids.flags.writeable = False
+    return ids
 
 
 def bank_rows(rng: np.random.Generator, size: int, shape: tuple[int, int]) -> npt.NDArray[np.int64]:

@@ -121,3 +121,18 @@ def test_the_compiled_advance_is_the_numpy_one(monkeypatch: pytest.MonkeyPatch) 
         assert np.array_equal(compiled._u[:4], reference._u[:4])  # the same blocks drawn
     with pytest.raises(ValueError, match="out of range"):
         synthetic._advance(compiled._cursor, np.array([0, 99]), 3)
+
+
+def test_rank_ids_are_shared_read_only_ranks() -> None:
+    """A step's token ids are every row's ranks 0 … K − 1, one read-only array per batch shape
+    shared by every source (a write through one source's marginals would reach the others')."""
+    w = get_workload("math")
+    ids = []
+    for seed in (0, 1):
+        src = synthetic.SyntheticSource(w, seed)
+        for s in range(3):
+            src.admit(s, s)
+        ids.append(src.draft(np.arange(3), np.zeros(3, np.int64))[0].token_ids)
+    a, b = ids
+    assert a is b and not a.flags.writeable and a.flags.c_contiguous
+    assert np.array_equal(a, np.broadcast_to(np.arange(w.k), (3, w.depth, w.k)))
