@@ -30,8 +30,8 @@
  *   sums of a drafter pass and of a target pass); request(...): the paper's per-request
  *   rule at batch > 1, the same way (_bestfirst_request.c).
  *
- * blocks(...), sums(...): the simulated server's KV-cache block counts and the ground truth's
- *   sums over a step's requests (_bestfirst_kv.c).
+ * blocks(...), sums(...), commit(...): the simulated server's KV-cache block counts, the ground
+ *   truth's sums over a step's requests and a verified step's counts (_bestfirst_kv.c).
  *
  * forest(...), accept(...): the joint budget's merged chain and the simulator's acceptance walk
  *   over a batch of trees (see the comments opening _bestfirst_forest.c and above accept() in
@@ -51,7 +51,7 @@
  * _bestfirst_shaped.c (beam(), eagle()),
  * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words()), _bestfirst_paper.c (paper(),
  * joint_price(), drafter_s(), pass_sums()), _bestfirst_request.c
- * (request()), _bestfirst_kv.c (blocks(), sums()); _bestfirst.h declares what they share.
+ * (request()), _bestfirst_kv.c (blocks(), sums(), commit()); _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
 
@@ -91,6 +91,8 @@ static PyMethodDef methods[] = {
     {"request", bf_request, METH_VARARGS, "The per-request rule (_bestfirst_request.c)."},
     {"blocks", bf_kv_blocks, METH_VARARGS, "A sum of KV-cache block counts (_bestfirst_kv.c)."},
     {"sums", bf_sums, METH_VARARGS, "A step's pass sums for the ground truth (_bestfirst_kv.c)."},
+    {"commit", bf_commit, METH_VARARGS,
+     "A simulated verified step's context and generated counts updated (_bestfirst_kv.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -142,6 +142,7 @@ BF_PRIVATE PyObject *bf_joint_price(PyObject *self, PyObject *args); /* _bestfir
 BF_PRIVATE PyObject *bf_request(PyObject *self, PyObject *args);   /* _bestfirst_request.c */
 BF_PRIVATE PyObject *bf_kv_blocks(PyObject *self, PyObject *args); /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_sums(PyObject *self, PyObject *args);      /* _bestfirst_kv.c */
+BF_PRIVATE PyObject *bf_commit(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
 BF_PRIVATE extern const char bf_chunk_doc[];
 BF_PRIVATE extern const char bf_choose_doc[];
 

@@ -125,3 +125,45 @@ PyObject *bf_sums(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nLLLL)", n, (long long)s_sum, (long long)s_sq, (long long)k_sum,
                          (long long)s_k);
 }
+
+/* commit(context_len, generated, output_len, slots, committed) -> bool
+ *
+ * A verified step's bookkeeping (bastion.sim.backend.SimBatch.verify_batch), in place: for each
+ * listed slot s with committed c, context_len[s] += c and generated[s] = min(generated[s] + c,
+ * output_len[s]) — numpy's fancy-indexed updates for distinct slots (the caller's: one slot a
+ * request). False, changing nothing, unless all five are C-contiguous int64, the first three
+ * of one length (the first two writable), slots and committed of one length, every slot in
+ * range and no sum beyond int64: the caller's numpy path then runs. */
+PyObject *bf_commit(PyObject *self, PyObject *args) {
+    PyObject *objs[5];
+    if (!PyArg_ParseTuple(args, "OOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4]))
+        return NULL;
+    Py_buffer v[5];
+    int got = 0, ok = 1;
+    for (; got < 5; got++)
+        if (!int64_view(objs[got], &v[got])) {
+            ok = 0;
+            break;
+        }
+    Py_ssize_t n = ok ? v[0].len / 8 : 0, b = ok ? v[3].len / 8 : 0;
+    if (ok && (v[0].readonly || v[1].readonly || v[1].len != v[0].len || v[2].len != v[0].len ||
+               v[4].len != v[3].len))
+        ok = 0;
+    if (ok) {
+        int64_t *ctx = (int64_t *)v[0].buf, *gen = (int64_t *)v[1].buf;
+        const int64_t *out = (const int64_t *)v[2].buf, *slots = (const int64_t *)v[3].buf;
+        const int64_t *made = (const int64_t *)v[4].buf;
+        for (Py_ssize_t i = 0; i < b && ok; i++) {
+            int64_t s = slots[i], c = made[i];
+            if (s < 0 || s >= n || c < 0 || ctx[s] > INT64_MAX - c || gen[s] > INT64_MAX - c)
+                ok = 0;
+        }
+        for (Py_ssize_t i = 0; i < b && ok; i++) {
+            int64_t s = slots[i], c = made[i], g = gen[s] + c;
+            ctx[s] += c;
+            gen[s] = g < out[s] ? g : out[s];
+        }
+    }
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return PyBool_FromLong(ok);
+}

@@ -35,6 +35,12 @@ from bastion.fastinit import trusted_init
 from bastion.guard import array, integer, public
 from bastion.tree import DraftTree
 
+try:  # the optional compiled kernel (setup.py): a verified step's counts in one call
+    from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - exercised where no compiler is available
+    _kernel = None
+_commit = getattr(_kernel, "commit", None)
+
 _verified = trusted_init(BatchVerifyResult)  # a step's result, built without __init__
 
 __all__ = ["DraftSource", "SimBatch", "accepted_counts", "accepted_path"]
@@ -187,7 +193,9 @@ class SimBatch:
             slot, made = int(slots[0]), int(committed[0])
             self.context_len[slot] += made
             self.generated[slot] = min(int(self.generated[slot]) + made, int(self.output_len[slot]))
-        else:
+        elif _commit is None or not _commit(
+            self.context_len, self.generated, self.output_len, slots, committed
+        ):  # (compiled: the same integer updates in one call, tests/test_sim_core.py)
             self.context_len[slots] += committed
             wanted = self.output_len[slots]
             self.generated[slots] = np.minimum(self.generated[slots] + committed, wanted)

@@ -233,3 +233,42 @@ def test_target_tokens_follow_the_alignment_law() -> None:
     w = get_workload("chat")
     assert target_law_error(w, w.alignment) < 5.0
     assert target_law_error(w, w.alignment * 0.97) > 5.0
+
+
+def test_compiled_commit_is_the_numpy_update() -> None:
+    """A verified step's counts updated by the compiled ``commit`` as by numpy's fancy-indexed
+    updates (distinct slots), across outputs reached or not; anything it does not take (a
+    dtype, a read-only pool, a slot out of range, lengths that differ) changes nothing and
+    says so (the numpy path then runs)."""
+    from bastion.sim import backend
+
+    commit = backend._commit
+    if commit is None:
+        pytest.skip("built without the compiled kernel")
+    rng = np.random.default_rng(9)
+    for _ in range(200):
+        n = int(rng.integers(1, 40))
+        ctx = rng.integers(0, 5000, n).astype(np.int64)
+        gen = rng.integers(0, 300, n).astype(np.int64)
+        out = gen + rng.integers(0, 20, n).astype(np.int64)
+        slots = rng.permutation(n)[: int(rng.integers(1, n + 1))].astype(np.int64)
+        made = rng.integers(1, 17, slots.shape[0]).astype(np.int64)
+        want_ctx, want_gen = ctx.copy(), gen.copy()
+        want_ctx[slots] += made
+        want_gen[slots] = np.minimum(want_gen[slots] + made, out[slots])
+        assert commit(ctx, gen, out, slots, made)
+        assert np.array_equal(ctx, want_ctx) and np.array_equal(gen, want_gen)
+    ctx, gen, out = np.zeros(4, np.int64), np.zeros(4, np.int64), np.full(4, 9, np.int64)
+    one, two = np.array([1], np.int64), np.array([2], np.int64)
+    frozen = ctx.copy()
+    frozen.flags.writeable = False
+    for args in (
+        (ctx.astype(np.int32), gen, out, one, two),
+        (frozen, gen, out, one, two),
+        (ctx, gen, out, np.array([4], np.int64), two),
+        (ctx, gen, out, np.array([-1], np.int64), two),
+        (ctx, gen, out, one, np.array([2, 3], np.int64)),
+        (ctx, gen[:3], out, one, two),
+    ):
+        assert commit(*args) is False
+    assert not ctx.any() and not gen.any()
