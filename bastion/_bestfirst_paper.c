@@ -62,6 +62,17 @@ static double bf_pairwise(const double *a, Py_ssize_t n) {
 static double nmax(double a, double b) { return a != a || b != b ? NAN : (a >= b ? a : b); }
 static double nmin(double a, double b) { return a != a || b != b ? NAN : (a <= b ? a : b); }
 
+/* DrafterPricer.total_s's operator sum (its launch aside) at a context sum cs: with y = a + cs * s
+   (2n doubles: each operator's compute seconds, then its memory seconds), Σ_i max(y_i, y_{n+i})
+   as numpy's add.reduce sums it (pairwise; np.maximum's NaN); scratch holds n doubles. Shared by
+   drafter_s() and paper(). */
+static double drafter_sum(const double *a, const double *s, Py_ssize_t n, double cs,
+                          double *scratch) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        scratch[i] = nmax(a[i] + cs * s[i], a[n + i] + cs * s[n + i]);
+    return bf_pairwise(scratch, n);
+}
+
 /* const + features . coefficients (T, padded T, pairs, KV, mask; experts 0). Exact where the
    caller checked it (exact()): whole numbers whose every partial sum stays below 2^53. */
 static inline double branch(const double *co, double t, double tile, double pairs, double kv,
@@ -205,16 +216,14 @@ PyObject *bf_paper(PyObject *self, PyObject *args) {
         double draft = 0.0;
         Py_ssize_t n_ops = at0b.len / (2 * (Py_ssize_t)sizeof(double));
         if (n_ops > 0) {
-            const double *a0 = (const double *)at0b.buf, *sl = (const double *)slopeb.buf;
-            double cs = (double)context_sum;
             double *ops = malloc((size_t)n_ops * sizeof(double));
             if (!ops) {
                 PyErr_NoMemory();
                 goto done;
             }
-            for (Py_ssize_t i = 0; i < n_ops; i++)
-                ops[i] = nmax(a0[i] + cs * sl[i], a0[n_ops + i] + cs * sl[n_ops + i]);
-            draft = bf_pairwise(ops, n_ops) + launch;
+            draft = drafter_sum((const double *)at0b.buf, (const double *)slopeb.buf, n_ops,
+                                (double)context_sum, ops) +
+                    launch;
             free(ops);
         }
         double prep = pr[23];
@@ -472,11 +481,7 @@ done:
     return result;
 }
 
-/* drafter_s(at0, slope, context_sum) -> float
- *
- * bastion.cost.drafterpass.DrafterPricer.total_s's operator sum (its launch time aside): with
- * y = at0 + context_sum * slope (2n doubles: each operator's compute seconds, then its memory
- * seconds), Σ_i max(y_i, y_{n+i}) as numpy's add.reduce sums (pairwise; np.maximum's NaN). */
+/* drafter_s(at0, slope, context_sum) -> float: drafter_sum() of the drafter's line (above). */
 PyObject *bf_drafter_s(PyObject *self, PyObject *args) {
     Py_buffer at0b, slopeb;
     double cs;
@@ -493,14 +498,8 @@ PyObject *bf_drafter_s(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    {
-        const double *a = (const double *)at0b.buf, *s = (const double *)slopeb.buf;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            double c = a[i] + cs * s[i], mem = a[n + i] + cs * s[n + i];
-            y[i] = nmax(c, mem);
-        }
-        result = PyFloat_FromDouble(bf_pairwise(y, n));
-    }
+    result = PyFloat_FromDouble(
+        drafter_sum((const double *)at0b.buf, (const double *)slopeb.buf, n, cs, y));
 done:
     free(y);
     PyBuffer_Release(&at0b);

@@ -267,11 +267,15 @@ class PassPricer:
             per_op = per_op * (1.0 + np.multiply.outer(phi - 1.0, self._gemm))
         elif self.phi is not None:
             if tokens.shape[0] == 1:  # one pass (the per-step path): a row, no index arrays
-                row = min(max(round(float(tokens[0])) - 1, 0), self.phi.shape[0] - 1)
-                per_op = per_op * self.phi[row]
+                per_op = per_op * self.phi[self.phi_row(float(tokens[0]))]
             else:
                 per_op = per_op * self.phi[self.phi_rows(tokens)]
         return per_op
+
+    def phi_row(self, tokens: float) -> int:
+        """:meth:`phi_rows` of one pass, on Python numbers."""
+        assert self.phi is not None
+        return min(max(round(tokens) - 1, 0), int(self.phi.shape[0]) - 1)
 
     def phi_rows(self, tokens: Array) -> IntArray:
         """Rows of the kernel step table for these token counts (beyond it: its last row)."""
@@ -419,7 +423,7 @@ def _price_one(
     pen = p.truth.tree_attention_penalty * share
     if p._sums is not None:  # the operators' max, step factors and sums in one call
         phi = p.phi
-        factors = b"" if phi is None else phi[min(max(round(tokens) - 1, 0), phi.shape[0] - 1)]
+        factors = b"" if phi is None else phi[p.phi_row(tokens)]
         op_sum, attention, lm_op = p._sums(x @ p._matrix, factors, p._attention, p._lm)
         total = op_sum + pen * attention
     else:
