@@ -2,10 +2,11 @@
  * The learning controller's joint budget in one call: joint(), on forest()'s merged chain.
  *
  * joint(probs, token_ids, depth, k, n_max, total, most, mass, cells, best_above, ar)
- *     -> (status, chosen, more, exhausted, ints, floats, m)
+ *     -> (status, chosen, more, exhausted, ints, floats, m, order)
  *   ints, floats: the trees and the curve priced (bf_joint_buffers, _bestfirst_forest.c:
  *   int64 offsets, parents, tokens, depths, ranks; float64 scores, Â, Ĉ, Ŝ of the m + 1
- *   passes priced); None where status != 0
+ *   passes priced); None where status != 0. order: the chosen nodes' merged order (int64,
+ *   the request of each in turn: learn()'s hint); b"" where status != 0
  *
  * bastion.joint.choose_joint_batch in mode "auto" (the bounded argmax) on the learning
  * controller's stepped decision curve (bastion.learned.LearnedCostModel.joint_decision_curve),
@@ -188,8 +189,9 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
             total = bf_regrown(total, growth, b, most); /* bastion.joint._regrown */
         }
         if (status != 0) {
-            result = Py_BuildValue("(innnOOn)", status, (Py_ssize_t)0, (Py_ssize_t)0,
-                                   (Py_ssize_t)0, Py_None, Py_None, (Py_ssize_t)0);
+            result = Py_BuildValue("(innnOOny#)", status, (Py_ssize_t)0, (Py_ssize_t)0,
+                                   (Py_ssize_t)0, Py_None, Py_None, (Py_ssize_t)0, "",
+                                   (Py_ssize_t)0);
             goto done;
         }
         int exhausted = !more;
@@ -202,8 +204,9 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
         if (bf_joint_buffers(b, m, chosen, alloc, g_req, g_pos, g_par, g_dep, g_rnk, g_sco, tid,
                              depth, k, a_hat, c_hat, s_hat, &ints, &floats))
             goto done;
-        result = Py_BuildValue("(innnNNn)", 0, chosen, (Py_ssize_t)more, (Py_ssize_t)exhausted,
-                               ints, floats, m);
+        result = Py_BuildValue("(innnNNny#)", 0, chosen, (Py_ssize_t)more,
+                               (Py_ssize_t)exhausted, ints, floats, m, (const char *)g_req,
+                               chosen * (Py_ssize_t)sizeof(int64_t));
     }
 done:
     free(own_mass);

@@ -96,7 +96,8 @@ done:
 }
 
 /* learn(offsets, parents, depths, ranks, scores, accepted, committed, order, raw, k,
- *       pred, real, ranks_tracked, a_decay, da, dt, weight, s_decay, lattice) -> (run, deepest)
+ *       pred, real, ranks_tracked, a_decay, da, dt, weight, s_decay, lattice[, hint])
+ *     -> (run, deepest)
  *   One verified tree step of B requests folded into the learning controller's two
  *   calibrations, in place (bastion.observed: AcceptanceCalibration.observe and
  *   SizeCalibration.observe — the same operations in the same order, so the results are
@@ -114,7 +115,11 @@ done:
  *     (float64, one bucket's row over the lattice) are multiplied by s_decay, then for every
  *     lattice point M with B <= M <= N the increments of Â (B + the first M - B merged gains
  *     summed in order) and of the realised τ (B + accepted nodes ranked <= M - B) since the
- *     previous lattice point are added (the first against B), and weight by 1. */
+ *     previous lattice point are added (the first against B), and weight by 1.
+ *   - hint (int64, optional): the merged order as forest() gives it, the request of each
+ *     added node in turn; taken only where it is that order exactly (each request's nodes in
+ *     their tree's order, every item strictly before the next by the merge's key, all nodes
+ *     once: checked in one pass), else ignored and the runs merged (a heap of B heads). */
 typedef struct {
     double score;
     Py_ssize_t request, within, node;
@@ -134,8 +139,44 @@ static int merged_before(const void *pa, const void *pb) {
     return merged_cmp((const merged *)pa, (const merged *)pb);
 }
 
+/* learn()'s merged order from its hint (see above): 1 with gains (the merged scores) and rank
+   (each node's merged rank, 1 …) filled, 0 where the hint is not the merged order exactly
+   (rank and gains then hold partial values the merge overwrites). */
+static int learn_hinted(const int64_t *offsets, const double *scores, Py_ssize_t b,
+                        Py_ssize_t m_all, const Py_buffer *hint, double *gains, Py_ssize_t *rank) {
+    if (hint->len != m_all * (Py_ssize_t)sizeof(int64_t) || m_all < 1) return 0;
+    const int64_t *req = (const int64_t *)hint->buf;
+    int64_t *taken = (int64_t *)calloc((size_t)b, sizeof(int64_t));
+    if (!taken) return 0; /* (the merge then runs: it reports the memory error itself) */
+    int ok = 1;
+    merged prev = {0.0, 0, 0, 0};
+    for (Py_ssize_t t = 0; t < m_all && ok; t++) {
+        int64_t i = req[t];
+        if (i < 0 || i >= b) {
+            ok = 0;
+            break;
+        }
+        Py_ssize_t node = offsets[i] + 1 + taken[i];
+        if (node >= offsets[i + 1]) {
+            ok = 0;
+            break;
+        }
+        merged item = {scores[node], (Py_ssize_t)i, 1 + taken[i], node};
+        taken[i]++;
+        /* strictly after the previous item by the merge's key (a NaN score fails: merge) */
+        ok = t == 0 || merged_cmp(&prev, &item) < 0;
+        prev = item;
+        gains[t] = item.score;
+        rank[node] = t + 1;
+    }
+    /* all m_all taken, none past its tree's end: every node exactly once */
+    free(taken);
+    return ok;
+}
+
 PyObject *bf_learn(PyObject *self, PyObject *args) {
     Py_buffer off, par, dep, rnk, sco, acc, cnt, ord, raw, prd, rea, da, dt, wt, lat;
+    Py_buffer hnt = {0};
     Py_ssize_t k, ranks_tr;
     double a_decay, s_decay;
     PyObject *result = NULL;
@@ -144,9 +185,9 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
     Py_ssize_t *rank = NULL, *path = NULL;
     merged *items = NULL;
     PyObject *o_run = NULL, *o_deep = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*nw*w*ndw*w*w*dy*", &off, &par, &dep, &rnk,
-                          &sco, &acc, &cnt, &ord, &raw, &k, &prd, &rea, &ranks_tr, &a_decay, &da,
-                          &dt, &wt, &s_decay, &lat))
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*nw*w*ndw*w*w*dy*|y*", &off, &par, &dep,
+                          &rnk, &sco, &acc, &cnt, &ord, &raw, &k, &prd, &rea, &ranks_tr,
+                          &a_decay, &da, &dt, &wt, &s_decay, &lat, &hnt))
         return NULL;
     Py_ssize_t b = off.len / (Py_ssize_t)sizeof(int64_t) - 1;
     Py_ssize_t n = par.len / (Py_ssize_t)sizeof(int64_t);
@@ -270,7 +311,7 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
             gains[j - 1] = scores[j];
             rank[j] = j;
         }
-    } else {
+    } else if (!learn_hinted(offsets, scores, b, m_all, &hnt, gains, rank)) {
         items = (merged *)malloc((size_t)(m_all + 1) * sizeof(merged));
         if (!items) {
             PyErr_NoMemory();
@@ -390,6 +431,7 @@ done:
     PyBuffer_Release(&dt);
     PyBuffer_Release(&wt);
     PyBuffer_Release(&lat);
+    if (hnt.obj) PyBuffer_Release(&hnt);
     return result;
 }
 

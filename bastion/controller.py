@@ -41,9 +41,14 @@ from bastion.batch import BatchMarginals, TreeBatch, chain_batch, empty_marginal
 from bastion.bestfirst import best_first
 from bastion.errors import BudgetError
 from bastion.fastinit import trusted_init
-from bastion.guard import integer, public, unchecked
+from bastion.guard import integer, public
 from bastion.interfaces import BatchChoice, BatchPolicyContext, CostModel
-from bastion.joint import JointDiagnostics, choose_joint_batch, forest_batch, joint_result
+from bastion.joint import (
+    JointDiagnostics,
+    choose_joint_batch,
+    forest_and_order,
+    joint_result,
+)
 from bastion.learned import LearnedCostModel
 from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 
@@ -52,8 +57,6 @@ if TYPE_CHECKING:
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-
-_forest_batch = unchecked(forest_batch)  # a repeated joint decision's trees (every such step)
 
 try:  # the compiled batch-1 size choice (bastion._bestfirst.choose); the loop below without it
     from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
@@ -268,7 +271,10 @@ def _choose_joint_compiled(
         np.ascontiguousarray(best_above, np.float64),
         float(ar),
     )
-    return joint_result(b, n_max, out, ar) if out[0] == 0 else None
+    if out[0] != 0:
+        return None
+    learner.merge_hint = out[7]  # the chosen nodes' merged order: the learning step's hint
+    return joint_result(b, n_max, out, ar)
 
 
 def _chain_cut(top1: FloatArray) -> FloatArray:
@@ -382,7 +388,7 @@ class LearningPolicy:
         else:
             explore, again = _plan(learner, b)
         if again is not None:
-            return self._repeat(again, cal, context)
+            return self._repeat(again, cal, learner)
         # a deciding step's trees teach the chain's shadow: its top-1 marginals and the chain's
         # Â less its root, cut at every depth (the batch-1 kernel computes the latter)
         top1 = cal.probs[:, :, 0]
@@ -425,7 +431,7 @@ class LearningPolicy:
                 total = int(trees.sizes.sum())
                 target = learner.affordable_total(contexts, total, self.n_max, EXPLORE_COST)
                 if target > total:  # the joint budget's allocation of that total
-                    trees = forest_batch(cal, self.n_max, target)
+                    trees, learner.merge_hint = forest_and_order(cal, self.n_max, target)
             diag = jdiag
             s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
             c_tree = learner.joint_cycle(contexts, jdiag.total_size + riding)
@@ -458,10 +464,10 @@ class LearningPolicy:
         self,
         again: tuple[str, int, float],
         cal: BatchMarginals,
-        context: BatchPolicyContext,
+        learner: LearnedCostModel,
     ) -> BatchChoice:
         """A step between decisions: the last decision's kind and total, on this step's
-        calibrated marginals."""
+        calibrated marginals (a forest's merged order left for the learning step)."""
         kind, total, cycle = again
         nan = float("nan")
         if kind == "chain":
@@ -470,6 +476,6 @@ class LearningPolicy:
             row = cal.row(0)
             trees = TreeBatch.from_trees([tree_from_arrays(best_first(row.probs, total), row)])
         else:
-            trees = _forest_batch(cal, self.n_max, total)
+            trees, learner.merge_hint = forest_and_order(cal, self.n_max, total)
         why = _why(kind, nan, nan, nan, cycle, None, repeated=True)
         return _choice(trees, why, kind=kind)

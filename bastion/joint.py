@@ -487,6 +487,12 @@ def forest_batch(marginals: BatchMarginals, n_max: int, total: int) -> TreeBatch
     """The B best-first trees of a batch grown together in merged order to ``total`` nodes,
     roots included (fewer where the lattices run out), at most ``n_max`` per request — the
     allocation the joint budget makes for that total; root tokens −1."""
+    return forest_and_order(marginals, n_max, total)[0]
+
+
+def forest_and_order(marginals: BatchMarginals, n_max: int, total: int) -> tuple[TreeBatch, bytes]:
+    """:func:`forest_batch` and, compiled, its merged order (int64 bytes: the request of each
+    added node in turn; learning the step then spares its merge) — else ``b""``. Internal."""
     b, depth, k = marginals.probs.shape
     if _compiled is not None:  # the hot path (a standing joint decision): tokens looked up there
         out = _compiled.forest(
@@ -500,7 +506,8 @@ def forest_batch(marginals: BatchMarginals, n_max: int, total: int) -> TreeBatch
         offsets, parents, tokens, depths, ranks = (
             np.frombuffer(out[i], np.int64) for i in (4, 0, 8, 1, 2)
         )
-        return TreeBatch(offsets, parents, tokens, depths, np.frombuffer(out[3]), ranks)
+        trees = TreeBatch(offsets, parents, tokens, depths, np.frombuffer(out[3]), ranks)
+        return trees, out[5]
     parents, depths, ranks, scores, offsets, *_ = best_first_forest(
         marginals.probs, n_max, max(total - b, 0)
     )
@@ -508,7 +515,7 @@ def forest_batch(marginals: BatchMarginals, n_max: int, total: int) -> TreeBatch
     request = np.repeat(np.arange(b), sizes)
     trees = _tree_batch(marginals, request, parents, depths, ranks, scores, sizes)
     trees.tokens[trees.offsets[:-1]] = -1
-    return trees
+    return trees, b""
 
 
 def _tree_batch(

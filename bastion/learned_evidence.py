@@ -108,6 +108,8 @@ class StepEvidence(DecisionCurves):
         self.last_top1: FloatArray | None = None
         # … and the chain's Â less its root cut at every depth ([B, depth], see shadow_of)
         self.last_chain: FloatArray | None = None
+        # the merged order of the last step's compiled forest (see learn_step), or b""
+        self.merge_hint = b""
 
     def chain_ratio(self) -> float:
         """Realised/predicted τ of the chain so far — its own steps and its shadow on every
@@ -304,7 +306,10 @@ class StepEvidence(DecisionCurves):
         self._since_draft = 0
         self._since_ar += 1
         if kind == "tree":
-            learned = learn_step(self.acceptance, self.sizes, trees, accepted_nodes, committed)
+            hint, self.merge_hint = self.merge_hint, b""
+            learned = learn_step(
+                self.acceptance, self.sizes, trees, accepted_nodes, committed, hint
+            )
             if learned is None:
                 self.acceptance.observe(trees, accepted_nodes, committed)
                 self.sizes.observe(trees, accepted_nodes, committed)

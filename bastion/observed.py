@@ -417,12 +417,17 @@ def learn_step(
     trees: TreeBatch,
     accepted_nodes: IntArray,
     committed: IntArray,
+    hint: bytes = b"",
 ) -> tuple[IntArray, IntArray] | None:
     """:func:`observe_tree_step` (``sizes`` None: the acceptance calibration only, what a
     chain step teaches), returning per request the leading run of rank-0 nodes on the accepted
     path and the tree's depth — :func:`chain_shadow`'s inputs, see :func:`shadow_of` — or
     None, having done nothing, where the compiled call does not apply. The engine's hot path:
-    its arguments are trusted (the controller's own trees and the verifier's paths)."""
+    its arguments are trusted (the controller's own trees and the verifier's paths).
+
+    ``hint``: the batch's merged order as the compiled forest gave it (int64 bytes, the request
+    of each added node in turn), which spares the kernel its merge where it is that order
+    exactly (checked there; any other hint is ignored: the results do not depend on it)."""
     last = acceptance._last
     b = trees.offsets.shape[0] - 1
     if _kernel is None or last is None or int(trees.offsets[-1]) == b:
@@ -461,6 +466,7 @@ def learn_step(
         weight,
         s_decay,
         lattice,
+        hint,
     )
     acceptance._refresh()
     if sizes is not None:
