@@ -45,6 +45,7 @@ setup(
                 "bastion/_bestfirst_paper.c",
                 "bastion/_bestfirst_request.c",
                 "bastion/_bestfirst_kv.c",
+                "bastion/_bestfirst_chain.c",
             ],
             depends=["bastion/_bestfirst.h"],
             extra_compile_args=["-O3"],

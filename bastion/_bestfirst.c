@@ -51,7 +51,8 @@
  * _bestfirst_shaped.c (beam(), eagle()),
  * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words()), _bestfirst_paper.c (paper(),
  * joint_price(), drafter_s(), pass_sums()), _bestfirst_request.c
- * (request()), _bestfirst_kv.c (blocks(), sums(), commit()); _bestfirst.h declares what they share.
+ * (request()), _bestfirst_kv.c (blocks(), sums(), commit()), _bestfirst_chain.c (chain_cut(),
+ * shadow()); _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
 
@@ -93,6 +94,10 @@ static PyMethodDef methods[] = {
     {"sums", bf_sums, METH_VARARGS, "A step's pass sums for the ground truth (_bestfirst_kv.c)."},
     {"commit", bf_commit, METH_VARARGS,
      "A simulated verified step's context and generated counts updated (_bestfirst_kv.c)."},
+    {"chain_cut", bf_chain_cut, METH_VARARGS,
+     "The chain's Â less its root, cut at every depth (_bestfirst_chain.c)."},
+    {"shadow", bf_shadow, METH_VARARGS,
+     "The chain's shadow on a tree step: realised and predicted τ (_bestfirst_chain.c)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -115,6 +115,9 @@ BF_PRIVATE void bf_forest_scatter(Py_ssize_t b, Py_ssize_t m, const int64_t *kee
                                   Py_ssize_t depth, Py_ssize_t k, int64_t *off, int64_t *par,
                                   int64_t *dep, int64_t *rnk, double *sco, int64_t *tok);
 
+/* _bestfirst_paper.c: numpy's add.reduce of n contiguous doubles (pairwise), bit for bit */
+BF_PRIVATE double bf_pairwise(const double *a, Py_ssize_t n);
+
 /* the functions of the module (its method table is in _bestfirst.c) */
 BF_PRIVATE PyObject *bf_build(PyObject *self, PyObject *args);     /* _bestfirst_tree.c */
 BF_PRIVATE PyObject *bf_chunk(PyObject *self, PyObject *args);     /* _bestfirst_size.c */
@@ -143,6 +146,8 @@ BF_PRIVATE PyObject *bf_request(PyObject *self, PyObject *args);   /* _bestfirst
 BF_PRIVATE PyObject *bf_kv_blocks(PyObject *self, PyObject *args); /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_sums(PyObject *self, PyObject *args);      /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_commit(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
+BF_PRIVATE PyObject *bf_chain_cut(PyObject *self, PyObject *args); /* _bestfirst_chain.c */
+BF_PRIVATE PyObject *bf_shadow(PyObject *self, PyObject *args);    /* _bestfirst_chain.c */
 BF_PRIVATE extern const char bf_chunk_doc[];
 BF_PRIVATE extern const char bf_choose_doc[];
 

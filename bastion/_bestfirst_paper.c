@@ -38,7 +38,7 @@
 #define EXACT 9007199254740992.0 /* 2^53: whole numbers below it add and multiply exactly */
 
 /* numpy's add.reduce of a contiguous float64 array: pairwise, 8 accumulators per block */
-static double bf_pairwise(const double *a, Py_ssize_t n) {
+double bf_pairwise(const double *a, Py_ssize_t n) {
     if (n < 8) {
         double res = -0.0;
         for (Py_ssize_t i = 0; i < n; i++) res += a[i];

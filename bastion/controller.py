@@ -277,10 +277,15 @@ def _choose_joint_compiled(
     return joint_result(b, n_max, out, ar)
 
 
-def _chain_cut(top1: FloatArray) -> FloatArray:
+def _chain_cut(probs: FloatArray) -> FloatArray:
     """[B, depth] the chain's Â less its root, cut at every depth, of each request's top-1
-    marginals: the cumulative sum of their cumulative product."""
-    cut: FloatArray = top1.cumprod(axis=1)
+    marginals ``probs[:, :, 0]``: the cumulative sum of their cumulative product (compiled
+    where built: the same doubles, tests/test_chain_shadow.py)."""
+    b, depth, k = probs.shape
+    if _kernel is not None and b > 0 and depth > 0 and k > 0:
+        out = _kernel.chain_cut(np.ascontiguousarray(probs, np.float64), b, depth, k)
+        return np.frombuffer(out, np.float64).reshape(b, depth)
+    cut: FloatArray = probs[:, :, 0].cumprod(axis=1)
     cut.cumsum(axis=1, out=cut)
     return cut
 
@@ -404,14 +409,14 @@ class LearningPolicy:
                 )
                 trees = _trees(offsets, arrays[0], arrays[1], arrays[2], arrays[3], arrays[4])
             else:
-                chain_cut = _chain_cut(top1)
+                chain_cut = _chain_cut(cal.probs)
                 tree, sdiag = choose_size(cal.row(0), learner, ctx, self.n_max, start, explore)
                 trees = TreeBatch.from_trees([tree])
             diag: object = sdiag
             s_tree, ar_s, c_tree = sdiag.predicted_speedup, sdiag.ar_step_s, sdiag.cycle_s
             a_chain = 1.0 + float(chain_cut[0, -1])
         else:
-            chain_cut = _chain_cut(top1)
+            chain_cut = _chain_cut(cal.probs)
             # the last trees' mean, rounded down (integer division: np.mean's floor, cheaper;
             # sizes are ≥ 0, and 0 — no tree yet — adds nothing to the sum)
             last = req.previous_tree_sizes.tolist()  # (Python ints: cheaper for a few)

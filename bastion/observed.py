@@ -477,8 +477,17 @@ def learn_step(
 def shadow_of(run: IntArray, deepest: IntArray, chain: FloatArray) -> tuple[float, float]:
     """:func:`chain_shadow` from :func:`learn_step`'s per-request leading runs and tree depths
     and ``chain`` [B, depth], the cumulative sum of the cumulative product of the top-1
-    marginals along each request's row (the chain's Â less its root, cut at every depth)."""
+    marginals along each request's row (the chain's Â less its root, cut at every depth);
+    compiled where built (``shadow()``, the same two numbers)."""
     b = run.shape[0]
+    shaped = chain.ndim == 2 and chain.shape[0] == b and chain.shape[1] > 0
+    if _kernel is not None and b > 1 and shaped:
+        return _kernel.shadow(  # type: ignore[no-any-return]
+            np.ascontiguousarray(run, np.int64),
+            np.ascontiguousarray(deepest, np.int64),
+            np.ascontiguousarray(chain, np.float64),
+            chain.shape[1],
+        )
     if b == 1:  # the batch-1 controller's hot path
         d = int(deepest[0])
         return 1.0 + float(run[0]), 1.0 + (float(chain[0, d - 1]) if d > 0 else 0.0)
