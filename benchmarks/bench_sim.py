@@ -18,11 +18,6 @@ blocks); ``--memory off`` serves without a memory limit (its use still counted).
 a shared machine (other processes only ever add time; take more repeats with it); the medians
 stay the figures reported.
 
-``--per-step`` adds two columns: the steps the cell's serve takes and its wall time per step
-(µs, the median repeat's): the host cost of one step of each policy, which is what a policy's
-own work adds to the loop every policy shares (compare a policy with ``chain`` or ``fixed:N``
-at the same C; docs/benchmarks.md reads it as a budget).
-
 ``--fingerprint`` adds a column: a short hash of the cell's simulated results (elapsed time, τ,
 mean N, throughput, steps and every request's TTFT, TPOT and E2E, exactly as floats), so two
 versions of the code can be checked bit-identical cell by cell (a speed change must not move
@@ -30,7 +25,7 @@ it, or must say why).
 
 Run: ``python benchmarks/bench_sim.py [--repeats 3] [--concurrency 1,4,8,16,32,64]
 [--policies ar,chain,...] [--memory on|off] [--model NAME] [--tp N] [--best]
-[--per-step] [--fingerprint]``. Never part of the tests.
+[--fingerprint]``. Never part of the tests.
 """
 
 from __future__ import annotations
@@ -105,11 +100,6 @@ def main() -> None:
         help="add a column: simulated / CPU of the fastest repeat (steadier on a busy machine)",
     )
     parser.add_argument(
-        "--per-step",
-        action="store_true",
-        help="add columns: the serve's steps and its wall µs per step (the median repeat's)",
-    )
-    parser.add_argument(
         "--fingerprint",
         action="store_true",
         help="add a column: a hash of each cell's simulated results (to compare versions)",
@@ -121,19 +111,14 @@ def main() -> None:
         f"calibration sweep + "
         f"fit: {cells.calibration_s:.2f} s\n"
     )
-    extra = (
-        (" best simulated / CPU |" if args.best else "")
-        + (" steps | wall µs / step |" if args.per_step else "")
-    ) + (" results |" if args.fingerprint else "")
+    extra = (" best simulated / CPU |" if args.best else "") + (
+        " results |" if args.fingerprint else ""
+    )
     print(
         "| C | policy | requests | throughput tok/s | τ | mean N | simulated s | "
         "wall s | simulated / wall | simulated / CPU |" + extra
     )
-    rule = (
-        ("---:|" if args.best else "")
-        + ("---:|---:|" if args.per_step else "")
-        + ("---|" if args.fingerprint else "")
-    )
+    rule = ("---:|" if args.best else "") + ("---|" if args.fingerprint else "")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|" + rule)
     for concurrency in (int(c) for c in args.concurrency.split(",")):
         for name in args.policies.split(","):
@@ -153,7 +138,7 @@ def main() -> None:
                     )
                 )
             assert len(set(results)) == 1, "same seed, different result"
-            sim_s, tau, mean_n, tput, steps = results[0][:5]
+            sim_s, tau, mean_n, tput = results[0][:4]
             digest = hashlib.sha256(repr(results[0]).encode()).hexdigest()[:12]
             wall, cpu_s = statistics.median(walls), statistics.median(cpus)
             print(
@@ -161,7 +146,6 @@ def main() -> None:
                 f"{tau:.2f} | {mean_n:.1f} | {sim_s:.2f} | {wall:.3f} | {sim_s / wall:.0f}× | "
                 f"{sim_s / cpu_s:.0f}× |"
                 + (f" {sim_s / min(cpus):.0f}× |" if args.best else "")
-                + (f" {steps} | {wall / steps * 1e6:.0f} |" if args.per_step else "")
                 + (f" `{digest}` |" if args.fingerprint else ""),
                 flush=True,
             )
