@@ -62,6 +62,7 @@ try:  # the compiled batch-1 size choice (bastion._bestfirst.choose); the loop b
     from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - exercised where no C compiler was available
     _kernel = None
+_chain_cut_kernel = getattr(_kernel, "chain_cut", None)
 
 __all__ = [
     "DECIDE_EVERY",
@@ -282,8 +283,8 @@ def _chain_cut(probs: FloatArray) -> FloatArray:
     marginals ``probs[:, :, 0]``: the cumulative sum of their cumulative product (compiled
     where built: the same doubles, tests/test_chain_shadow.py)."""
     b, depth, k = probs.shape
-    if _kernel is not None and b > 0 and depth > 0 and k > 0:
-        out = _kernel.chain_cut(np.ascontiguousarray(probs, np.float64), b, depth, k)
+    if _chain_cut_kernel is not None and b > 0 and depth > 0 and k > 0:
+        out = _chain_cut_kernel(np.ascontiguousarray(probs, np.float64), b, depth, k)
         return np.frombuffer(out, np.float64).reshape(b, depth)
     cut: FloatArray = probs[:, :, 0].cumprod(axis=1)
     cut.cumsum(axis=1, out=cut)

@@ -29,6 +29,7 @@ try:
     from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
 except ImportError:  # no C compiler at install time: the numpy paths give identical results
     _kernel = None
+_shadow = getattr(_kernel, "shadow", None)  # the chain's shadow (_bestfirst_chain.c)
 
 _LATTICE: list[int] = LATTICE.tolist()
 
@@ -481,8 +482,8 @@ def shadow_of(run: IntArray, deepest: IntArray, chain: FloatArray) -> tuple[floa
     compiled where built (``shadow()``, the same two numbers)."""
     b = run.shape[0]
     shaped = chain.ndim == 2 and chain.shape[0] == b and chain.shape[1] > 0
-    if _kernel is not None and b > 1 and shaped:
-        return _kernel.shadow(  # type: ignore[no-any-return]
+    if _shadow is not None and b > 1 and shaped:
+        return _shadow(  # type: ignore[no-any-return]
             np.ascontiguousarray(run, np.int64),
             np.ascontiguousarray(deepest, np.int64),
             np.ascontiguousarray(chain, np.float64),

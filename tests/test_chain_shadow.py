@@ -38,8 +38,17 @@ def _probs(rng: np.random.Generator, b: int, depth: int, k: int) -> np.ndarray:
     return np.ascontiguousarray(p)
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test on the compiled route and on the numpy one (the kernels switched off)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(controller, "_chain_cut_kernel", None)
+        monkeypatch.setattr(observed, "_shadow", None)
+    return str(request.param)
+
+
 @pytest.mark.parametrize("seed", range(8))
-def test_chain_cut_is_numpys_cumulative_product_then_sum(seed: int) -> None:
+def test_chain_cut_is_numpys_cumulative_product_then_sum(seed: int, route: str) -> None:
     rng = np.random.default_rng(seed)
     for _ in range(40):
         b, depth, k = int(rng.integers(1, 40)), int(rng.integers(1, 17)), int(rng.integers(1, 9))
@@ -54,7 +63,7 @@ def test_chain_cut_is_numpys_cumulative_product_then_sum(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_shadow_is_numpys_sums(seed: int) -> None:
+def test_shadow_is_numpys_sums(seed: int, route: str) -> None:
     """B from 2 to 300: numpy's add.reduce is sequential below 8 values, eight accumulators up
     to 128, halved above; every regime is met."""
     rng = np.random.default_rng(100 + seed)
