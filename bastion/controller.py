@@ -50,6 +50,7 @@ from bastion.joint import (
     joint_result,
 )
 from bastion.learned import LearnedCostModel
+from bastion.per_request import joint_first_budget
 from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 
 if TYPE_CHECKING:
@@ -418,11 +419,7 @@ class LearningPolicy:
             a_chain = 1.0 + float(chain_cut[0, -1])
         else:
             chain_cut = _chain_cut(cal.probs)
-            # the last trees' mean, rounded down (integer division: np.mean's floor, cheaper;
-            # sizes are ≥ 0, and 0 — no tree yet — adds nothing to the sum)
-            last = req.previous_tree_sizes.tolist()  # (Python ints: cheaper for a few)
-            known = len(last) - last.count(0)
-            start = max(8, 3 * (sum(last) // known) // 2) if known else 64
+            start = joint_first_budget(req.previous_tree_sizes, 64)
             fast = None
             if _kernel is not None:  # the hot path: the same loop, compiled
                 fast = _choose_joint_compiled(cal, learner, contexts, self.n_max, start, riding)

@@ -46,6 +46,17 @@ def first_budget(previous: Any) -> Any:
     return np.maximum(16, 3 * previous // 2)
 
 
+def joint_first_budget(previous: IntArray, default: int) -> int:
+    """The first budget of a joint step (both joint controllers) whose requests' last trees
+    had ``previous`` nodes (0: no tree yet): 1.5 times their mean — rounded down, as
+    ``int(np.mean)`` — at least 8; ``default`` where none had a tree. As :func:`first_budget`,
+    the trees do not depend on it (the bound is exact): the proof needs ≈ 2× the chosen total,
+    which the 1.25–8× regrowth then reaches; 3× settled in one round but grew ≈ 1.4× more."""
+    last = previous.tolist()  # (Python ints: cheaper for a few; 0 adds nothing to the sum)
+    known = len(last) - last.count(0)
+    return max(8, 3 * (sum(last) // known) // 2) if known else default
+
+
 def choose_per_request(
     policy: Any, marginals: BatchMarginals, context: BatchPolicyContext
 ) -> BatchChoice | None:

@@ -57,7 +57,7 @@ from bastion.interfaces import (
     TreeChoice,
     TreePolicy,
 )
-from bastion.per_request import choose_per_request, first_budget
+from bastion.per_request import choose_per_request, first_budget, joint_first_budget
 from bastion.shaped import beam_batch, eagle_batch
 from bastion.tree import DraftMarginals, DraftTree, best_first_tree
 
@@ -380,14 +380,8 @@ class AdaptivePolicy:
         if req.size == 1 or not self.joint or joint_curve is None:
             fast = choose_per_request(self, marginals, context) if req.size > 1 else None
             return fast or PerRequestPolicy(self).choose_batch(marginals, context)
-        start = self.initial_budget
-        last = req.previous_tree_sizes.tolist()  # (≥ 0; 0: no tree yet, adding nothing)
-        known = len(last) - last.count(0)
-        if known:  # begin near the last choices (per request): fewer growth rounds (1.5× their
-            # mean, rounded down as int(np.mean): the proof needs ≈ 2× the chosen total, which
-            # the 1.25–8× regrowth then reaches; 3× settled in one round but grew ≈ 1.4× more;
-            # the trees are the same whatever the start, the stop rule's bound being exact)
-            start = max(8, 3 * (sum(last) // known) // 2)
+        # begin near the last choices (per request): fewer growth rounds
+        start = joint_first_budget(req.previous_tree_sizes, self.initial_budget)
         trees, diag = _joint_priced()(
             marginals,
             cost_model,  # it has joint_cost_curve (checked above)
