@@ -88,6 +88,7 @@ class PricedPrior:
         # the priors, per (what, batch size, …) and context step / anchor (see anchored)
         self._lerped: dict[tuple[tuple[Any, ...], int], FloatArray] = {}
         self._anchors: dict[tuple[tuple[Any, ...], int], FloatArray] = {}
+        self._ones: dict[tuple[tuple[Any, ...], int], float] = {}  # (see _anchored_one)
         self._ar_memo: dict[tuple[int, int], float] = {}  # the AR prior (see ar)
         # the prior's own store for its anchors, shared by every PricedPrior of that prior
         # object (RooflineCostModel.prior_memo), or None
@@ -139,14 +140,11 @@ class PricedPrior:
             return self.ar(ctx)
         if b == 1:  # the chain's causal pass is priced as the tree of its size
             return float(self.single(int(ctx[0]), depth + 1)[0][depth])
-        sizes = np.full(b, depth + 1, np.int64)
-        return float(
-            self._anchored(
-                ("chain", b, depth),
-                b,
-                mean_context(ctx),
-                lambda c: self.cycle(c, sizes, b * (depth + 1)).cycle[-1:],
-            )[0]
+        return self._anchored_one(
+            ("chain", b, depth),
+            b,
+            mean_context(ctx),
+            lambda c: self.cycle(c, np.full(b, depth + 1, np.int64), b * (depth + 1)).cycle[-1:],
         )
 
     def single(self, context_len: int, n: int) -> tuple[FloatArray, float]:
@@ -197,14 +195,11 @@ class PricedPrior:
         if b == 1:
             value = self.single(mean, 1)[1]
         else:
-            zero = np.zeros(0, np.int64)
-            value = float(
-                self._anchored(
-                    ("ar", b),
-                    b,
-                    mean,
-                    lambda c: np.array([self.joint(c, zero).ar_step_s]),
-                )[0]
+            value = self._anchored_one(
+                ("ar", b),
+                b,
+                mean,
+                lambda c: np.array([self.joint(c, np.zeros(0, np.int64)).ar_step_s]),
             )
         if len(self._ar_memo) > 512:
             self._ar_memo.clear()
@@ -246,6 +241,27 @@ class PricedPrior:
             self._lerped.clear()
         self._lerped[(key, step)] = made
         return made  # type: ignore[no-any-return]
+
+    def _anchored_one(
+        self, key: tuple[Any, ...], b: int, mean_context: int, price: PriceFn
+    ) -> float:
+        """:meth:`_anchored`'s first value of a price of one value (the AR and chain cycles of a
+        batch), as a float: the same interpolation on floats (the same two products and sum as
+        numpy's on one element), cached per ``key`` and step apart from the arrays."""
+        step = mean_context // MODE_CONTEXT_STEP
+        hit = self._ones.get((key, step))
+        if hit is not None:
+            return hit
+        mid = step * MODE_CONTEXT_STEP + MODE_CONTEXT_STEP // 2
+        lo = mid // ANCHOR_STEP
+        w = (mid - lo * ANCHOR_STEP) / ANCHOR_STEP
+        below = float(self._anchor(key, lo, b, price)[0])
+        above = float(self._anchor(key, lo + 1, b, price)[0])
+        value = (1.0 - w) * below + w * above
+        if len(self._ones) > 512:
+            self._ones.clear()
+        self._ones[(key, step)] = value
+        return value
 
     def _lerped_at(self, key: tuple[Any, ...], mean_context: int) -> FloatArray | None:
         """What :meth:`_anchored` holds for ``key`` at the mean context's step, or None (a

@@ -23,6 +23,7 @@ from bastion.learned import (
     lattice_index,
     token_lattice,
 )
+from bastion.learned_prior import PricedPrior
 from bastion.policies import AdaptivePolicy, make_policy
 from bastion.testing import lattice, marginals, optimal_acceptance
 from bastion.tree import DraftMarginals, best_first_tree
@@ -427,6 +428,34 @@ def test_the_memoised_ar_prior_is_the_prior_priced_afresh() -> None:
             assert learner.observe_cycle("ar", ctx, np.ones(b, np.int64), fresh[b, context]) == 1
             learner.table = LearnedCostModel(BatchPrior()).table  # keep the ratio at 1
     assert fresh[1, 0] < fresh[3, 0] and fresh[1, 0] < fresh[1, 3000]  # all of it matters
+
+
+def test_the_one_value_priors_interpolate_as_the_array_priors_do() -> None:
+    """The AR and chain priors of a batch (one value each) are interpolated on floats: exactly
+    the value the array form (:meth:`PricedPrior._anchored`) gives for the same key, anchors and
+    context step, at contexts on and between anchors, and a value between its two anchors."""
+
+    def array_form(prior: PricedPrior, kind: str, b: int, context: int) -> tuple[float, list]:
+        if kind == "ar":
+            key: tuple = ("ar", b)
+            price = lambda c: np.array([prior.joint(c, np.zeros(0, np.int64)).ar_step_s])  # noqa: E731
+        else:
+            key = ("chain", b, 6)
+            price = lambda c: prior.cycle(c, np.full(b, 7, np.int64), 7 * b).cycle[-1:]  # noqa: E731
+        value = float(prior._anchored(key, b, context, price)[0])
+        return value, [float(v[0]) for (k, _), v in sorted(prior._anchors.items()) if k == key]
+
+    between = 0
+    for b in (2, 5):
+        for context in (0, 64, 511, 512, 700, 1023, 3000, 9000):
+            ctx = np.full(b, context, np.int64)
+            for kind, depth in (("ar", 0), ("chain", 6)):
+                got = PricedPrior(BatchPrior()).mode(kind, ctx, depth)  # type: ignore[arg-type]
+                want, (lo, hi) = array_form(PricedPrior(BatchPrior()), kind, b, context)
+                assert got == want
+                assert min(lo, hi) <= got <= max(lo, hi)
+                between += min(lo, hi) < got < max(lo, hi)
+    assert between >= 8  # (the anchors differ: the interpolation is exercised)
 
 
 class BatchPrior(ContextPrior):
