@@ -21,8 +21,64 @@
  * (roots' token -1) are each request's best-first prefix of the chosen allocation; a_hat,
  * c_hat, s_hat: the last round's chain. Sums are sequential where numpy's are pairwise (the
  * per-request built mass of the stop bound only, which carries a 1e-12 slack).
+ * Speed, the doubles unchanged: a round prices only the passes the last one had not (the
+ * growth resumes, so the chain's prefix, its Â, Ĉ, Ŝ, argmax and built masses carry over);
+ * four lattice levels are summed side by side (each sum still in its own order); the floor
+ * bound's maximum over the totals ahead is taken two at a time (SSE2; a maximum does not
+ * depend on its order).
  */
 #include "_bestfirst.h"
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+/* The floor bound's reach over the totals j in (m, last] (the ratios only where j <= high):
+   the largest min(a_end + (j - m) * rate, a_far) / max(c_end, f_j) and ahead, f_j =
+   above[cells[j]]; *nan_seen set where some f_j is NaN. A maximum (r > ahead keeps the
+   larger, NaN never) does not depend on the order it is taken in: two totals at a time. */
+static void bf_floor_ahead(const double *above, const int64_t *cells, Py_ssize_t m,
+                           Py_ssize_t high, Py_ssize_t last, double a_end, double c_end,
+                           double rate, double a_far, double *ahead_io, int *nan_seen) {
+    double ahead = *ahead_io;
+    int nan_any = 0;
+    Py_ssize_t j = m + 1;
+#if defined(__SSE2__)
+    {
+        const __m128d v_rate = _mm_set1_pd(rate), v_aend = _mm_set1_pd(a_end),
+                      v_afar = _mm_set1_pd(a_far), v_cend = _mm_set1_pd(c_end),
+                      v_two = _mm_set1_pd(2.0);
+        __m128d v_t = _mm_set_pd(2.0, 1.0), v_ahead = _mm_setzero_pd(),
+                v_nan = _mm_setzero_pd();
+        for (; j + 1 <= high; j += 2) {
+            __m128d f = _mm_set_pd(above[cells[j + 1]], above[cells[j]]);
+            v_nan = _mm_or_pd(v_nan, _mm_cmpunord_pd(f, f));
+            __m128d den = _mm_max_pd(v_cend, f); /* c_end > f ? c_end : f */
+            __m128d a_up = _mm_add_pd(v_aend, _mm_mul_pd(v_t, v_rate));
+            a_up = _mm_min_pd(v_afar, a_up);     /* a_up > a_far ? a_far : a_up */
+            v_ahead = _mm_max_pd(_mm_div_pd(a_up, den), v_ahead); /* r > ahead ? r : ahead */
+            v_t = _mm_add_pd(v_t, v_two);
+        }
+        double lane[2];
+        _mm_storeu_pd(lane, v_ahead);
+        for (int l = 0; l < 2; l++)
+            if (lane[l] > ahead) ahead = lane[l];
+        nan_any = _mm_movemask_pd(v_nan) != 0;
+    }
+#endif
+    for (; j <= last; j++) {
+        double f = above[cells[j]];
+        if (isnan(f)) nan_any = 1;
+        if (j <= high) {
+            double den = c_end > f ? c_end : f;
+            double a_up = a_end + (double)(j - m) * rate;
+            if (a_up > a_far) a_up = a_far;
+            double r = a_up / den;
+            if (r > ahead) ahead = r;
+        }
+    }
+    *ahead_io = ahead;
+    if (nan_any) *nan_seen = 1;
+}
 
 PyObject *bf_joint(PyObject *self, PyObject *args) {
     Py_buffer probs, ids, massb, cellsb, aboveb;
@@ -50,8 +106,11 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "joint: inconsistent sizes");
         goto done;
     }
-    for (Py_ssize_t j = 0; j < ntot; j++) {
-        if (cells[j] < 0 || cells[j] >= ncell) {
+    { /* branch-free: a cell outside [0, ncell) sets the sign of cell | (ncell - 1 - cell) */
+        int64_t out = 0;
+        for (Py_ssize_t j = 0; j < ntot; j++)
+            out |= cells[j] | (int64_t)((uint64_t)ncell - 1 - (uint64_t)cells[j]);
+        if (out < 0) {
             PyErr_SetString(PyExc_ValueError, "joint: a cell index is out of range");
             goto done;
         }
@@ -67,9 +126,21 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
             }
             for (Py_ssize_t r = 0; r < b; r++) {
                 double row = 1.0, sum = 0.0;
-                for (Py_ssize_t d = 0; d < depth; d++) {
+                const double *pr = p + r * depth * k;
+                Py_ssize_t d = 0;
+                /* four levels' sums at once (each still in its own order, j = 0 … k - 1) */
+                for (; d + 4 <= depth; d += 4) {
+                    double lv[4] = {0.0, 0.0, 0.0, 0.0};
+                    for (Py_ssize_t j = 0; j < k; j++)
+                        for (int l = 0; l < 4; l++) lv[l] += pr[(d + l) * k + j];
+                    for (int l = 0; l < 4; l++) {
+                        row *= lv[l];
+                        sum += row;
+                    }
+                }
+                for (; d < depth; d++) {
                     double level = 0.0;
-                    for (Py_ssize_t j = 0; j < k; j++) level += p[(r * depth + d) * k + j];
+                    for (Py_ssize_t j = 0; j < k; j++) level += pr[d * k + j];
                     row *= level;
                     sum += row;
                 }
@@ -91,9 +162,12 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
             PyErr_NoMemory();
             goto done;
         }
-        for (Py_ssize_t r = 0; r < b; r++) cap[r] = n_max;
-        int status = 0, more = 0;
-        Py_ssize_t m = 0, chosen = 0;
+        for (Py_ssize_t r = 0; r < b; r++) {
+            cap[r] = n_max;
+            built[r] = 1.0;
+        }
+        int status = 0, more = 0, monotone = 1;
+        Py_ssize_t m = 0, chosen = 0, priced = 0, built_upto = 0;
         for (;;) {
             if ((size_t)total + 1 > cap_nodes) {
                 cap_nodes = (size_t)total + 1;
@@ -126,8 +200,10 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
                 status = -2;
                 break;
             }
+            /* the chain's first `priced` passes are the last round's (its growth resumed):
+             * their Ĉ, Â, Ŝ, the argmax over them and the built masses carry over */
             int bad = !(isfinite(ar) && ar > 0.0);
-            for (Py_ssize_t j = 0; j <= m; j++) {
+            for (Py_ssize_t j = priced; j <= m; j++) {
                 c_hat[j] = above[cells[j]];
                 if (!(isfinite(c_hat[j]) && c_hat[j] > 0.0)) bad = 1;
             }
@@ -135,20 +211,19 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
                 status = -1;
                 break;
             }
-            a_hat[0] = (double)b;
-            for (Py_ssize_t j = 0; j < m; j++) a_hat[j + 1] = a_hat[j] + g_sco[j];
-            chosen = 0;
-            for (Py_ssize_t j = 0; j <= m; j++) {
-                s_hat[j] = a_hat[j] * ar / c_hat[j];
+            if (priced == 0) a_hat[0] = (double)b;
+            for (Py_ssize_t j = priced > 0 ? priced - 1 : 0; j < m; j++)
+                a_hat[j + 1] = a_hat[j] + g_sco[j];
+            for (Py_ssize_t j = priced; j <= m; j++) s_hat[j] = a_hat[j] * ar / c_hat[j];
+            for (Py_ssize_t j = priced; j <= m; j++)
                 if (s_hat[j] > s_hat[chosen]) chosen = j;
-            }
+            for (Py_ssize_t j = priced > 0 ? priced : 1; j <= m && monotone; j++)
+                monotone = c_hat[j] >= c_hat[j - 1];
+            priced = m + 1;
             if (!more) break;
             double growth = 2.0;
-            int monotone = m > 0;
-            for (Py_ssize_t j = 1; j <= m && monotone; j++) monotone = c_hat[j] >= c_hat[j - 1];
-            if (monotone) {
-                for (Py_ssize_t r = 0; r < b; r++) built[r] = 1.0;
-                for (Py_ssize_t j = 0; j < m; j++) built[g_req[j]] += g_sco[j];
+            if (monotone && m > 0) {
+                for (; built_upto < m; built_upto++) built[g_req[built_upto]] += g_sco[built_upto];
                 double rho = g_sco[m - 1], unseen = 0.0;
                 for (Py_ssize_t r = 0; r < b; r++) {
                     double left = mass[r] - built[r];
@@ -162,25 +237,16 @@ PyObject *bf_joint(PyObject *self, PyObject *args) {
                 /* bastion.joint._floor_bound on the decision curve, its own floor: what any
                  * longer chain prices at each total ahead */
                 {
-                    double rate = rho * (1.0 + 1e-12), ahead = 0.0;
-                    double a_end = a_hat[m], c_end = c_hat[m];
-                    Py_ssize_t last = ntot - 1, high = last < most ? last : most;
+                    double ahead = 0.0;
                     int nan_seen = 0;
-                    for (Py_ssize_t j = last; j > m; j--) {
-                        double f = above[cells[j]];
-                        if (isnan(f)) nan_seen = 1;
-                        double den = c_end > f ? c_end : f;
-                        if (j <= high) {
-                            double a_up = a_end + (double)(j - m) * rate;
-                            if (a_up > a_far) a_up = a_far;
-                            double r = a_up / den;
-                            if (r > ahead) ahead = r;
-                        }
-                        if (j == last && most > last) {
-                            double r = a_far / den;
-                            if (r > ahead) ahead = r;
-                        }
+                    Py_ssize_t last = ntot - 1, high = last < most ? last : most;
+                    if (last > m && most > last) { /* beyond the priced totals */
+                        double f = above[cells[last]], den = c_hat[m] > f ? c_hat[m] : f;
+                        double r = a_far / den;
+                        if (r > ahead) ahead = r;
                     }
+                    bf_floor_ahead(above, cells, m, high, last, a_hat[m], c_hat[m],
+                                   rho * (1.0 + 1e-12), a_far, &ahead, &nan_seen);
                     if (!nan_seen && ahead * ar <= s_hat[chosen]) break;
                 }
                 /* (the curve's growth_s is 0: no second bound) */

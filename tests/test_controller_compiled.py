@@ -238,6 +238,9 @@ def test_compiled_joint_budget_hands_back_what_it_cannot_price() -> None:
         kernel.joint(probs, ids, 3, 2, 8, 1, 15, mass, cells, ones, 1.0)
     with pytest.raises(ValueError, match="out of range"):
         kernel.joint(probs, ids, 3, 2, 8, 1, 14, mass, cells + 1, ones, 1.0)
+    for low in (-1, np.iinfo(np.int64).min):  # below 0 too (the check is branch-free)
+        with pytest.raises(ValueError, match="out of range"):
+            kernel.joint(probs, ids, 3, 2, 8, 1, 14, mass, cells + low, ones, 1.0)
 
 
 @settings(max_examples=200, deadline=None)
