@@ -14,6 +14,7 @@
  *            j-th added node, its request (int64) and its score; more: 1 if some request could
  *            still grow; tokens (given token_ids, B * depth * k int64): each node's token,
  *            the roots' -1.
+ * The heap's push and sift are inlined into the growth loop (entries passed by address).
  */
 #include "_bestfirst.h"
 
@@ -26,34 +27,40 @@ static inline int fbefore(const fentry *a, const fentry *b) {
     return a->rank < b->rank;
 }
 
-static void fpush(fentry *heap, Py_ssize_t *n, fentry e) {
+#if defined(__GNUC__) || defined(__clang__)
+#define HEAP_INLINE static inline __attribute__((always_inline))
+#else
+#define HEAP_INLINE static inline
+#endif
+
+HEAP_INLINE void fpush(fentry *heap, Py_ssize_t *n, const fentry *e) {
     Py_ssize_t i = (*n)++;
     while (i > 0) {
         Py_ssize_t up = (i - 1) / 2;
-        if (!fbefore(&e, &heap[up])) break;
+        if (!fbefore(e, &heap[up])) break;
         heap[i] = heap[up];
         i = up;
     }
-    heap[i] = e;
+    heap[i] = *e;
 }
 
 /* Put e at the root (replacing the top) and sift it down. */
-static void freplace_top(fentry *heap, Py_ssize_t size, fentry e) {
+HEAP_INLINE void freplace_top(fentry *heap, Py_ssize_t size, const fentry *e) {
     Py_ssize_t i = 0;
     for (;;) {
         Py_ssize_t c = 2 * i + 1;
         if (c >= size) break;
         if (c + 1 < size) c += fbefore(&heap[c + 1], &heap[c]);
-        if (!fbefore(&heap[c], &e)) break;
+        if (!fbefore(&heap[c], e)) break;
         heap[i] = heap[c];
         i = c;
     }
-    heap[i] = e;
+    heap[i] = *e;
 }
 
 static void fpop(fentry *heap, Py_ssize_t *n) {
     fentry last = heap[--(*n)];
-    if (*n > 0) freplace_top(heap, *n, last);
+    if (*n > 0) freplace_top(heap, *n, &last);
 }
 
 /* The growth loop of forest(): adds nodes beyond the B roots in merged order until `total`
@@ -78,7 +85,7 @@ Py_ssize_t bf_forest_grow(const double *p, Py_ssize_t b, Py_ssize_t depth, Py_ss
             const double *pr = p + r * depth * k;
             if (depth > 0 && k > 0 && cap[r] > 1 && pr[0] > 0.0) {
                 fentry e = {pr[0], 1.0, (int32_t)r, 1, 0, 0};
-                fpush(heap, &hn, e);
+                fpush(heap, &hn, &e);
             }
         }
     }
@@ -98,28 +105,37 @@ Py_ssize_t bf_forest_grow(const double *p, Py_ssize_t b, Py_ssize_t depth, Py_ss
         g_sco[m] = e.score;
         m++;
         const double *pr = p + r * depth * k;
-        fentry add[2];
-        int n_add = 0;
+        fentry sib, child;
+        int has_sib = 0, has_child = 0;
         if (e.rank + 1 < k) { /* next sibling */
             double s = e.parent_score * pr[(e.depth - 1) * k + e.rank + 1];
             if (s > 0.0) {
-                fentry sib = {s, e.parent_score, e.request, e.depth, e.parent, e.rank + 1};
-                add[n_add++] = sib;
+                sib = (fentry){s, e.parent_score, e.request, e.depth, e.parent, e.rank + 1};
+                has_sib = 1;
             }
         }
         if (e.depth < depth) { /* first child */
             double s = e.score * pr[e.depth * k];
             if (s > 0.0) {
-                fentry child = {s, e.score, e.request, e.depth + 1, (int32_t)pos, 0};
-                add[n_add++] = child;
+                child = (fentry){s, e.score, e.request, e.depth + 1, (int32_t)pos, 0};
+                has_child = 1;
             }
         }
-        if (n_add == 0) {
+        /* the earlier successor replaces the top (a short sift), the later is pushed */
+        if (has_sib && has_child) {
+            if (fbefore(&sib, &child)) {
+                freplace_top(heap, hn, &sib);
+                fpush(heap, &hn, &child);
+            } else {
+                freplace_top(heap, hn, &child);
+                fpush(heap, &hn, &sib);
+            }
+        } else if (has_sib) {
+            freplace_top(heap, hn, &sib);
+        } else if (has_child) {
+            freplace_top(heap, hn, &child);
+        } else {
             fpop(heap, &hn);
-        } else { /* the earlier successor replaces the top (a short sift), the later is pushed */
-            int late = n_add == 2 && fbefore(&add[0], &add[1]) ? 1 : 0;
-            freplace_top(heap, hn, add[n_add == 2 ? 1 - late : 0]);
-            if (n_add == 2) fpush(heap, &hn, add[late]);
         }
     }
     int any = 0;
