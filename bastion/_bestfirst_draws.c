@@ -169,7 +169,9 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
         int64_t *tg = (int64_t *)target.buf;
         double keep = 1.0 - ratio_min;
         /* First pass: each position's bank row (its index in the whole bank, for its sum;
-           its fork and branch flags kept), and a prefetch of the first-half row it reads. The
+           its fork and branch flags kept), and a prefetch of the first-half row it reads (every
+           line of it: a row of k doubles straddles one more line than it fills where the bank
+           is not aligned to lines, as numpy's allocations are not) and of its sum. The
            rows are picked at random from ~512 KB, which the rest of a simulated step evicts
            from the caches between steps: touching them all first lets the memory system fetch
            many at once instead of one per position. */
@@ -194,8 +196,10 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
                 rows[i * depth + d] = pk[s * depth + d] + (fork ? bank_size : 0);
                 flags[i * depth + d] = (unsigned char)(fork | (branch << 1));
 #if defined(__GNUC__) || defined(__clang__)
-                for (Py_ssize_t c = 0; c < k; c += 8)
-                    __builtin_prefetch(bk + pk[s * depth + d] * k + c, 0, 1);
+                const double *first = bk + pk[s * depth + d] * k;
+                for (Py_ssize_t c = 0; c < k; c += 8) __builtin_prefetch(first + c, 0, 1);
+                __builtin_prefetch(first + k - 1, 0, 1); /* a row's last line (rows straddle) */
+                __builtin_prefetch(bsum + rows[i * depth + d], 0, 1);
 #endif
             }
         }
