@@ -3,6 +3,9 @@
  * learn() and the calibrated marginals calibrate() (see the comment above each).
  */
 #include "_bestfirst.h"
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <string.h>
 
@@ -440,7 +443,10 @@ done:
  *   q = min(p * g, 1) for every candidate of every row (rows = B * D request-major rows of k,
  *   g one [D, k] factor matrix shared by the requests), each row then sorted descending with
  *   ties in their original order (numpy's stable argsort of -q). When every row is still
- *   sorted, only q comes back (the order is the identity and the ids are unchanged). */
+ *   sorted, only q comes back (the order is the identity and the ids are unchanged). q is
+ *   formed in one pass over each block of D rows, the rows' order checked in a second (SSE2);
+ *   the identity order and the ids are written for all rows at once, the unsorted rows' over
+ *   them. */
 PyObject *bf_calibrate(PyObject *self, PyObject *args) {
     Py_buffer pb, ib, gb;
     Py_ssize_t rows, k;
@@ -458,7 +464,6 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
     {
         const double *p = (const double *)pb.buf, *g = (const double *)gb.buf;
         const int64_t *ids = (const int64_t *)ib.buf;
-        Py_ssize_t grows = gcells / k; /* the factor matrix repeats every D rows */
         o_q = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(double));
         if (!o_q) goto done;
         double *q = (double *)PyBytes_AS_STRING(o_q);
@@ -468,19 +473,31 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
             PyErr_NoMemory();
             goto done;
         }
-        int sorted = 1;
-        for (Py_ssize_t r = 0, gr = 0; r < rows; r++) { /* no division in the inner loop */
-            const double *pr = p + r * k, *g_row = g + gr * k;
-            double *qr = q + r * k;
-            int out_of_order = 0;
-            for (Py_ssize_t j = 0; j < k; j++) {
-                double v = pr[j] * g_row[j];
-                qr[j] = v < 1.0 ? v : 1.0;
-                out_of_order |= j && qr[j - 1] < qr[j];
+        /* q = min(p * g, 1) over each block of D rows (g's), one long vectorised loop */
+        for (Py_ssize_t base = 0; base < cells; base += gcells) {
+            const double *pb_ = p + base;
+            double *qb_ = q + base;
+            for (Py_ssize_t c = 0; c < gcells; c++) {
+                double v = pb_[c] * g[c];
+                qb_[c] = v < 1.0 ? v : 1.0;
             }
+        }
+        int sorted = 1;
+        for (Py_ssize_t r = 0; r < rows; r++) {
+            const double *qr = q + r * k;
+            int out_of_order = 0;
+            Py_ssize_t j = 1;
+#if defined(__SSE2__)
+            __m128d rise = _mm_setzero_pd(); /* qr[j - 1] < qr[j], two pairs at a time */
+            for (; j + 1 < k; j += 2) {
+                __m128d before = _mm_loadu_pd(qr + j - 1), here = _mm_loadu_pd(qr + j);
+                rise = _mm_or_pd(rise, _mm_cmplt_pd(before, here));
+            }
+            out_of_order = _mm_movemask_pd(rise) != 0;
+#endif
+            for (; j < k; j++) out_of_order |= qr[j - 1] < qr[j];
             unsorted[r] = (unsigned char)out_of_order;
             sorted &= !out_of_order;
-            if (++gr == grows) gr = 0;
         }
         if (sorted) {
             result = Py_BuildValue("(OOO)", o_q, Py_None, Py_None);
@@ -491,14 +508,17 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
         if (!o_ids || !o_ord) goto done;
         int64_t *out_ids = (int64_t *)PyBytes_AS_STRING(o_ids);
         int64_t *order = (int64_t *)PyBytes_AS_STRING(o_ord);
+        /* what the sort leaves a sorted row: the identity order, the same ids (written for
+           every row at once; the unsorted rows' are written over below) */
+        memcpy(out_ids, ids, (size_t)cells * sizeof(int64_t));
+        for (Py_ssize_t j = 0; j < k; j++) order[j] = j;
+        for (Py_ssize_t done_ = k; done_ < cells; done_ *= 2) /* the rows so far, doubled */
+            memcpy(order + done_, order,
+                   (size_t)(done_ < cells - done_ ? done_ : cells - done_) * sizeof(int64_t));
         for (Py_ssize_t r = 0; r < rows; r++) {
             double *qr = q + r * k;
             int64_t *o = order + r * k;
-            if (!unsorted[r]) { /* what the sort leaves it: the identity order, the same ids */
-                for (Py_ssize_t j = 0; j < k; j++) o[j] = j;
-                memcpy(out_ids + r * k, ids + r * k, (size_t)k * sizeof(int64_t));
-                continue;
-            }
+            if (!unsorted[r]) continue;
             for (Py_ssize_t j = 0; j < k; j++) { /* insertion sort: stable, descending */
                 double v = qr[j];
                 Py_ssize_t i = j;
