@@ -63,8 +63,8 @@ class Lerp:
 
     def __getitem__(self, index: Any) -> Any:
         """A float at an integer index; an array at an index array or slice."""
-        if isinstance(index, int | np.integer):
-            return (1.0 - self.w) * float(self.lo[index]) + self.w * float(self.hi[index])
+        if type(index) is int or isinstance(index, np.integer):  # (the hot path: an int)
+            return (1.0 - self.w) * self.lo.item(index) + self.w * self.hi.item(index)
         return (1.0 - self.w) * self.lo[index] + self.w * self.hi[index]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> FloatArray:

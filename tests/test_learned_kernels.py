@@ -353,8 +353,8 @@ def test_a_lerp_reads_what_the_whole_interpolation_holds(seed: int) -> None:
     lerp, whole = Lerp(lo, hi, w), (1.0 - w) * lo + w * hi
     assert len(lerp) == n and np.asarray(lerp).tobytes() == whole.tobytes()
     for i in rng.integers(0, n, 20).tolist():
-        got = lerp[i]
-        assert type(got) is float and got == whole[i]
+        got, at_numpy_int = lerp[i], lerp[np.int64(i)]
+        assert type(got) is float and got == whole[i] and at_numpy_int == got
     idx = rng.integers(0, n, 50)
     assert lerp[idx].tobytes() == whole[idx].tobytes()
     assert lerp[n // 3 : n // 2 + 1].tobytes() == whole[n // 3 : n // 2 + 1].tobytes()
