@@ -56,7 +56,7 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.errors import ConfigError
 from bastion.guard import INT64_LIMIT, integer, public
-from bastion.sim.batching import BatchSums
+from bastion.sim.batching import BatchSums, compiled_sums
 from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.measured_truth import ints, measured_pass, measured_prep, measured_step
 from bastion.sim.pass_pricing import PassPricer
@@ -434,6 +434,11 @@ class SimulatedGPU:
             return draft, host, verify
         if kind == "ar":
             return 0.0, 0.0, self.ar_s(contexts, prefill_tokens, prefill_contexts)
+        batched = _batch_step(  # B > 1: the three passes from one call's sums
+            self, kind, tree_sizes, contexts, topk, controller, prefill_tokens, prefill_contexts
+        )
+        if batched is not None:
+            return batched
         draft = self.draft_s(contexts)
         prep = self.prep_s(tree_sizes, topk, contexts, controller, kind == "chain")
         tree = kind == "tree"
@@ -442,6 +447,45 @@ class SimulatedGPU:
             prep,
             self.verify_s(tree_sizes, contexts, prefill_tokens, prefill_contexts, tree),
         )
+
+
+def _batch_step(
+    gpu: SimulatedGPU,
+    kind: str,
+    tree_sizes: npt.ArrayLike,
+    contexts: npt.ArrayLike,
+    topk: bool,
+    controller: bool | str,
+    prefill_tokens: npt.ArrayLike,
+    prefill_contexts: npt.ArrayLike,
+) -> tuple[float, float, float] | None:
+    """:meth:`SimulatedGPU.step_s` of a drafted step of B > 1 requests under a roofline truth,
+    its three passes priced from one compiled call's sums (Σ s, Σ s², Σ⌈c / q⌉, Σ s·⌈c / q⌉,
+    which the drafter's, the preparation's and the verification's paths each compute again);
+    None where that call does not answer (other arrays, batch 1, values out of its range): the
+    passes' own paths then run. The same whole numbers, the same formulas
+    (``BatchSums.bucket_sum`` and ``decode_sums``, ``prep._tree_sums``) and the noise drawn in
+    the same order: the same seconds (the fingerprints of ``benchmarks/bench_sim.py``)."""
+    if type(tree_sizes) is not np.ndarray or tree_sizes.ndim != 1 or tree_sizes.shape[0] < 2:
+        return None
+    q = gpu.sums.context_quantum
+    got = compiled_sums(tree_sizes, contexts, q)
+    if got is None:
+        return None
+    b, n, s_sq, k_sum, s_k = got
+    draft = gpu._noisy(gpu.pricer.price_draft_sum(b, float(k_sum)))
+    tokens, square, sk = float(n), float(s_sq), float(s_k)
+    sums = (tokens, square, float(q * s_k) + square)  # _tree_sums' (Σ s, Σ s², pairs)
+    prep = gpu._noisy(gpu.prep.from_sums(b, sums, topk, controller, kind == "chain"))
+    # decode_sums': the tree blocks' pairs, the KV tokens, the causal pairs
+    pairs, kv, causal = q * sk + square, q * float(k_sum) + tokens, q * sk + (square + tokens) / 2.0
+    chunks = checked_chunks(prefill_tokens, prefill_contexts)
+    tree = kind == "tree"
+    if chunks[0]:
+        verify = gpu.pricer.price_mixed((b, tokens, pairs, kv), chunks, tree, causal)
+    else:
+        verify = gpu.pricer.price_pass(b, tokens, pairs, kv, tree, causal)
+    return draft, prep, gpu._noisy(verify)
 
 
 def _sim_backend(model: ModelSpec, hw: HardwareProfile, seed: int = 0):  # type: ignore[no-untyped-def]

@@ -155,6 +155,8 @@ class PassPricer:
         self._gemm = np.array([n in _GEMM_OPS for n in names], dtype=np.float64)
         self._expert_idx = np.array([i for i, n in enumerate(names) if n in _EXPERT_OPS], int)
         self._lm = names.index("lm_head")
+        # the LM head's compute and memory columns (_lm_head: a prefill chunk's logit rows)
+        self._lm_columns = self._matrix[:, [self._lm, self._ops + self._lm]]
         self._launch = np.asarray(pricer.launch_s, dtype=np.float64)
         # tensor parallelism: each pass's all-reduces, comm_const + comm_slope · T seconds
         self._comm = pricer.has_comm
@@ -397,7 +399,7 @@ class PassPricer:
 
 def _lm_head(p: PassPricer, hx: Array, ht: Array) -> Array:
     """The LM head's seconds on its own feature rows ``hx`` (``ht`` token counts each)."""
-    hy = hx @ p._matrix[:, [p._lm, p._ops + p._lm]]
+    hy = hx @ p._lm_columns
     lm = np.maximum(hy[:, 0], hy[:, 1])
     if p._shape_list:
         hidx = np.minimum(np.searchsorted(p._shape_t, ht), p._shape_t.size - 1)
@@ -405,6 +407,15 @@ def _lm_head(p: PassPricer, hx: Array, ht: Array) -> Array:
     if p.phi is not None:
         return lm * p.phi[p.phi_rows(ht), p._lm]  # type: ignore[no-any-return]
     return lm
+
+
+def _lm_head_one(p: PassPricer, hx: Array, tokens: float) -> float:
+    """:func:`_lm_head` of one row as a float: without step or shape factors, the larger of its
+    two products taken on Python floats as np.maximum takes it (NaN wins)."""
+    if p._shape_list or p.phi is not None:
+        return float(_lm_head(p, hx, np.array([tokens]))[0])
+    compute, memory = (hx @ p._lm_columns)[0].tolist()
+    return float(compute if compute >= memory or compute != compute else memory)
 
 
 def _price_one(
@@ -431,8 +442,7 @@ def _price_one(
         total = float(np.add.reduce(per_op, axis=1)[0]) + pen * float((per_op @ p._attention)[0])
         lm_op = float(per_op[0, p._lm])
     if head is not None:
-        lm = _lm_head(p, head[0], np.array([head[1]]))
-        total = total - lm_op + float(lm[0])
+        total = total - lm_op + _lm_head_one(p, *head)
     total = total + p._launch_plain + pen * p._launch_attention
     if p._comm:  # the all-reduces of tensor parallelism, after the device's time
         total = total + (p._comm_const + p._comm_slope * tokens)

@@ -20,6 +20,7 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.cost.opcounts import RooflineOptions
 from bastion.cost.parallel import tp_shard
+from bastion.errors import ConfigError
 from bastion.sim.batching import compiled_sums, quantise
 from bastion.sim.ground_truth import GroundTruth
 
@@ -87,7 +88,6 @@ class HostPrep:
         path: bool = False,
     ) -> float:
         """:meth:`bastion.sim.gpu.SimulatedGPU.prep_truth` under a roofline truth."""
-        t = self.truth
         one: float | None = None  # batch 1's one tree size (its sums on Python floats)
         if isinstance(tree_sizes, np.ndarray) and tree_sizes.shape == (1,):
             one, b = float(tree_sizes[0]), 1
@@ -97,6 +97,28 @@ class HostPrep:
             else:
                 s = np.atleast_1d(np.asarray(tree_sizes, dtype=np.float64))
             b = s.shape[0]
+        sums = None  # chains: no tree work, no tree sums
+        if topk and not path:
+            if one is None:
+                given = tree_sizes if isinstance(tree_sizes, np.ndarray) else None
+                sums = _tree_sums(s, contexts, self.truth.context_quantum, given)
+            else:
+                sums = _tree_sums_one(one, contexts, self.truth.context_quantum)
+        return self.from_sums(b, sums, topk, controller, path)
+
+    def from_sums(
+        self,
+        b: int,
+        sums: tuple[float, float, float] | None,
+        topk: bool = True,
+        controller: bool | str = False,
+        path: bool = False,
+    ) -> float:
+        """:meth:`seconds` of ``b`` requests whose trees' (Σ s, Σ s², Σ s·c + Σ s²), contexts
+        quantised, are ``sums`` (what :func:`_tree_sums` gives; unused, and may be None, for
+        chains: ``not topk or path``). The simulated GPU's batched step passes the sums it
+        computed for its passes (one compiled call for the three)."""
+        t = self.truth
         logits = b * self.depth * self.model.vocab
         bw = self.byte_rate
         if not topk or path:  # chains: the argmax, or a decision's top-K pass; no tree work
@@ -113,11 +135,9 @@ class HostPrep:
             elif controller and topk:
                 seconds += self._decision_s(b)
         else:
-            if one is None:
-                given = tree_sizes if isinstance(tree_sizes, np.ndarray) else None
-                nodes, square, pairs = _tree_sums(s, contexts, t.context_quantum, given)
-            else:
-                nodes, square, pairs = _tree_sums_one(one, contexts, t.context_quantum)
+            if sums is None:
+                raise ConfigError("a tree step's preparation needs its trees' sums")
+            nodes, square, pairs = sums
             layers = self.model.layers
             moved = min(self.depth + 1.0, nodes / max(b, 1)) * b  # tokens compacted, at most
             # read + write K and V, each element bytes_per_act (2 unless the truth says)

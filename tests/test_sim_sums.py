@@ -127,3 +127,68 @@ def test_sums_decline_and_raise_as_numpy() -> None:
     assert sums.decode_sums(s[:0], c[:0]) == (0, 0.0, 0.0, 0.0, 0.0)
     # k = ⌈c / 16⌉ = 0, 7, 13, 19, 25
     assert batching._sums(s, c, 16) == (5, 15, 55, 64, 0 + 14 + 39 + 76 + 125)
+
+
+# -- a batched step priced from one call's sums (gpu._batch_step) ----------------------------
+
+
+def _gpu(seed: int = 3):  # type: ignore[no-untyped-def]
+    from bastion.cost.hardware import get_profile
+    from bastion.cost.models import DrafterSpec, get_model
+    from bastion.sim.gpu import SimulatedGPU
+
+    model = get_model("qwen3-8b")
+    return SimulatedGPU(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model), seed=seed)
+
+
+def _per_pass(g, kind, s, c, topk, controller, new, ctx):  # type: ignore[no-untyped-def]
+    """step_s's three passes, each priced on its own path (what it does without the sums)."""
+    draft = g.draft_s(c)
+    prep_s = g.prep_s(s, topk, c, controller, kind == "chain")
+    return draft, prep_s, g.verify_s(s, c, new, ctx, kind == "tree")
+
+
+@needs_sums
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 300), st.integers(0, 40_000)), min_size=1, max_size=40),
+    st.sampled_from(["tree", "chain"]),
+    st.booleans(),
+    st.sampled_from([False, True, "repeat"]),
+    st.sampled_from([((), ()), ([512], [0]), ([300, 77], [1024, 0])]),
+)
+def test_batched_step_equals_its_passes(rows, kind, topk, controller, chunks) -> None:  # type: ignore[no-untyped-def]
+    s = np.array([r[0] for r in rows], np.int64)
+    c = np.array([r[1] for r in rows], np.int64)
+    c.setflags(write=False)  # (the server's contexts are read-only)
+    one, other = _gpu(), _gpu()  # the same seed: the same noise, drawn in the same order
+    for _ in range(3):
+        fast = one.step_s(kind, s, c, topk, controller, *chunks)
+        slow = _per_pass(other, kind, s, c, topk, controller, *chunks)
+        assert fast == slow and all(type(x) is float for x in fast)
+
+
+def test_batched_step_declines_what_its_sums_do_not_take() -> None:
+    from bastion.sim import gpu as gpu_module
+
+    g = _gpu()
+    c = np.arange(1, 6, dtype=np.int64) * 100
+    s = np.arange(1, 6, dtype=np.int64)
+    args = ("tree", True, False, (), ())
+    assert gpu_module._batch_step(g, args[0], s[:1], c[:1], *args[1:]) is None  # batch 1
+    assert gpu_module._batch_step(g, args[0], s.tolist(), c, *args[1:]) is None  # a list
+    assert gpu_module._batch_step(g, args[0], s[::2], c[:3], *args[1:]) is None  # strided
+    with pytest.raises(ConfigError):  # a size below 1: the passes' own path refuses it
+        g.step_s("tree", s - 1, c)
+    with pytest.raises(ConfigError):
+        g.prep.from_sums(5, None, True, False, False)  # a tree step needs its sums
+
+
+def test_lm_head_one_is_lm_heads() -> None:
+    from bastion.sim import pass_pricing
+
+    p = _gpu().pricer
+    for rows in (1.0, 7.0, 513.0, 4096.0):
+        hx = np.array([[1.0, rows, 64.0 * np.ceil(rows / 64.0), 0.0, 0.0, 0.0, 0.0]])
+        want = float(pass_pricing._lm_head(p, hx, np.array([rows]))[0])
+        assert pass_pricing._lm_head_one(p, hx, rows) == want
