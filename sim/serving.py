@@ -454,8 +454,10 @@ def serve(
                 cost_model.observe(*observed_load(requests, rec.trees), t_verify)
             committed = rec.result.committed_lens
             # the accepted tokens stay in the cache, the rest of the trees' slots are freed
-            # (an AR step commits one token per request, its lookahead: nothing to count)
-            held = want if is_ar else kv.blocks_of(pool.context_len[slots])
+            # (an AR step commits one token per request, its lookahead: nothing to count); the
+            # pool's contexts are now contexts + committed (≥ 1 each): Σ ⌈(c + max(n, 0)) / bt⌉
+            # counts them without gathering them again
+            held = want if is_ar else kv.blocks_of(contexts, 0, committed)
             kv.hold(held - want)
             # what the step delivered (nothing past the output length counts) and accepted
             # are formed from these at the end, for every step at once (_attach_steps)
