@@ -434,11 +434,13 @@ class SimulatedGPU:
             return draft, host, verify
         if kind == "ar":
             return 0.0, 0.0, self.ar_s(contexts, prefill_tokens, prefill_contexts)
-        batched = _batch_step(  # B > 1: the three passes from one call's sums
+        # batch 1 from its caches, B > 1 from one call's sums (else each pass on its own path)
+        one = type(tree_sizes) is np.ndarray and tree_sizes.shape == (1,)
+        fused = (_single_step if one else _batch_step)(
             self, kind, tree_sizes, contexts, topk, controller, prefill_tokens, prefill_contexts
         )
-        if batched is not None:
-            return batched
+        if fused is not None:
+            return fused
         draft = self.draft_s(contexts)
         prep = self.prep_s(tree_sizes, topk, contexts, controller, kind == "chain")
         tree = kind == "tree"
@@ -447,6 +449,57 @@ class SimulatedGPU:
             prep,
             self.verify_s(tree_sizes, contexts, prefill_tokens, prefill_contexts, tree),
         )
+
+
+def _single_step(
+    gpu: SimulatedGPU,
+    kind: str,
+    tree_sizes: npt.ArrayLike,
+    contexts: npt.ArrayLike,
+    topk: bool,
+    controller: bool | str,
+    prefill_tokens: npt.ArrayLike,
+    prefill_contexts: npt.ArrayLike,
+) -> tuple[float, float, float] | None:
+    """:meth:`SimulatedGPU.step_s` of a drafted batch-1 step under a roofline truth without a
+    prefill chunk (every decode step at C = 1): the one tree size and context read once, the
+    drafter's pass and the verification from their caches (:meth:`SimulatedGPU.draft_truth`'s
+    and ``verify_truth``'s batch-1 paths), the preparation's sums on Python floats
+    (``prep._tree_sums_one``); None where a path would do more (a drafter price not cached
+    yet, a size beyond the curves, other arrays, a chunk): the passes' own paths then run.
+    The same operations, noise drawn in the same order: the same seconds."""
+    if (
+        type(tree_sizes) is not np.ndarray
+        or type(contexts) is not np.ndarray
+        or tree_sizes.shape != (1,)
+        or contexts.shape != (1,)
+        or tree_sizes.dtype != np.int64
+        or contexts.dtype != np.int64
+        or not isinstance(prefill_tokens, list | tuple)
+        or not isinstance(prefill_contexts, list | tuple)
+        or prefill_tokens
+        or prefill_contexts
+    ):
+        return None
+    s0, c0 = int(tree_sizes[0]), int(contexts[0])
+    draft = gpu._draft_cache.get(int(gpu.sums.quantise_one(float(c0))))
+    if draft is None or not 1 <= s0 <= gpu.max_tree_size:
+        return None
+    tree = kind == "tree"
+    cache = gpu._verify_cache if tree else gpu._causal_cache
+    curve = cache.get(int(gpu.sums.quantise_one(c0)))
+    if curve is None:
+        curve = gpu._curve(c0, tree)
+    draft = gpu._noisy(draft)
+    path = kind == "chain"
+    sums = None
+    if topk and not path:  # _tree_sums_one of the tree and its context
+        n = float(s0)
+        square = n * n
+        q = gpu.prep.truth.context_quantum
+        sums = (n, square, n * float(math.ceil(float(c0) / q) * q) + square)
+    prep = gpu._noisy(gpu.prep.from_sums(1, sums, topk, controller, path))
+    return draft, prep, gpu._noisy(float(curve[s0 - 1]))
 
 
 def _batch_step(

@@ -192,3 +192,32 @@ def test_lm_head_one_is_lm_heads() -> None:
         hx = np.array([[1.0, rows, 64.0 * np.ceil(rows / 64.0), 0.0, 0.0, 0.0, 0.0]])
         want = float(pass_pricing._lm_head(p, hx, np.array([rows]))[0])
         assert pass_pricing._lm_head_one(p, hx, rows) == want
+
+
+def test_single_step_equals_its_passes() -> None:
+    """Batch 1 (every decode step at C = 1): the drafter's and the verification's cached
+    prices and the preparation's float sums, equal to the passes' own paths, noise in order —
+    also where a price is not cached yet, or the size is beyond the curves (their paths run)."""
+    one, other = _gpu(5), _gpu(5)
+    for c0 in (0, 1, 15, 16, 17, 700, 700, 4097, 30_000):
+        for s0 in (1, 2, 23, 1024, 1025, 23):
+            s, c = np.array([s0], np.int64), np.array([c0], np.int64)
+            for kind, topk, controller in (
+                ("tree", True, True),
+                ("tree", True, "repeat"),
+                ("tree", True, False),
+                ("chain", False, False),
+                ("chain", True, True),
+                ("chain", False, "repeat"),
+            ):
+                fast = one.step_s(kind, s, c, topk, controller)
+                slow = _per_pass(other, kind, s, c, topk, controller, (), ())
+                assert fast == slow and all(type(x) is float for x in fast)
+    from bastion.sim import gpu as gpu_module
+
+    args = ("tree", True, False)  # others decline: floats, a chunk, two requests
+    s, c = np.array([5], np.int64), np.array([700], np.int64)
+    assert gpu_module._single_step(one, args[0], s, c, *args[1:], (), ()) is not None
+    assert gpu_module._single_step(one, args[0], s * 1.0, c, *args[1:], (), ()) is None
+    assert gpu_module._single_step(one, args[0], s, c, *args[1:], [64], [0]) is None
+    assert gpu_module._single_step(one, args[0], s, c.repeat(2), *args[1:], (), ()) is None
