@@ -26,7 +26,10 @@ routing model (:mod:`bastion.sim.routing`), prefill chunks riding in a pass
 (:mod:`bastion.sim.pass_pricing`), a step's preparation (:mod:`bastion.sim.prep`), and a measured
 truth's costs (:mod:`bastion.sim.measured_truth`). This module holds the GPU that ties them
 together: it caches batch-1 truth curves per context bucket (``context_quantum`` tokens), prices
-every pass through them, and draws the noise.
+every pass through them, and draws the noise. A decode step (:meth:`SimulatedGPU.step_s`) is
+priced on the passes' own paths, or — the same operations on the same numbers — at batch 1 from
+the caches in one go (``_single_step``) and above it from one compiled call's sums shared by its
+three passes (``_batch_step``).
 
 Noise: pass i is multiplied by exp(noise · z_i), z the standard normals of the GPU's generator
 (seeded by ``seed``) in order, drawn 1024 at a time; the sequence is a function of the seed (and,
