@@ -128,6 +128,8 @@ typedef struct {
     Py_ssize_t request, within, node;
 } merged;
 
+#define LEARN_STACK 2048 /* learn()'s scratch on the stack, in doubles (16 KiB) */
+
 #if defined(__GNUC__) || defined(__clang__)
 __attribute__((always_inline))
 #endif
@@ -146,11 +148,11 @@ static int merged_before(const void *pa, const void *pb) {
    (each node's merged rank, 1 …) filled, 0 where the hint is not the merged order exactly
    (rank and gains then hold partial values the merge overwrites). */
 static int learn_hinted(const int64_t *offsets, const double *scores, Py_ssize_t b,
-                        Py_ssize_t m_all, const Py_buffer *hint, double *gains, Py_ssize_t *rank) {
+                        Py_ssize_t m_all, const Py_buffer *hint, double *gains, Py_ssize_t *rank,
+                        int64_t *taken) {
     if (hint->len != m_all * (Py_ssize_t)sizeof(int64_t) || m_all < 1) return 0;
     const int64_t *req = (const int64_t *)hint->buf;
-    int64_t *taken = (int64_t *)calloc((size_t)b, sizeof(int64_t));
-    if (!taken) return 0; /* (the merge then runs: it reports the memory error itself) */
+    memset(taken, 0, (size_t)b * sizeof(int64_t));
     int ok = 1;
     merged prev = {0.0, 0, 0, 0};
     for (Py_ssize_t t = 0; t < m_all && ok; t++) {
@@ -173,7 +175,6 @@ static int learn_hinted(const int64_t *offsets, const double *scores, Py_ssize_t
         rank[node] = t + 1;
     }
     /* all m_all taken, none past its tree's end: every node exactly once */
-    free(taken);
     return ok;
 }
 
@@ -184,8 +185,10 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
     double a_decay, s_decay;
     PyObject *result = NULL;
     char *on = NULL, *on_rank = NULL;
-    double *tmp = NULL, *gains = NULL;
-    Py_ssize_t *rank = NULL, *path = NULL;
+    double *tmp = NULL, *gains = NULL, *heap_scratch = NULL;
+    double stack_scratch[LEARN_STACK]; /* the scratch below where it fits (most calls) */
+    Py_ssize_t *rank = NULL;
+    int64_t *taken = NULL;
     merged *items = NULL;
     PyObject *o_run = NULL, *o_deep = NULL;
     if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*nw*w*ndw*w*w*dy*|y*", &off, &par, &dep,
@@ -216,14 +219,28 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "learn: inconsistent sizes");
         goto done;
     }
-    on = (char *)calloc((size_t)n, 1);
-    tmp = (double *)calloc((size_t)(2 * cells + 1), sizeof(double));
-    gains = (double *)malloc((size_t)(n + 1) * sizeof(double));
-    rank = (Py_ssize_t *)malloc((size_t)n * sizeof(Py_ssize_t));
-    path = (Py_ssize_t *)malloc((size_t)(na + 1) * sizeof(Py_ssize_t));
-    if (!on || !tmp || !gains || !rank || !path) {
-        PyErr_NoMemory();
-        goto done;
+    /* the acceptance sums touch only the depths both tracked and drafted (used cells; the
+       others add 0.0); one scratch block, on the stack where it fits, zeroed where read */
+    Py_ssize_t tracked = cells / ranks_tr;
+    Py_ssize_t used = (tracked < draw ? tracked : draw) * ranks_tr;
+    {
+        Py_ssize_t words = 2 * used + (n + 1) + n + b + (2 * n + 1 + 7) / 8;
+        double *scratch = stack_scratch;
+        if (words > LEARN_STACK) {
+            scratch = heap_scratch = (double *)malloc((size_t)words * sizeof(double));
+            if (!scratch) {
+                PyErr_NoMemory();
+                goto done;
+            }
+        }
+        tmp = scratch;
+        gains = tmp + 2 * used;
+        rank = (Py_ssize_t *)(gains + n + 1);
+        taken = (int64_t *)(rank + n);
+        on = (char *)(taken + b);
+        on_rank = on + n; /* m_all + 1 = n - b + 1 bytes */
+        memset(tmp, 0, (size_t)(2 * used) * sizeof(double));
+        memset(on, 0, (size_t)n);
     }
     {
         Py_ssize_t t = 0;
@@ -250,7 +267,6 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
         }
     }
     /* acceptance: Σ p and Σ hit per cell over the exposed nodes, in node order (bincount) */
-    Py_ssize_t tracked = cells / ranks_tr;
     for (Py_ssize_t i = 0; i < b; i++) {
         Py_ssize_t a = offsets[i], e = offsets[i + 1];
         for (Py_ssize_t j = a + 1; j < e; j++) {
@@ -262,7 +278,8 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
                 }
             }
             int64_t pj = parents[j], d = depths[j] - 1, r = ranks[j];
-            if (pj < 0 || pj >= j - a || d < 0 || d >= draw || r < 0 || r >= k) {
+            if ((uint64_t)pj >= (uint64_t)(j - a) || (uint64_t)d >= (uint64_t)draw ||
+                (uint64_t)r >= (uint64_t)k) {
                 PyErr_SetString(PyExc_ValueError, "learn: not a tree of these marginals");
                 goto done;
             }
@@ -273,16 +290,36 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
             if (d >= tracked) continue;
             Py_ssize_t c = (Py_ssize_t)d * ranks_tr + (r < ranks_tr - 1 ? r : ranks_tr - 1);
             tmp[c] += p;
-            tmp[cells + c] += on[j] ? 1.0 : 0.0;
+            tmp[used + c] += on[j] ? 1.0 : 0.0;
         }
     }
-    for (Py_ssize_t c = 0; c < cells; c++) {
-        pred[c] *= a_decay;
-        real[c] *= a_decay;
-    }
-    for (Py_ssize_t c = 0; c < cells; c++) {
-        pred[c] += tmp[c];
-        real[c] += tmp[cells + c];
+    /* pred = pred * a_decay + Σ p, real likewise (each cell on its own: numpy's two passes) */
+    {
+        Py_ssize_t c = 0;
+#if defined(__SSE2__)
+        __m128d f = _mm_set1_pd(a_decay);
+        for (; c + 1 < used; c += 2) {
+            _mm_storeu_pd(pred + c, _mm_add_pd(_mm_mul_pd(_mm_loadu_pd(pred + c), f),
+                                               _mm_loadu_pd(tmp + c)));
+            _mm_storeu_pd(real + c, _mm_add_pd(_mm_mul_pd(_mm_loadu_pd(real + c), f),
+                                               _mm_loadu_pd(tmp + used + c)));
+        }
+#endif
+        for (; c < used; c++) {
+            pred[c] = pred[c] * a_decay + tmp[c];
+            real[c] = real[c] * a_decay + tmp[used + c];
+        }
+#if defined(__SSE2__)
+        __m128d z = _mm_setzero_pd();
+        for (; c + 1 < cells; c += 2) {
+            _mm_storeu_pd(pred + c, _mm_add_pd(_mm_mul_pd(_mm_loadu_pd(pred + c), f), z));
+            _mm_storeu_pd(real + c, _mm_add_pd(_mm_mul_pd(_mm_loadu_pd(real + c), f), z));
+        }
+#endif
+        for (; c < cells; c++) { /* + 0.0 as the sum of no node: -0.0 becomes 0.0 */
+            pred[c] = pred[c] * a_decay + 0.0;
+            real[c] = real[c] * a_decay + 0.0;
+        }
     }
     /* the chain's shadow: each request's leading rank-0 run and its tree's depth */
     o_run = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
@@ -314,7 +351,7 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
             gains[j - 1] = scores[j];
             rank[j] = j;
         }
-    } else if (!learn_hinted(offsets, scores, b, m_all, &hnt, gains, rank)) {
+    } else if (!learn_hinted(offsets, scores, b, m_all, &hnt, gains, rank, taken)) {
         items = (merged *)malloc((size_t)(m_all + 1) * sizeof(merged));
         if (!items) {
             PyErr_NoMemory();
@@ -374,10 +411,6 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
             rank[items[t2].node] = t2 + 1;
         }
     }
-    Py_ssize_t np_ = 0;
-    for (Py_ssize_t i = 0; i < b; i++)
-        for (Py_ssize_t j = offsets[i] + 1; j < offsets[i + 1]; j++)
-            if (on[j]) path[np_++] = rank[j];
     for (Py_ssize_t c = 0; c < nl; c++) {
         sda[c] *= s_decay;
         sdt[c] *= s_decay;
@@ -387,12 +420,10 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
         double sum = 0.0, prev_a = (double)b, prev_t = (double)b;
         Py_ssize_t summed = 0, ranked = 0, hits = 0;
         /* accepted nodes per merged rank 1 … N - B (each rank holds one node) */
-        on_rank = (char *)calloc((size_t)(m_all + 1), 1);
-        if (!on_rank) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        for (Py_ssize_t q = 0; q < np_; q++) on_rank[path[q]] = 1;
+        memset(on_rank, 0, (size_t)(m_all + 1));
+        for (Py_ssize_t i = 0; i < b; i++)
+            for (Py_ssize_t j = offsets[i] + 1; j < offsets[i + 1]; j++)
+                if (on[j]) on_rank[rank[j]] = 1;
         for (Py_ssize_t c = 0; c < nl && lattice[c] <= n; c++) {
             if (lattice[c] < b) continue;
             Py_ssize_t m = (Py_ssize_t)lattice[c] - b;
@@ -412,12 +443,7 @@ shadow:
 done:
     Py_XDECREF(o_run);
     Py_XDECREF(o_deep);
-    free(on);
-    free(on_rank);
-    free(tmp);
-    free(gains);
-    free(rank);
-    free(path);
+    free(heap_scratch);
     free(items);
     PyBuffer_Release(&off);
     PyBuffer_Release(&par);
