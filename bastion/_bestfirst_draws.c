@@ -38,8 +38,21 @@
  * takes numpy's exp of it in place (the fall above).
  */
 #include "_bestfirst.h"
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define DRAWS_MAX_K 1024 /* the widest row (the caller uses numpy beyond) */
+
+/* p[r] = row[r] * om for r < n, two at a time (gcc leaves the loop scalar: p may alias row) */
+static inline void draws_scale(double *p, const double *row, Py_ssize_t n, double om) {
+    Py_ssize_t r = 0;
+#if defined(__SSE2__)
+    __m128d f = _mm_set1_pd(om);
+    for (; r + 1 < n; r += 2) _mm_storeu_pd(p + r, _mm_mul_pd(_mm_loadu_pd(row + r), f));
+#endif
+    for (; r < n; r++) p[r] = row[r] * om;
+}
 
 /* One position's row: marginals p (from its bank row), the target's law w, sorted together
    where the head fell below a runner-up (numpy's stable argsort of -p), then the target's rank:
@@ -54,11 +67,11 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
     double om = 1.0 - h;
     if (fork) { /* the bank's shifted row: its first-half row one rank down, the head's two
                    candidates ahead */
-        for (Py_ssize_t r = 2; r < k; r++) p[r] = row[r - 1] * om;
+        draws_scale(p + 2, row + 1, k - 2, om);
         if (k >= 2) p[1] = h * v / (1.0 + v);
         p[0] = h / (1.0 + v);
     } else {
-        for (Py_ssize_t r = 0; r < k; r++) p[r] = row[r] * om;
+        draws_scale(p + 1, row + 1, k - 1, om);
         p[0] = h;
     }
     /* the head's weights: a fork's second candidate counts as a head candidate (law[0]); on a
