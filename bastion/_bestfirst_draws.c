@@ -44,6 +44,15 @@
 
 #define DRAWS_MAX_K 1024 /* the widest row (the caller uses numpy beyond) */
 
+#if defined(__GNUC__) || defined(__clang__)
+/* a prefetch of every cache line of the `bytes` bytes at p */
+static inline void draws_fetch(const void *p, Py_ssize_t bytes) {
+    const char *c = (const char *)p, *end = c + bytes;
+    for (; c < end; c += 64) __builtin_prefetch(c, 0, 1);
+    if (bytes > 0) __builtin_prefetch(end - 1, 0, 1); /* the last line where p is not aligned */
+}
+#endif
+
 /* p[r] = row[r] * om for r < n, two at a time (gcc leaves the loop scalar: p may alias row) */
 static inline void draws_scale(double *p, const double *row, Py_ssize_t n, double om) {
     Py_ssize_t r = 0;
@@ -161,6 +170,20 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
     }
     {
         const int64_t *pk = (const int64_t *)pick.buf, *want = (const int64_t *)rowsb.buf;
+#if defined(__GNUC__) || defined(__clang__)
+        /* First of all, every line of each step's stored draws (its pick, fall, uniforms and
+           target uniforms rows and its log u), which the rest of a simulated step evicts too:
+           fetched together, not one request after another */
+        for (Py_ssize_t i = 0; i < b; i++) {
+            Py_ssize_t s = want[i];
+            if (s < 0 || s >= n) continue; /* (reported below) */
+            draws_fetch(pk + s * depth, depth * isz);
+            draws_fetch((const double *)fall.buf + s * depth, depth * dsz);
+            draws_fetch((const double *)u.buf + s * (2 * depth + 5), (2 * depth + 5) * dsz);
+            draws_fetch((const double *)tu.buf + s * depth, depth * dsz);
+            __builtin_prefetch((const double *)log_u.buf + s, 0, 1);
+        }
+#endif
         for (Py_ssize_t i = 0; i < b; i++) {
             if (want[i] < 0 || want[i] >= n) {
                 PyErr_SetString(PyExc_ValueError, "draws: a step out of range");
