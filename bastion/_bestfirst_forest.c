@@ -14,13 +14,27 @@
  *            j-th added node, its request (int64) and its score; more: 1 if some request could
  *            still grow; tokens (given token_ids, B * depth * k int64): each node's token,
  *            the roots' -1.
- * The heap's push and sift are inlined into the growth loop (entries passed by address).
+ * The heap's push and sift are inlined into the growth loop (entries passed by address); its
+ * scores (all > 0) compare as their bit patterns, integers, the whole key only on a tie.
  */
 #include "_bestfirst.h"
 
+#include <string.h>
+
+
+/* A heap entry's score as an integer: every score in the heap is > 0 (NaN and 0 never enter),
+   where IEEE doubles order as their bit patterns do (+inf included), and equal bits are equal
+   scores. The sift below compares these (integer compares and selects: a shorter chain from
+   one level's loads to the next's than the floating-point compare). */
+static inline int64_t fbits(const fentry *a) {
+    int64_t v;
+    memcpy(&v, &a->score, sizeof v);
+    return v;
+}
 
 static inline int fbefore(const fentry *a, const fentry *b) {
-    if (LIKELY(a->score != b->score)) return a->score > b->score;
+    int64_t as = fbits(a), bs = fbits(b);
+    if (LIKELY(as != bs)) return as > bs;
     if (a->request != b->request) return a->request < b->request;
     if (a->depth != b->depth) return a->depth < b->depth;
     if (a->parent != b->parent) return a->parent < b->parent;
@@ -44,14 +58,25 @@ HEAP_INLINE void fpush(fentry *heap, Py_ssize_t *n, const fentry *e) {
     heap[i] = *e;
 }
 
-/* Put e at the root (replacing the top) and sift it down. */
+
+/* Put e at the root (replacing the top) and sift it down; the whole key only where scores tie. */
 HEAP_INLINE void freplace_top(fentry *heap, Py_ssize_t size, const fentry *e) {
     Py_ssize_t i = 0;
+    int64_t es = fbits(e);
     for (;;) {
         Py_ssize_t c = 2 * i + 1;
         if (c >= size) break;
-        if (c + 1 < size) c += fbefore(&heap[c + 1], &heap[c]);
-        if (!fbefore(&heap[c], e)) break;
+        int64_t cs = fbits(&heap[c]);
+        if (c + 1 < size) {
+            int64_t rs = fbits(&heap[c + 1]);
+            if (LIKELY(rs != cs)) {
+                c += rs > cs;
+                cs = rs > cs ? rs : cs;
+            } else {
+                c += fbefore(&heap[c + 1], &heap[c]);
+            }
+        }
+        if (LIKELY(cs != es) ? cs < es : !fbefore(&heap[c], e)) break;
         heap[i] = heap[c];
         i = c;
     }
