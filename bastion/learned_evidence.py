@@ -327,7 +327,8 @@ class StepEvidence(DecisionCurves):
             self._observe_chain(float(np.add.reduce(committed)), float(np.add.reduce(trees.scores)))
         ar_s = self._ar_paired(contexts, b)
         # per request (batch 1: the one count, what the sum of one is)
-        tokens = float(committed[0]) if b == 1 else float(np.add.reduce(committed)) / b
+        # (an int64 array's sum, exact on Python ints: the same float, less numpy per step)
+        tokens = float(committed[0]) if b == 1 else float(sum(np.asarray(committed).tolist())) / b
         realised = tokens * ar_s / cycle_s
         threshold = 1.0 + self.margin
         probing = self.speedup_upper <= threshold

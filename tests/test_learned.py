@@ -980,3 +980,19 @@ def test_a_step_whose_drafter_proposed_nothing_is_an_ar_step(b: int) -> None:
         BatchMarginals(ids, probs), BatchPolicyContext(req, learner)
     )
     assert choice.kind != "ar"
+
+
+def test_mean_context_is_the_floor_of_the_mean_and_never_stale() -> None:
+    """The mean context (rounded down) of any int64 array, remembered only for a read-only
+    array that owns its data: a writable array changed in place reads its new mean."""
+    from bastion.learned_prior import mean_context
+
+    rng = np.random.default_rng(3)
+    for b in (1, 2, 7, 32, 300):
+        ctx = rng.integers(0, 1 << 40, b)
+        assert mean_context(ctx) == int(ctx.sum()) // b
+        frozen = ctx.copy()
+        frozen.setflags(write=False)
+        assert mean_context(frozen) == mean_context(frozen) == int(ctx.sum()) // b
+        ctx[0] += 1 << 20  # (the writable one, changed in place)
+        assert mean_context(ctx) == int(ctx.sum()) // b
