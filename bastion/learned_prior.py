@@ -322,7 +322,7 @@ def mean_context(ctx: IntArray) -> int:
     last_ctx, last_mean = _LAST_MEAN
     if ctx is last_ctx:
         return last_mean
-    mean = sum(ctx.tolist()) // int(ctx.shape[0])  # (exact on Python ints; faster than numpy's)
+    mean: int = sum(ctx.tolist()) // int(ctx.shape[0])  # (Python ints: exact, and faster)
     if ctx.base is None and not ctx.flags.writeable:
         _LAST_MEAN = (ctx, mean)
     return mean
