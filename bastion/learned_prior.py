@@ -229,9 +229,7 @@ class PricedPrior:
         hit = self._lerped_at(key, mean_context)
         if hit is not None:
             return hit
-        mid = step * MODE_CONTEXT_STEP + MODE_CONTEXT_STEP // 2
-        lo = mid // ANCHOR_STEP
-        w = (mid - lo * ANCHOR_STEP) / ANCHOR_STEP
+        lo, w = _anchor_span(step)
         below, above = self._anchor(key, lo, b, price), self._anchor(key, lo + 1, b, price)
         made: Any = Lerp(below, above, w)
         if not lazy:  # formed whole (short curves, read whole)
@@ -252,9 +250,7 @@ class PricedPrior:
         hit = self._ones.get((key, step))
         if hit is not None:
             return hit
-        mid = step * MODE_CONTEXT_STEP + MODE_CONTEXT_STEP // 2
-        lo = mid // ANCHOR_STEP
-        w = (mid - lo * ANCHOR_STEP) / ANCHOR_STEP
+        lo, w = _anchor_span(step)
         below = float(self._anchor(key, lo, b, price)[0])
         above = float(self._anchor(key, lo + 1, b, price)[0])
         value = (1.0 - w) * below + w * above
@@ -292,6 +288,14 @@ class PricedPrior:
             value = price(np.full(b, index * ANCHOR_STEP, np.int64))
             hit = memo.put(memo_key, np.array(value, dtype=np.float64))
         return hit
+
+
+def _anchor_span(step: int) -> tuple[int, float]:
+    """The anchor below the middle of context step ``step`` (in units of ANCHOR_STEP) and the
+    weight of the one above it there."""
+    mid = step * MODE_CONTEXT_STEP + MODE_CONTEXT_STEP // 2
+    lo = mid // ANCHOR_STEP
+    return lo, (mid - lo * ANCHOR_STEP) / ANCHOR_STEP
 
 
 def takes_growth(joint: Callable[..., Any]) -> bool:

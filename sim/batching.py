@@ -41,6 +41,15 @@ def compiled_sums(
     return _sums(sizes, contexts, quantum)  # type: ignore[no-any-return]
 
 
+def decode_terms(got: tuple[int, ...], quantum: int) -> tuple[int, float, float, float, float]:
+    """:meth:`BatchSums.decode_sums`' answer from :func:`compiled_sums`' five whole numbers:
+    (B, Σ s, the tree blocks' pairs Σ s·c + Σ s², the KV tokens Σ c + Σ s, the causal pairs
+    Σ s·c + Σ s(s + 1)/2), contexts quantised."""
+    b, tokens, s_sq, k_sum, s_k = (got[0], *map(float, got[1:]))
+    q = quantum
+    return b, tokens, q * s_k + s_sq, q * k_sum + tokens, q * s_k + (s_sq + tokens) / 2.0
+
+
 def quantise(contexts: npt.ArrayLike, quantum: int) -> Array:
     """Contexts rounded up to a multiple of ``quantum`` (not validated)."""
     return np.ceil(np.asarray(contexts, dtype=np.float64) / quantum) * quantum
@@ -88,11 +97,9 @@ class BatchSums:
         sum at once (whole numbers, so exact) and one reduction their minima."""
         got = compiled_sums(sizes, contexts, self.context_quantum)
         if got is not None:  # the hot path: the same whole numbers, summed in C
-            b, tokens, s_sq, k_sum, s_k = (got[0], *map(float, got[1:]))
-            if b == 0:
+            if got[0] == 0:
                 return 0, 0.0, 0.0, 0.0, 0.0
-            q = self.context_quantum
-            return b, tokens, q * s_k + s_sq, q * k_sum + tokens, q * s_k + (s_sq + tokens) / 2.0
+            return decode_terms(got, self.context_quantum)
         c = np.asarray(contexts)
         b = sizes.shape[0]
         if c.shape != (b,):

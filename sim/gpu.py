@@ -59,12 +59,12 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.errors import ConfigError
 from bastion.guard import INT64_LIMIT, integer, public
-from bastion.sim.batching import BatchSums, compiled_sums
+from bastion.sim.batching import BatchSums, compiled_sums, decode_terms
 from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.measured_truth import ints, measured_pass, measured_prep, measured_step
 from bastion.sim.pass_pricing import PassPricer
 from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK, causal_chunk_pairs, checked_chunks
-from bastion.sim.prep import HostPrep
+from bastion.sim.prep import HostPrep, tree_sums_at, tree_sums_of
 from bastion.sim.routing import expected_experts, routing_draws
 
 __all__ = [
@@ -468,7 +468,7 @@ def _single_step(
     prefill chunk (every decode step at C = 1): the one tree size and context read once, the
     drafter's pass and the verification from their caches (:meth:`SimulatedGPU.draft_truth`'s
     and ``verify_truth``'s batch-1 paths), the preparation's sums on Python floats
-    (``prep._tree_sums_one``); None where a path would do more (a drafter price not cached
+    (``prep.tree_sums_at``); None where a path would do more (a drafter price not cached
     yet, a size beyond the curves, other arrays, a chunk): the passes' own paths then run.
     The same operations, noise drawn in the same order: the same seconds."""
     if (
@@ -496,11 +496,8 @@ def _single_step(
     draft = gpu._noisy(draft)
     path = kind == "chain"
     sums = None
-    if topk and not path:  # _tree_sums_one of the tree and its context
-        n = float(s0)
-        square = n * n
-        q = gpu.prep.truth.context_quantum
-        sums = (n, square, n * float(math.ceil(float(c0) / q) * q) + square)
+    if topk and not path:
+        sums = tree_sums_at(float(s0), float(c0), gpu.prep.truth.context_quantum)
     prep = gpu._noisy(gpu.prep.from_sums(1, sums, topk, controller, path))
     return draft, prep, gpu._noisy(float(curve[s0 - 1]))
 
@@ -528,13 +525,11 @@ def _batch_step(
     got = compiled_sums(tree_sizes, contexts, q)
     if got is None:
         return None
-    b, n, s_sq, k_sum, s_k = got
-    draft = gpu._noisy(gpu.pricer.price_draft_sum(b, float(k_sum)))
-    tokens, square, sk = float(n), float(s_sq), float(s_k)
-    sums = (tokens, square, float(q * s_k) + square)  # _tree_sums' (Σ s, Σ s², pairs)
+    b = got[0]
+    draft = gpu._noisy(gpu.pricer.price_draft_sum(b, float(got[3])))
+    sums = tree_sums_of(got, q)
     prep = gpu._noisy(gpu.prep.from_sums(b, sums, topk, controller, kind == "chain"))
-    # decode_sums': the tree blocks' pairs, the KV tokens, the causal pairs
-    pairs, kv, causal = q * sk + square, q * float(k_sum) + tokens, q * sk + (square + tokens) / 2.0
+    _, tokens, pairs, kv, causal = decode_terms(got, q)
     chunks = checked_chunks(prefill_tokens, prefill_contexts)
     tree = kind == "tree"
     if chunks[0]:

@@ -37,13 +37,18 @@ def _tree_sums(
     if sizes is not None and contexts is not None and s.shape[0] > 1:
         got = compiled_sums(sizes, contexts, quantum)
         if got is not None:
-            square = float(got[2])
-            return float(got[1]), square, float(quantum * got[4]) + square
+            return tree_sums_of(got, quantum)
     if s.shape[0] == 1:  # batch 1: no numpy call
         return _tree_sums_one(float(s[0]), contexts, quantum)
     square = float(np.dot(s, s))
     pairs = square if contexts is None else float(np.dot(s, quantise(contexts, quantum))) + square
     return float(np.add.reduce(s)), square, pairs
+
+
+def tree_sums_of(got: tuple[int, ...], quantum: int) -> tuple[float, float, float]:
+    """:func:`_tree_sums` from :func:`compiled_sums`' five whole numbers."""
+    square = float(got[2])
+    return float(got[1]), square, float(quantum * got[4]) + square
 
 
 def _tree_sums_one(
@@ -57,7 +62,13 @@ def _tree_sums_one(
     if c.shape[0] != 1:  # (one tree, other than one context: numpy's form)
         s = np.array([n])
         return n, square, float(np.dot(s, quantise(contexts, quantum))) + square
-    return n, square, n * float(math.ceil(float(c[0]) / quantum) * quantum) + square
+    return tree_sums_at(n, float(c[0]), quantum)
+
+
+def tree_sums_at(n: float, context: float, quantum: int) -> tuple[float, float, float]:
+    """:func:`_tree_sums` of one tree of ``n`` nodes at one context, on Python floats."""
+    square = n * n
+    return n, square, n * float(math.ceil(context / quantum) * quantum) + square
 
 
 class HostPrep:
