@@ -239,11 +239,11 @@ class StepEvidence(DecisionCurves):
         before any."""
         return self._ar.median(batch_bucket(b))
 
-    def _ar_paired(self, contexts: IntArray, b: int) -> float:
-        """The AR cycle a drafted step of ``b`` requests is paired with: the prior's AR cycle at
-        its contexts × the median ratio of the last AR steps of its batch bucket (the learned
-        AR cycle before any)."""
-        ratio = self._recent_ar_ratio(b)
+    def _ar_paired(self, contexts: IntArray, bucket: int) -> float:
+        """The AR cycle a drafted step of the contexts' requests is paired with: the prior's AR
+        cycle at its contexts × the median ratio of the last AR steps of its batch bucket (the
+        learned AR cycle before any)."""
+        ratio = self._ar.median(bucket)
         if ratio is None:
             return self.mode_cycle("ar", contexts, 0)
         return self.priced.ar(np.asarray(contexts, dtype=np.int64)) * ratio
@@ -263,7 +263,7 @@ class StepEvidence(DecisionCurves):
         elif b == 1:
             prior = float(self.priced.single_both(int(ctx[0]), total)[total - 1])
         else:  # the even-spread prior the joint decision prices with
-            prior = float(self.priced.even(ctx, even_top(b, total))[total - b])
+            prior = self.priced.even_at(ctx, even_top(b, total), total)
         ratio = cycle_s / prior if prior > 0 else math.nan
         self.table.observe(kind, b, total, ratio)
         return ratio
@@ -299,7 +299,9 @@ class StepEvidence(DecisionCurves):
             return
         offsets = trees.offsets
         b = offsets.shape[0] - 1
-        _evidence_for(self, batch_bucket(b))
+        bucket = batch_bucket(b)
+        if bucket != self._bucket:
+            _evidence_for(self, bucket)
         if kind != "chain" or preparation == "argmax":
             ctx = np.asarray(contexts, dtype=np.int64)
             self._observe_total(kind, ctx, int(offsets[-1]), cycle_s)
@@ -325,7 +327,7 @@ class StepEvidence(DecisionCurves):
             if learn_step(self.acceptance, None, trees, accepted_nodes, committed) is None:
                 self.acceptance.observe(trees, accepted_nodes, committed)
             self._observe_chain(float(np.add.reduce(committed)), float(np.add.reduce(trees.scores)))
-        ar_s = self._ar_paired(contexts, b)
+        ar_s = self._ar_paired(contexts, bucket)
         # per request (batch 1: the one count, what the sum of one is)
         # (an int64 array's sum, exact on Python ints: the same float, less numpy per step)
         tokens = float(committed[0]) if b == 1 else float(sum(np.asarray(committed).tolist())) / b

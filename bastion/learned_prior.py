@@ -64,8 +64,12 @@ class Lerp:
     def __getitem__(self, index: Any) -> Any:
         """A float at an integer index; an array at an index array or slice."""
         if type(index) is int or isinstance(index, np.integer):  # (the hot path: an int)
-            return (1.0 - self.w) * self.lo.item(index) + self.w * self.hi.item(index)
+            return self.at(index)
         return (1.0 - self.w) * self.lo[index] + self.w * self.hi[index]
+
+    def at(self, index: int | np.integer[Any]) -> float:
+        """The value at one integer index (the same two products and sum as an array read)."""
+        return (1.0 - self.w) * self.lo.item(index) + self.w * self.hi.item(index)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> FloatArray:
         whole: FloatArray = self[:]
@@ -131,6 +135,15 @@ class PricedPrior:
         return self._anchored(  # type: ignore[return-value]
             key, b, mean, lambda c: self.cycle(c, None, top).cycle, lazy=True
         )
+
+    def even_at(self, ctx: IntArray, top: int, total: int) -> float:
+        """``even(ctx, top)[total − B]``, a float: every batched step observes its cycle against
+        it, so a cached step is read without the calls between (the same value: Lerp.at)."""
+        hit = self._lerped.get(
+            (("even", ctx.shape[0], top), mean_context(ctx) // MODE_CONTEXT_STEP)
+        )
+        lerp: Lerp = hit if hit is not None else self.even(ctx, top)  # type: ignore[assignment]
+        return lerp.at(total - ctx.shape[0])
 
     def mode(self, kind: CycleKind, ctx: IntArray, depth: int) -> float:
         """The prior's cycle of a whole step of ``kind`` ("ar" or "chain" with ``depth`` draft

@@ -358,3 +358,25 @@ def test_a_lerp_reads_what_the_whole_interpolation_holds(seed: int) -> None:
     idx = rng.integers(0, n, 50)
     assert lerp[idx].tobytes() == whole[idx].tobytes()
     assert lerp[n // 3 : n // 2 + 1].tobytes() == whole[n // 3 : n // 2 + 1].tobytes()
+
+
+def test_the_even_prior_at_one_total_is_the_curve_s_value_cached_or_not() -> None:
+    """PricedPrior.even_at (every batched step's observation) reads even(ctx, top)[total − B]:
+    on a step not priced yet (it prices it) and on one cached, at every total from B to top."""
+    from bastion.cost.costmodel import RooflineCostModel
+    from bastion.cost.hardware import get_profile
+    from bastion.cost.models import DrafterSpec, get_model
+    from bastion.learned import LearnedCostModel
+
+    model = get_model("qwen3-8b")
+    prior = RooflineCostModel(get_profile("h100-sxm"), model, DrafterSpec.dflash_for(model))
+    rng = np.random.default_rng(3)
+    for b, top in ((2, 64), (5, 300), (32, 4096)):
+        ctx = rng.integers(100, 9000, b).astype(np.int64)
+        totals = [b, top, *rng.integers(b, top + 1, 10).tolist()]
+        fresh = [LearnedCostModel(prior).priced.even_at(ctx, top, t) for t in totals]
+        priced = LearnedCostModel(prior).priced
+        curve = np.asarray(priced.even(ctx, top))
+        cached = [priced.even_at(ctx, top, t) for t in totals]
+        want = [float(curve[t - b]) for t in totals]
+        assert fresh == want and cached == want and all(type(v) is float for v in cached)
