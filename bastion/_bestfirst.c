@@ -30,8 +30,9 @@
  *   sums of a drafter pass and of a target pass); request(...): the paper's per-request
  *   rule at batch > 1, the same way (_bestfirst_request.c).
  *
- * blocks(...), sums(...), commit(...): the simulated server's KV-cache block counts, the ground
- *   truth's sums over a step's requests and a verified step's counts (_bestfirst_kv.c).
+ * blocks(...), sums(...), commit(...), gather(...), settle(...): the simulated server's KV-cache
+ *   block counts, the ground truth's sums over a step's requests, a verified step's counts and
+ *   a serving step's per-request inputs and closing bookkeeping (_bestfirst_kv.c).
  *
  * forest(...), accept(...): the joint budget's merged chain and the simulator's acceptance walk
  *   over a batch of trees (see the comments opening _bestfirst_forest.c and above accept() in
@@ -51,8 +52,8 @@
  * _bestfirst_shaped.c (beam(), eagle()),
  * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words()), _bestfirst_paper.c (paper(),
  * joint_price(), drafter_s(), pass_sums()), _bestfirst_request.c
- * (request()), _bestfirst_kv.c (blocks(), sums(), commit()), _bestfirst_chain.c (chain_cut(),
- * shadow()); _bestfirst.h declares what they share.
+ * (request()), _bestfirst_kv.c (blocks(), sums(), commit(), gather(), settle()),
+ * _bestfirst_chain.c (chain_cut(), shadow()); _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
 
@@ -94,6 +95,10 @@ static PyMethodDef methods[] = {
     {"sums", bf_sums, METH_VARARGS, "A step's pass sums for the ground truth (_bestfirst_kv.c)."},
     {"commit", bf_commit, METH_VARARGS,
      "A simulated verified step's context and generated counts updated (_bestfirst_kv.c)."},
+    {"gather", bf_gather, METH_VARARGS,
+     "A serving step's contexts, wanted tokens, KV room and last sizes (_bestfirst_kv.c)."},
+    {"settle", bf_settle, METH_VARARGS,
+     "A served step's last sizes kept and its finished requests counted (_bestfirst_kv.c)."},
     {"chain_cut", bf_chain_cut, METH_VARARGS,
      "The chain's Â less its root, cut at every depth (_bestfirst_chain.c)."},
     {"shadow", bf_shadow, METH_VARARGS,

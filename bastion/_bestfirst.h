@@ -146,6 +146,8 @@ BF_PRIVATE PyObject *bf_request(PyObject *self, PyObject *args);   /* _bestfirst
 BF_PRIVATE PyObject *bf_kv_blocks(PyObject *self, PyObject *args); /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_sums(PyObject *self, PyObject *args);      /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_commit(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
+BF_PRIVATE PyObject *bf_gather(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
+BF_PRIVATE PyObject *bf_settle(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_chain_cut(PyObject *self, PyObject *args); /* _bestfirst_chain.c */
 BF_PRIVATE PyObject *bf_shadow(PyObject *self, PyObject *args);    /* _bestfirst_chain.c */
 BF_PRIVATE extern const char bf_chunk_doc[];

@@ -1,7 +1,9 @@
 /*
  * Sums of whole numbers over a simulated step's requests, several a step, each a handful of
  * numpy calls on a few dozen requests, in one call here: the server's KV-cache block counts
- * (bastion.sim.memory.KVCache.blocks_of) and the ground truth's pass sums (bastion.sim.batching).
+ * (bastion.sim.memory.KVCache.blocks_of), the ground truth's pass sums (bastion.sim.batching),
+ * a verified step's counts (commit) and a serving step's gathers and closing bookkeeping
+ * (gather, settle: below).
  *
  * blocks(tokens, add, block_tokens, sizes, floor) -> int or None
  *   tokens: int64 per request (any buffer; None comes back unless it is C-contiguous int64)
@@ -166,4 +168,123 @@ PyObject *bf_commit(PyObject *self, PyObject *args) {
     }
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return PyBool_FromLong(ok);
+}
+
+/* gather(context_len, output_len, generated, slots, contexts, wanted, left, look, bt,
+ *        prev_size, ids, last) -> bool
+ *
+ * A serving step's per-request inputs (bastion.sim.serving's server, batch > 1), written into
+ * the caller's arrays: contexts[i] = context_len[s], wanted[i] = output_len[s] - generated[s]
+ * for s = slots[i]; left (None: skipped) left[i] = ((-look - contexts[i]) mod bt) + look, the
+ * modulo a floor modulo (numpy's and Python's %: in [0, bt) for bt > 0); last (None: skipped,
+ * prev_size and ids then ignored) last[i] = prev_size[ids[i]]. The same whole numbers the
+ * numpy expressions give. False, writing nothing, unless every array is C-contiguous int64,
+ * the four outputs writable and as long as slots (and ids), every slot and id in range, every
+ * context in [0, 2^62) and look in [0, 2^61), bt >= 1, every count in (-2^62, 2^62): the
+ * caller's numpy path then runs. */
+PyObject *bf_gather(PyObject *self, PyObject *args) {
+    PyObject *objs[11];
+    long long look, bt;
+    if (!PyArg_ParseTuple(args, "OOOOOOOLLOOO", &objs[0], &objs[1], &objs[2], &objs[3],
+                          &objs[4], &objs[5], &objs[6], &look, &bt, &objs[7], &objs[8],
+                          &objs[9]))
+        return NULL;
+    /* objs: 0 context_len, 1 output_len, 2 generated, 3 slots, 4 contexts, 5 wanted, 6 left,
+       7 prev_size, 8 ids, 9 last (6, and 7–9 together, may be None) */
+    int with_left = objs[6] != Py_None, with_last = objs[9] != Py_None;
+    Py_buffer v[10];
+    int taken[10] = {0};
+    int ok = bt >= 1 && look >= 0 && look < ((long long)1 << 61);
+    for (int i = 0; i < 10 && ok; i++) {
+        if ((i == 6 && !with_left) || (i >= 7 && !with_last)) continue;
+        ok = taken[i] = int64_view(objs[i], &v[i]);
+    }
+    Py_ssize_t n = ok ? v[0].len / 8 : 0, b = ok ? v[3].len / 8 : 0;
+    const int64_t lim = (int64_t)1 << 62;
+    if (ok)
+        ok = v[1].len == v[0].len && v[2].len == v[0].len && v[4].len == v[3].len &&
+             v[5].len == v[3].len && !v[4].readonly && !v[5].readonly &&
+             (!with_left || (v[6].len == v[3].len && !v[6].readonly)) &&
+             (!with_last || (v[8].len == v[3].len && v[9].len == v[3].len && !v[9].readonly));
+    if (ok) {
+        const int64_t *ctx = (const int64_t *)v[0].buf, *out = (const int64_t *)v[1].buf;
+        const int64_t *gen = (const int64_t *)v[2].buf, *slots = (const int64_t *)v[3].buf;
+        Py_ssize_t m = with_last ? v[7].len / 8 : 0;
+        const int64_t *ids = with_last ? (const int64_t *)v[8].buf : NULL;
+        for (Py_ssize_t i = 0; i < b && ok; i++) {
+            int64_t s = slots[i];
+            ok = s >= 0 && s < n && ctx[s] >= 0 && ctx[s] < lim && out[s] > -lim &&
+                 out[s] < lim && gen[s] > -lim && gen[s] < lim &&
+                 (!with_last || (ids[i] >= 0 && ids[i] < m));
+        }
+        if (ok) {
+            int64_t *contexts = (int64_t *)v[4].buf, *wanted = (int64_t *)v[5].buf;
+            for (Py_ssize_t i = 0; i < b; i++) {
+                int64_t s = slots[i];
+                contexts[i] = ctx[s];
+                wanted[i] = out[s] - gen[s];
+            }
+            if (with_left) {
+                int64_t *left = (int64_t *)v[6].buf;
+                for (Py_ssize_t i = 0; i < b; i++) {
+                    int64_t r = (-(int64_t)look - contexts[i]) % (int64_t)bt;
+                    left[i] = (r < 0 ? r + (int64_t)bt : r) + (int64_t)look;
+                }
+            }
+            if (with_last) {
+                const int64_t *prev = (const int64_t *)v[7].buf;
+                int64_t *last = (int64_t *)v[9].buf;
+                for (Py_ssize_t i = 0; i < b; i++) last[i] = prev[ids[i]];
+            }
+        }
+    }
+    for (int i = 0; i < 10; i++)
+        if (taken[i]) PyBuffer_Release(&v[i]);
+    return PyBool_FromLong(ok);
+}
+
+/* settle(prev_size, ids, sizes, committed, wanted) -> int
+ *
+ * A served step's closing bookkeeping (the server, batch > 1): prev_size[ids[i]] = sizes[i]
+ * (prev_size None: skipped, sizes ignored) and the count of requests with committed[i] >=
+ * wanted[i] (what reached its output), returned; -1, writing nothing, unless every array is
+ * C-contiguous int64 of the batch's length (prev_size writable, any length, every id in its
+ * range): the caller's numpy path then runs. Distinct ids (one a request): numpy's
+ * fancy-indexed assignment. */
+PyObject *bf_settle(PyObject *self, PyObject *args) {
+    PyObject *objs[5];
+    if (!PyArg_ParseTuple(args, "OOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4]))
+        return NULL;
+    int with_prev = objs[0] != Py_None;
+    Py_buffer v[5];
+    int taken[5] = {0}, ok = 1;
+    for (int i = 0; i < 5 && ok; i++) {
+        if (i <= 2 && i != 1 && !with_prev) continue; /* prev_size and sizes */
+        ok = taken[i] = int64_view(objs[i], &v[i]);
+    }
+    Py_ssize_t b = ok ? v[1].len / 8 : 0;
+    if (ok)
+        ok = v[3].len == v[1].len && v[4].len == v[1].len &&
+             (!with_prev || (v[2].len == v[1].len && !v[0].readonly));
+    long long done = -1;
+    if (ok) {
+        const int64_t *ids = (const int64_t *)v[1].buf, *committed = (const int64_t *)v[3].buf;
+        const int64_t *wanted = (const int64_t *)v[4].buf;
+        if (with_prev) {
+            Py_ssize_t m = v[0].len / 8;
+            for (Py_ssize_t i = 0; i < b && ok; i++) ok = ids[i] >= 0 && ids[i] < m;
+            if (ok) {
+                int64_t *prev = (int64_t *)v[0].buf;
+                const int64_t *sizes = (const int64_t *)v[2].buf;
+                for (Py_ssize_t i = 0; i < b; i++) prev[ids[i]] = sizes[i];
+            }
+        }
+        if (ok) {
+            done = 0;
+            for (Py_ssize_t i = 0; i < b; i++) done += committed[i] >= wanted[i];
+        }
+    }
+    for (int i = 0; i < 5; i++)
+        if (taken[i]) PyBuffer_Release(&v[i]);
+    return PyLong_FromLongLong(done);
 }

@@ -45,6 +45,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 import simpy
 
 from bastion.batch import KVRoom, StepRequests
@@ -59,6 +60,14 @@ from bastion.sim.gpu import SimulatedGPU
 from bastion.sim.memory import KVCache, MemoryPlan, lookahead_tokens, within_lookahead
 from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK
 from bastion.sim.serving_records import RequestStats, ServingResult, attach_steps
+
+try:  # a serving step's gathers and closing bookkeeping, compiled (numpy's without them)
+    from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - the build without the extension
+    _kernel = None
+_gather = getattr(_kernel, "gather", None)
+_settle = getattr(_kernel, "settle", None)
+IntArray = npt.NDArray[np.int64]
 
 _step_requests = trusted_init(StepRequests)  # every step's, built without __init__
 # … and its KV room: the server's room is int64 already (what KVRoom's post-init makes of it)
@@ -369,8 +378,11 @@ def serve(
                 zeros, nothing = np.zeros(ids.shape[0], np.int64), np.zeros(ids.shape[0])
                 held = -1
             b = ids.shape[0]
-            contexts = pool.context_len[slots]
-            contexts.setflags(write=False)  # the step's contexts (a copy): read-only, so
+            need_room = limited and roomy
+            contexts, wanted, left, last_n = _step_inputs(
+                pool, slots, ids, look, kv.block_tokens, need_room, prev_size if history else None
+            )
+            contexts.setflags(write=False)  # the step's contexts (its own array): read-only, so
             # the learning controller may remember what it derives from them (mean_context)
             # the step's KV: each request's lookahead reserved (it fits: checked above); the
             # blocks the batch holds are last step's count while the batch is the same
@@ -379,35 +391,21 @@ def serve(
             want = kv.blocks_of(contexts, look)
             kv.hold(want - held)
             room = None
-            if limited and roomy:
-                bt = kv.block_tokens
+            if need_room:
                 free = kv.free()
-                assert free is not None
-                # each request's room: its lookahead and the rest of its last block,
-                # ceil((c + look) / bt) · bt − c = (−(c + look) mod bt) + look
-                if b == 1:  # (batch 1: the same sum on a Python int)
-                    left = np.array([(-look - int(contexts[0])) % bt + look], np.int64)
-                else:
-                    left = (-look - contexts) % bt + look
-                room = _kv_room(left, free, bt)
+                assert free is not None and left is not None
+                room = _kv_room(left, free, kv.block_tokens)
             riding = sum(chunk_tokens)  # a prefill chunk in the same pass (the policy may
             # price it: the learning controller does)
             # static policies ignore last step's trees
-            last_n, last_a = zeros, nothing
-            if history:
-                last_n = prev_size[ids]
-                if expected_history:
-                    last_a = prev_expected[ids]
+            last_a = nothing
+            if last_n is None:
+                last_n = zeros
+            elif expected_history:
+                last_a = prev_expected[ids]
             requests = _step_requests(
                 ids, contexts, zeros, last_n, last_a, riding_tokens=riding, kv=room
             )
-            if b == 1:  # what the request still wants (≥ 1 while decoding)
-                slot = int(slots[0])
-                wanted = np.array(
-                    [int(pool.output_len[slot]) - int(pool.generated[slot])], np.int64
-                )
-            else:
-                wanted = pool.output_len[slots] - pool.generated[slots]
             rec = engine.step(requests)
             sizes = rec.trees.sizes
             if roomy:  # the trees' slots beyond the lookahead, held while they are verified
@@ -462,16 +460,10 @@ def serve(
             # what the step delivered (nothing past the output length counts) and accepted
             # are formed from these at the end, for every step at once (_attach_steps)
             logs.append((ids, committed, wanted, sizes))
-            if history:
-                prev_size[ids] = sizes
-                if expected_history:
-                    prev_expected[ids] = rec.trees.expected_tokens()
-            # the requests whose pool count reached their output length
-            if b == 1:  # (batch 1: one comparison, no mask)
-                done = [int(ids[0])] if committed[0] >= wanted[0] else []
-            else:
-                mask = committed >= wanted
-                done = ids[mask].tolist() if np.count_nonzero(mask) else []
+            # the last tree sizes kept; the requests whose pool count reached their output
+            done = _step_settled(prev_size if history else None, ids, sizes, committed, wanted)
+            if expected_history:
+                prev_expected[ids] = rec.trees.expected_tokens()
             if done:
                 for index in done:
                     decoding.remove(index)
@@ -490,6 +482,82 @@ def serve(
     attach_steps(stats, logs)
     result.requests.sort(key=lambda r: r.request_id)
     return result
+
+
+def _step_inputs(
+    pool: SimBatch,
+    slots: IntArray,
+    ids: IntArray,
+    look: int,
+    bt: int,
+    need_room: bool,
+    prev_size: IntArray | None,
+) -> tuple[IntArray, IntArray, IntArray | None, IntArray | None]:
+    """A decode step's per-request inputs, each a new array: the contexts, the tokens each
+    request still wants (≥ 1 while decoding), with ``need_room`` its KV room — its lookahead
+    and the rest of its last block, ⌈(c + look) / bt⌉ · bt − c = (−(c + look) mod bt) + look —
+    and with ``prev_size`` its last tree size (by request id). One compiled call at batch > 1
+    (``gather()``: the same whole numbers), Python ints at batch 1, numpy otherwise."""
+    b = slots.shape[0]
+    left = last = None
+    if b == 1:  # (batch 1: the same sums on Python ints)
+        slot = int(slots[0])
+        c = int(pool.context_len[slot])
+        contexts = np.array([c], np.int64)
+        wanted = np.array([int(pool.output_len[slot]) - int(pool.generated[slot])], np.int64)
+        if need_room:
+            left = np.array([(-look - c) % bt + look], np.int64)
+        if prev_size is not None:
+            last = np.array([int(prev_size[int(ids[0])])], np.int64)
+        return contexts, wanted, left, last
+    if _gather is not None:
+        contexts, wanted = np.empty(b, np.int64), np.empty(b, np.int64)
+        left = np.empty(b, np.int64) if need_room else None
+        last = np.empty(b, np.int64) if prev_size is not None else None
+        if _gather(
+            pool.context_len,
+            pool.output_len,
+            pool.generated,
+            slots,
+            contexts,
+            wanted,
+            left,
+            look,
+            bt,
+            prev_size if last is not None else None,
+            ids,
+            last,
+        ):
+            return contexts, wanted, left, last
+    contexts = pool.context_len[slots]
+    wanted = pool.output_len[slots] - pool.generated[slots]
+    if need_room:
+        left = (-look - contexts) % bt + look
+    if prev_size is not None:
+        last = prev_size[ids]
+    return contexts, wanted, left, last
+
+
+def _step_settled(
+    prev_size: IntArray | None,
+    ids: IntArray,
+    sizes: IntArray,
+    committed: IntArray,
+    wanted: IntArray,
+) -> list[int]:
+    """A served step's close: each request's tree size kept by request id (``prev_size``
+    given) and the ids of the requests whose committed tokens reached what they wanted. One
+    compiled call at batch > 1 (``settle()``), one comparison at batch 1, numpy otherwise."""
+    if ids.shape[0] == 1:  # (batch 1: one comparison, no mask)
+        if prev_size is not None:
+            prev_size[int(ids[0])] = int(sizes[0])
+        return [int(ids[0])] if committed[0] >= wanted[0] else []
+    count = -1 if _settle is None else _settle(prev_size, ids, sizes, committed, wanted)
+    if count < 0:
+        if prev_size is not None:
+            prev_size[ids] = sizes
+        count = np.count_nonzero(committed >= wanted)
+    return ids[committed >= wanted].tolist() if count else []
 
 
 def _too_long(index: int, tokens: int, kv: KVCache) -> str:
