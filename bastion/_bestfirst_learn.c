@@ -471,8 +471,11 @@ done:
  *   ties in their original order (numpy's stable argsort of -q). When every row is still
  *   sorted, only q comes back (the order is the identity and the ids are unchanged). q is
  *   formed in one pass over each block of D rows, the rows' order checked in a second (SSE2);
- *   the identity order and the ids are written for all rows at once, the unsorted rows' over
- *   them. */
+ *   the identity order is written for all rows at once, the unsorted rows' over it. Where
+ *   every row's ids are its ranks 0 … k − 1 (the ids equal that identity order: the
+ *   simulator's drafters, sim/synthetic.py's _rank_ids) the sorted ids are the order itself,
+ *   and the one bytes object comes back as both; otherwise the ids are copied, then the
+ *   unsorted rows' gathered over them. */
 PyObject *bf_calibrate(PyObject *self, PyObject *args) {
     Py_buffer pb, ib, gb;
     Py_ssize_t rows, k;
@@ -529,18 +532,24 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
             result = Py_BuildValue("(OOO)", o_q, Py_None, Py_None);
             goto done;
         }
-        o_ids = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(int64_t));
         o_ord = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(int64_t));
-        if (!o_ids || !o_ord) goto done;
-        int64_t *out_ids = (int64_t *)PyBytes_AS_STRING(o_ids);
-        int64_t *order = (int64_t *)PyBytes_AS_STRING(o_ord);
-        /* what the sort leaves a sorted row: the identity order, the same ids (written for
-           every row at once; the unsorted rows' are written over below) */
-        memcpy(out_ids, ids, (size_t)cells * sizeof(int64_t));
+        if (!o_ord) goto done;
+        int64_t *order = (int64_t *)PyBytes_AS_STRING(o_ord), *out_ids = NULL;
+        /* what the sort leaves a sorted row: the identity order (written for every row at
+           once; the unsorted rows' are written over below) and the same ids */
         for (Py_ssize_t j = 0; j < k; j++) order[j] = j;
         for (Py_ssize_t done_ = k; done_ < cells; done_ *= 2) /* the rows so far, doubled */
             memcpy(order + done_, order,
                    (size_t)(done_ < cells - done_ ? done_ : cells - done_) * sizeof(int64_t));
+        if (memcmp(ids, order, (size_t)cells * sizeof(int64_t)) == 0) { /* ids: the ranks */
+            o_ids = o_ord;
+            Py_INCREF(o_ids);
+        } else {
+            o_ids = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(int64_t));
+            if (!o_ids) goto done;
+            out_ids = (int64_t *)PyBytes_AS_STRING(o_ids);
+            memcpy(out_ids, ids, (size_t)cells * sizeof(int64_t));
+        }
         for (Py_ssize_t r = 0; r < rows; r++) {
             double *qr = q + r * k;
             int64_t *o = order + r * k;
@@ -556,7 +565,8 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
                 qr[i] = v;
                 o[i] = j;
             }
-            for (Py_ssize_t j = 0; j < k; j++) out_ids[r * k + j] = ids[r * k + o[j]];
+            if (out_ids)
+                for (Py_ssize_t j = 0; j < k; j++) out_ids[r * k + j] = ids[r * k + o[j]];
         }
         result = Py_BuildValue("(OOO)", o_q, o_ids, o_ord);
     }

@@ -114,8 +114,9 @@ class AcceptanceCalibration:
             if ob is None:
                 self._last = (marginals, None)
                 return _batch_marginals(marginals.token_ids, q)
-            self._last = (marginals, np.ndarray(shape, np.int64, ob))
-            return _batch_marginals(np.ndarray(shape, np.int64, idb), q)
+            order = np.ndarray(shape, np.int64, ob)
+            self._last = (marginals, order)  # ids_sorted is order where every id is its rank
+            return _batch_marginals(order if idb is ob else np.ndarray(shape, np.int64, idb), q)
         q = np.minimum(marginals.probs * g[None], 1.0)
         if k < 2 or bool((q[..., :-1] >= q[..., 1:]).all()):  # still sorted: nothing to reorder
             self._last = (marginals, None)

@@ -70,6 +70,45 @@ def test_calibrate_kernel_equals_numpy(rows: list[DraftMarginals], data) -> None
         assert np.array_equal(order_a, order_b)
 
 
+@needs_kernel
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("other", ["none", "sorted", "unsorted"])
+def test_calibrate_kernel_on_rank_ids_equals_numpy(seed: int, other: str) -> None:
+    """Token ids that are every row's ranks 0 … K − 1 (the simulator's drafters): the kernel
+    returns one array as both the sorted ids and the order, still numpy's; and where a single
+    row's ids are not its ranks (a row that stays sorted or one that is re-sorted) the ids
+    are gathered as for any ids."""
+    rng = np.random.default_rng(seed)
+    b, depth, k = 3, 4, 5
+    probs = np.sort(rng.dirichlet(np.ones(k + 1), size=(b, depth))[..., :k], axis=-1)[..., ::-1]
+    g = rng.uniform(0.5, 2.0, size=(depth, k))
+    g[depth - 1] = 1.0  # the last row of every request stays sorted
+    g[0, k - 1] = 50.0  # the first row of every request is re-sorted
+    ids = np.tile(np.arange(k), (b, depth, 1))
+    if other != "none":  # the last request's last (sorted) or first (re-sorted) row
+        ids[b - 1, depth - 1 if other == "sorted" else 0] = 100 + rng.permutation(k)
+    batch = BatchMarginals(ids, np.ascontiguousarray(probs))
+    outs = []
+    for kernel in (observed._kernel, None):
+        cal = AcceptanceCalibration(depth=depth, ranks=k)
+        cal._g[:, :] = g
+        cal.steps = 1
+        saved = observed._kernel
+        observed._kernel = kernel
+        try:
+            out = cal.calibrate(batch)
+            last = cal._last
+        finally:
+            observed._kernel = saved
+        assert last is not None and last[1] is not None
+        outs.append((out, last[1]))
+    (a, order_a), (b_, order_b) = outs
+    assert np.array_equal(a.probs, b_.probs)
+    assert np.array_equal(a.token_ids, b_.token_ids)
+    assert np.array_equal(order_a, order_b)
+    assert (a.token_ids is order_a) == (other == "none")
+
+
 def _steps(seed: int, count: int) -> list[tuple[DraftMarginals, int, np.ndarray]]:
     """Random batch-1 steps: marginals, a tree budget and the target's tokens."""
     rng = np.random.default_rng(seed)
