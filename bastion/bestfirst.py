@@ -60,6 +60,9 @@ COMPILED: bool = _compiled is not None
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 TreeArrays = tuple[IntArray, IntArray, IntArray, FloatArray]  # parents, depths, ranks, scores
+# dtypes as objects: a numpy call given one skips converting the scalar type (timeit, this
+# project's dev machine: ascontiguousarray 85 -> 61 ns, frombuffer 221 -> 174 ns, 385 with dtype=)
+_I8, _F8, _B1 = np.dtype(np.int64), np.dtype(np.float64), np.dtype(np.bool_)
 
 
 MAX_TREE_SIZE = 1 << 20
@@ -184,10 +187,10 @@ def best_first(probs: FloatArray, budget: int) -> TreeArrays:
         p = np.ascontiguousarray(p)
         par, dep, rnk, sco, _ = _compiled.build(p, depth, k, np.array([budget], np.int64))
         return (
-            np.frombuffer(par, dtype=np.int64),
-            np.frombuffer(dep, dtype=np.int64),
-            np.frombuffer(rnk, dtype=np.int64),
-            np.frombuffer(sco, dtype=np.float64),
+            np.frombuffer(par, _I8),
+            np.frombuffer(dep, _I8),
+            np.frombuffer(rnk, _I8),
+            np.frombuffer(sco, _F8),
         )
     return best_first_many(p[None], budget)[0]
 
@@ -203,13 +206,13 @@ def best_first_many(probs: FloatArray, budgets: npt.ArrayLike) -> list[TreeArray
     bud = _clamped(probs, budgets)
     if _compiled is None:
         return [best_first_heap(probs[j], int(bud[j])) for j in range(b)]
-    p = np.ascontiguousarray(probs, dtype=np.float64)
+    p = np.ascontiguousarray(probs, _F8)
     par, dep, rnk, sco, off = _compiled.build(p, depth, k, bud)
-    parents = np.frombuffer(par, dtype=np.int64)
-    depths = np.frombuffer(dep, dtype=np.int64)
-    ranks = np.frombuffer(rnk, dtype=np.int64)
-    scores = np.frombuffer(sco, dtype=np.float64)
-    offsets = np.frombuffer(off, dtype=np.int64).tolist()
+    parents = np.frombuffer(par, _I8)
+    depths = np.frombuffer(dep, _I8)
+    ranks = np.frombuffer(rnk, _I8)
+    scores = np.frombuffer(sco, _F8)
+    offsets = np.frombuffer(off, _I8).tolist()
     return [
         (parents[a:e], depths[a:e], ranks[a:e], scores[a:e]) for a, e in itertools.pairwise(offsets)
     ]
@@ -290,15 +293,15 @@ def best_first_forest(probs: FloatArray, caps: npt.ArrayLike, total: int) -> For
     forest = getattr(_compiled, "forest", None)
     if forest is None:
         return best_first_forest_heap(probs, cap, total)
-    p = np.ascontiguousarray(probs, dtype=np.float64)
+    p = np.ascontiguousarray(probs, _F8)
     par, dep, rnk, sco, off, order, order_scores, more = forest(p, depth, k, cap, total)
-    ints = (np.frombuffer(x, dtype=np.int64) for x in (par, dep, rnk))
+    ints = (np.frombuffer(x, _I8) for x in (par, dep, rnk))
     return (
         *ints,
-        np.frombuffer(sco, dtype=np.float64),
-        np.frombuffer(off, dtype=np.int64),
-        np.frombuffer(order, dtype=np.int64),
-        np.frombuffer(order_scores, dtype=np.float64),
+        np.frombuffer(sco, _F8),
+        np.frombuffer(off, _I8),
+        np.frombuffer(order, _I8),
+        np.frombuffer(order_scores, _F8),
         bool(more),
     )  # type: ignore[return-value]
 
@@ -314,11 +317,11 @@ def best_first_flat(probs: FloatArray, budgets: npt.ArrayLike) -> tuple[TreeArra
         offsets = np.concatenate(([0], np.cumsum([t[0].shape[0] for t in trees])))
         flat = tuple(np.concatenate([t[f] for t in trees]) for f in range(4))
         return flat, offsets.astype(np.int64)  # type: ignore[return-value]
-    p = np.ascontiguousarray(probs, dtype=np.float64)
+    p = np.ascontiguousarray(probs, _F8)
     par, dep, rnk, sco, off = _compiled.build(p, depth, k, bud)
-    ints = tuple(np.frombuffer(x, dtype=np.int64) for x in (par, dep, rnk))
-    flat = (*ints, np.frombuffer(sco, dtype=np.float64))
-    return flat, np.frombuffer(off, dtype=np.int64)  # type: ignore[return-value]
+    ints = tuple(np.frombuffer(x, _I8) for x in (par, dep, rnk))
+    flat = (*ints, np.frombuffer(sco, _F8))
+    return flat, np.frombuffer(off, _I8)  # type: ignore[return-value]
 
 
 def accepted_paths(
@@ -335,10 +338,10 @@ def accepted_paths(
         return None
     counts, on_path, committed, nodes, _ = _accept(accept, parents, tokens, depths, offsets, target)
     return (
-        np.frombuffer(counts, dtype=np.int64),
-        np.frombuffer(on_path, dtype=np.bool_),
-        np.frombuffer(committed, dtype=np.int64),
-        np.frombuffer(nodes, dtype=np.int64),
+        np.frombuffer(counts, _I8),
+        np.frombuffer(on_path, _B1),
+        np.frombuffer(committed, _I8),
+        np.frombuffer(nodes, _I8),
     )
 
 
@@ -354,9 +357,9 @@ def verified_paths(
     _, _, committed, nodes, lengths = _accept(accept, parents, tokens, depths, offsets, target)
     frombuffer = np.frombuffer
     return (
-        frombuffer(lengths, np.int64),
-        frombuffer(committed, np.int64),
-        frombuffer(nodes, np.int64),
+        frombuffer(lengths, _I8),
+        frombuffer(committed, _I8),
+        frombuffer(nodes, _I8),
     )
 
 
@@ -364,13 +367,13 @@ def _accept(  # type: ignore[no-untyped-def]
     accept, parents, tokens, depths, offsets, target
 ) -> tuple[bytes, bytes, bytes, bytes, bytes]:
     """The compiled walk (see accept() in _bestfirst_learn.c) on contiguous int64 arrays."""
-    t = np.ascontiguousarray(target, dtype=np.int64)
+    t = np.ascontiguousarray(target, _I8)
     contiguous = np.ascontiguousarray
     return accept(  # type: ignore[no-any-return]
-        contiguous(parents, dtype=np.int64),
-        contiguous(tokens, dtype=np.int64),
-        contiguous(depths, dtype=np.int64),
-        contiguous(offsets, dtype=np.int64),
+        contiguous(parents, _I8),
+        contiguous(tokens, _I8),
+        contiguous(depths, _I8),
+        contiguous(offsets, _I8),
         t,
         t.shape[1],
     )

@@ -64,6 +64,7 @@ try:  # the compiled batch-1 size choice (bastion._bestfirst.choose); the loop b
 except ImportError:  # pragma: no cover - exercised where no C compiler was available
     _kernel = None
 _chain_cut_kernel = getattr(_kernel, "chain_cut", None)
+_CUT_F8 = np.dtype(np.float64)  # (a dtype object: ascontiguousarray 85 -> 61 ns, timeit)
 
 __all__ = [
     "DECIDE_EVERY",
@@ -285,8 +286,8 @@ def _chain_cut(probs: FloatArray) -> FloatArray:
     where built: the same doubles, tests/test_chain_shadow.py)."""
     b, depth, k = probs.shape
     if _chain_cut_kernel is not None and b > 0 and depth > 0 and k > 0:
-        out = _chain_cut_kernel(np.ascontiguousarray(probs, np.float64), b, depth, k)
-        return np.frombuffer(out, np.float64).reshape(b, depth)
+        out = _chain_cut_kernel(np.ascontiguousarray(probs, _CUT_F8), b, depth, k)
+        return np.ndarray((b, depth), _CUT_F8, out)  # (372 -> 232 ns: frombuffer and reshape)
     cut: FloatArray = probs[:, :, 0].cumprod(axis=1)
     cut.cumsum(axis=1, out=cut)
     return cut
