@@ -40,6 +40,7 @@ setup(
                 "bastion/_bestfirst_forest.c",
                 "bastion/_bestfirst_joint.c",
                 "bastion/_bestfirst_learn.c",
+                "bastion/_bestfirst_calibrate.c",
                 "bastion/_bestfirst_shaped.c",
                 "bastion/_bestfirst_draws.c",
                 "bastion/_bestfirst_paper.c",

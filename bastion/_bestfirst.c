@@ -47,8 +47,8 @@
  *
  * The sources: _bestfirst_tree.c (the heap, one request's tree, build()), _bestfirst_size.c
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint(), floor()),
- * _bestfirst_learn.c (accept(), learn(), calibrate(), gains(), size_factors(), medians(),
- * fill_row()),
+ * _bestfirst_learn.c (accept(), learn(), gains(), size_factors(), medians(), fill_row()),
+ * _bestfirst_calibrate.c (calibrate()),
  * _bestfirst_shaped.c (beam(), eagle()),
  * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words()), _bestfirst_paper.c (paper(),
  * joint_price(), drafter_s(), pass_sums()), _bestfirst_request.c
@@ -66,7 +66,8 @@ static PyMethodDef methods[] = {
     {"floor", bf_floor, METH_VARARGS,
      "The learning controller's stepped decision floor (see _bestfirst_joint.c)."},
     {"accept", bf_accept, METH_VARARGS, "Accepted paths of a batch of trees against targets."},
-    {"calibrate", bf_calibrate, METH_VARARGS, "Calibrated marginals, rows re-sorted (see above)."},
+    {"calibrate", bf_calibrate, METH_VARARGS,
+     "Calibrated marginals, rows re-sorted (_bestfirst_calibrate.c)."},
     {"learn", bf_learn, METH_VARARGS, "A tree step folded into both calibrations, in place."},
     {"gains", bf_gains, METH_VARARGS, "The size calibration's gain ratios (_bestfirst_learn.c)."},
     {"medians", bf_medians, METH_VARARGS, "The cycle table's cell medians (_bestfirst_learn.c)."},

@@ -127,7 +127,7 @@ BF_PRIVATE PyObject *bf_joint(PyObject *self, PyObject *args);     /* _bestfirst
 BF_PRIVATE PyObject *bf_floor(PyObject *self, PyObject *args);     /* _bestfirst_joint.c */
 BF_PRIVATE PyObject *bf_accept(PyObject *self, PyObject *args);    /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_learn(PyObject *self, PyObject *args);     /* _bestfirst_learn.c */
-BF_PRIVATE PyObject *bf_calibrate(PyObject *self, PyObject *args); /* _bestfirst_learn.c */
+BF_PRIVATE PyObject *bf_calibrate(PyObject *self, PyObject *args); /* _bestfirst_calibrate.c */
 BF_PRIVATE PyObject *bf_gains(PyObject *self, PyObject *args);     /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_drafter_s(PyObject *self, PyObject *args); /* _bestfirst_paper.c */
 BF_PRIVATE PyObject *bf_pass_sums(PyObject *self, PyObject *args); /* _bestfirst_paper.c */
