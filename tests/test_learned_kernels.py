@@ -30,6 +30,28 @@ def _numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(observed, "_kernel", None)
 
 
+def _calibrated_both(
+    batch: BatchMarginals, g: np.ndarray, depth: int, k: int
+) -> list[tuple[BatchMarginals, np.ndarray | None]]:
+    """``batch`` calibrated by factors ``g`` with the compiled kernel, then with numpy: each
+    result and the order the calibration kept for the learning step."""
+    outs = []
+    for kernel in (observed._kernel, None):
+        cal = AcceptanceCalibration(depth=depth, ranks=k)
+        cal._g[:, :] = g
+        cal.steps = 1
+        saved = observed._kernel
+        observed._kernel = kernel
+        try:
+            out = cal.calibrate(batch)
+            last = cal._last
+        finally:
+            observed._kernel = saved
+        assert last is not None
+        outs.append((out, last[1]))
+    return outs
+
+
 @needs_kernel
 @settings(max_examples=60, deadline=None)
 @given(st.lists(marginals(max_depth=5, max_k=6, min_k=2), min_size=1, max_size=4), st.data())
@@ -48,21 +70,7 @@ def test_calibrate_kernel_equals_numpy(rows: list[DraftMarginals], data) -> None
             )
         )
     ).reshape(depth, k)
-    outs = []
-    for kernel in (observed._kernel, None):
-        cal = AcceptanceCalibration(depth=depth, ranks=k)
-        cal._g[:, :] = g
-        cal.steps = 1
-        saved = observed._kernel
-        observed._kernel = kernel
-        try:
-            out = cal.calibrate(batch)
-            last = cal._last
-        finally:
-            observed._kernel = saved
-        assert last is not None
-        outs.append((out, last[1]))
-    (a, order_a), (b, order_b) = outs
+    (a, order_a), (b, order_b) = _calibrated_both(batch, g, depth, k)
     assert np.array_equal(a.probs, b.probs)
     assert np.array_equal(a.token_ids, b.token_ids)
     assert (order_a is None) == (order_b is None)
@@ -88,21 +96,8 @@ def test_calibrate_kernel_on_rank_ids_equals_numpy(seed: int, other: str) -> Non
     if other != "none":  # the last request's last (sorted) or first (re-sorted) row
         ids[b - 1, depth - 1 if other == "sorted" else 0] = 100 + rng.permutation(k)
     batch = BatchMarginals(ids, np.ascontiguousarray(probs))
-    outs = []
-    for kernel in (observed._kernel, None):
-        cal = AcceptanceCalibration(depth=depth, ranks=k)
-        cal._g[:, :] = g
-        cal.steps = 1
-        saved = observed._kernel
-        observed._kernel = kernel
-        try:
-            out = cal.calibrate(batch)
-            last = cal._last
-        finally:
-            observed._kernel = saved
-        assert last is not None and last[1] is not None
-        outs.append((out, last[1]))
-    (a, order_a), (b_, order_b) = outs
+    (a, order_a), (b_, order_b) = _calibrated_both(batch, g, depth, k)
+    assert order_a is not None and order_b is not None
     assert np.array_equal(a.probs, b_.probs)
     assert np.array_equal(a.token_ids, b_.token_ids)
     assert np.array_equal(order_a, order_b)
