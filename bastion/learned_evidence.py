@@ -300,8 +300,7 @@ class StepEvidence(DecisionCurves):
         offsets = trees.offsets
         b = offsets.shape[0] - 1
         bucket = batch_bucket(b)
-        if bucket != self._bucket:
-            _evidence_for(self, bucket)
+        _evidence_for(self, bucket)
         if kind != "chain" or preparation == "argmax":
             ctx = np.asarray(contexts, dtype=np.int64)
             self._observe_total(kind, ctx, int(offsets[-1]), cycle_s)
