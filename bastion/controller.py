@@ -105,6 +105,7 @@ class ControllerChoice:
     repeated: bool = False  # the last full decision repeated (see LearningPolicy.decide_every)
 
 
+_NAN = float("nan")  # a repeated step's unpriced speedups
 _why = trusted_init(ControllerChoice)  # the per-step records, built without __init__
 _choice = trusted_init(BatchChoice)
 _trees = trusted_init(TreeBatch)
@@ -473,7 +474,7 @@ class LearningPolicy:
         """A step between decisions: the last decision's kind and total, on this step's
         calibrated marginals (a forest's merged order left for the learning step)."""
         kind, total, cycle = again
-        nan = float("nan")
+        nan = _NAN
         if kind == "chain":
             trees = chain_batch(cal)
         elif cal.probs.shape[0] == 1:

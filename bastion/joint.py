@@ -131,7 +131,7 @@ class JointDiagnostics:
 
 
 _joint_diagnostics = trusted_init(JointDiagnostics)  # every compiled joint step's
-_kernel_trees = trusted_init(TreeBatch)  # a compiled joint step's trees, over its buffers
+_kernel_trees = trusted_init(TreeBatch)  # a compiled joint step's or forest's trees (its buffers)
 
 
 @public(scores=each(array(1, lo=0.0, nonempty=True)))
@@ -503,10 +503,15 @@ def forest_and_order(marginals: BatchMarginals, n_max: int, total: int) -> tuple
             max(total - b, 0),
             np.ascontiguousarray(marginals.token_ids, np.int64),
         )
-        offsets, parents, tokens, depths, ranks = (
-            np.frombuffer(out[i], np.int64) for i in (4, 0, 8, 1, 2)
+        frombuffer, i64 = np.frombuffer, np.int64  # (every step a joint decision stands)
+        trees = _kernel_trees(
+            frombuffer(out[4], i64),  # offsets
+            frombuffer(out[0], i64),  # parents
+            frombuffer(out[8], i64),  # tokens
+            frombuffer(out[1], i64),  # depths
+            frombuffer(out[3], np.float64),  # scores
+            frombuffer(out[2], i64),  # ranks
         )
-        trees = TreeBatch(offsets, parents, tokens, depths, np.frombuffer(out[3]), ranks)
         return trees, out[5]
     parents, depths, ranks, scores, offsets, *_ = best_first_forest(
         marginals.probs, n_max, max(total - b, 0)
