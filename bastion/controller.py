@@ -439,7 +439,14 @@ class LearningPolicy:
                     trees, learner.merge_hint = forest_and_order(cal, self.n_max, target)
             diag = jdiag
             s_tree, ar_s = jdiag.predicted_speedup, jdiag.ar_step_s
-            c_tree = learner.joint_cycle(contexts, jdiag.total_size + riding)
+            if riding:  # the tree's cycle and the four the chain is charged (below) at once
+                chain_total = b * (int(cal.probs.shape[1]) + 1)
+                c_tree, *riding_cycles = learner.joint_cycles(
+                    contexts,
+                    (jdiag.total_size + riding, chain_total + riding, b + riding, chain_total, b),
+                )
+            else:
+                c_tree = learner.joint_cycle(contexts, jdiag.total_size)
             a_chain = b + float(np.add.reduce(chain_cut[:, -1]))
         if not riding:
             learner.last_top1, learner.last_chain = top1, chain_cut
@@ -448,11 +455,10 @@ class LearningPolicy:
         c_chain = learner.mode_cycle("chain", contexts, depth)
         s_chain = a_chain * ar_s / c_chain
         if riding:  # the chain charged as the trees are: what its nodes add to the chunk's
-            # pass (see LearnedCostModel.joint_decision_curve), against the tree's charge
-            chain_total = b * (depth + 1)
-            jc = learner.joint_cycle
-            added = jc(contexts, chain_total + riding) - jc(contexts, b + riding)
-            bare = jc(contexts, chain_total) - jc(contexts, b)
+            # pass (see LearnedCostModel.joint_decision_curve), against the tree's charge:
+            # Ĉ(chain + riding) − Ĉ(B + riding) − (Ĉ(chain) − Ĉ(B))
+            added = riding_cycles[0] - riding_cycles[1]
+            bare = riding_cycles[2] - riding_cycles[3]
             s_chain = a_chain * ar_s / (c_chain + added - bare)
         if s_chain > s_tree and not explore:  # an exploring step keeps its tree
             chain = chain_batch(cal)

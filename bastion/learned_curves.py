@@ -253,6 +253,26 @@ class DecisionCurves:
         cell = bisect_left(_LATTICE_POINTS, total)
         return float(even[total - b] * self.table.ratios("tree", b)[cell])
 
+    def joint_cycles(self, context_lens: IntArray, totals: tuple[int, ...]) -> list[float]:
+        """:meth:`joint_cycle` of each of ``totals`` (batch totals ≥ B), the same floats: the
+        contexts, the prior of each horizon and the table's ratios read once for all (a step
+        with a prefill chunk prices five totals; nothing is observed in between)."""
+        ctx = np.asarray(context_lens, dtype=np.int64)
+        b = ctx.shape[0]
+        ratios = self.table.ratios("tree", b)
+        evens: dict[int, Lerp] = {}
+        out = []
+        for total in totals:
+            if total < b:  # (not a batch total: as joint_cycle, which fails)
+                out.append(self.joint_cycle(ctx, total))
+                continue
+            top = even_top(b, total)
+            even = evens.get(top)
+            if even is None:
+                even = evens[top] = self.priced.even(ctx, top)
+            out.append(float(even[total - b] * ratios[bisect_left(_LATTICE_POINTS, total)]))
+        return out
+
     def affordable_total(
         self, context_lens: IntArray, total: int, n_max: int, factor: float
     ) -> int:
