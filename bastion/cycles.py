@@ -143,6 +143,8 @@ class CycleTable:
         self._filled: dict[tuple[str, int], tuple[tuple[int, int], FloatArray]] = {}
         self._first: set[tuple[str, int]] = set()  # (kind, bucket) measured at least once
         self._noise: dict[tuple[str, int], tuple[int, float]] = {}
+        # the tree cells' typical ratio of a bucket (see _fill), per tree observation count
+        self._typical: tuple[tuple[int, int], FloatArray] | None = None
         self._kind_version = dict.fromkeys(_KINDS, 0)  # updates per kind
         self.version = 0
         # moves whenever ratios() of any kind, in any bucket, may read differently (whenever
@@ -249,11 +251,13 @@ class CycleTable:
         return out
 
     def _fill(self, kind: CycleKind, b: int) -> FloatArray:
-        med = self._medians(kind)
         order = _NEAREST[b]  # this bucket, then the nearest
+        first = self._first
+        if kind != "tree" and not self._kind_version[kind]:  # no bucket of the kind measured:
+            return self._typical_tree(b, order, first)  # (the loop below would find none)
+        med = self._medians(kind)
         # a bucket never measured holds NaN only: skipped without looking (the lookup is what
         # a refresh mostly did, several buckets in a row)
-        first = self._first
         for bb in order:
             if (kind, bb) not in first:
                 continue
@@ -270,11 +274,30 @@ class CycleTable:
                 x = np.flatnonzero(ok)
                 return np.asarray(np.interp(np.arange(row.shape[0]), x, row[x]), np.float64)
         if kind != "tree":  # no AR or chain cycle measured yet: the tree cells' typical ratio
-            tree = self._medians("tree")
-            for bb in order:
-                if ("tree", bb) not in first:
-                    continue
-                vals = tree[bb][np.isfinite(tree[bb])]
-                if vals.size:  # np.median's value: the middle one, or the middle two's mean
-                    return np.full(1, small_median(vals.tolist()))
+            return self._typical_tree(b, order, first)
         return np.ones(med.shape[1])
+
+    def _typical_tree(
+        self, b: int, order: tuple[int, ...], first: set[tuple[str, int]]
+    ) -> FloatArray:
+        """[1] the median ratio of the measured tree cells of bucket ``b`` or the nearest
+        measured bucket (1 if none): what an AR or chain row reads before its kind is measured.
+        It reads the tree rings alone, which only a tree observation changes, so it is kept per
+        (bucket, tree observations): the AR and the chain row of a refresh share one (read-only)
+        array instead of taking the same median twice."""
+        key = (b, self._kind_version["tree"])
+        hit = self._typical
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        out = np.ones(1)
+        tree = self._medians("tree")
+        for bb in order:
+            if ("tree", bb) not in first:
+                continue
+            vals = tree[bb][np.isfinite(tree[bb])]
+            if vals.size:  # np.median's value: the middle one, or the middle two's mean
+                out = np.full(1, small_median(vals.tolist()))
+                break
+        out.flags.writeable = False
+        self._typical = (key, out)
+        return out

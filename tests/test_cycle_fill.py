@@ -116,3 +116,21 @@ def test_medians_taken_when_read_are_each_rings_median(
                 for b, cell in zip(*np.nonzero(count), strict=True):
                     seen = min(int(count[b, cell]), table.window)
                     assert med[b, cell] == float(np.median(ring[b, cell, :seen])), (k, b, cell)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_unmeasured_kind_reads_the_tree_cells_as_they_are_now(seed: int) -> None:
+    """Before AR or the chain is measured, its row is the tree cells' typical ratio as of the
+    last tree observation: the AR and the chain row read in turn (they share one value) after
+    every observation, however few came since the last refresh, and after a kind is measured
+    its own cells instead."""
+    rng = np.random.default_rng(seed)
+    table = CycleTable(window=int(rng.integers(1, 10)))
+    for step in range(120):
+        kind: CycleKind = "tree" if step < 100 else ("ar", "chain")[step % 2]
+        b = int(rng.choice([1, 2, 5, 32, 700]))
+        table.observe(kind, b, int(rng.choice(LATTICE[:40])), float(rng.lognormal(0.0, 0.3)))
+        for bucket in (int(rng.integers(11)), 5, 0):
+            for k in ("ar", "chain", "ar"):
+                got = table._fill(k, bucket)  # type: ignore[arg-type]
+                assert np.array_equal(got, _reference_fill(table, k, bucket)), (step, k)  # type: ignore[arg-type]
