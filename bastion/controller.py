@@ -371,7 +371,9 @@ class LearningPolicy:
         return "chain" if again is not None and again[0] == "chain" else "tree"
 
     def choose_batch(self, marginals: BatchMarginals, context: BatchPolicyContext) -> BatchChoice:
-        learner = learner_of(context.cost_model, self.name)
+        learner = context.cost_model
+        if not isinstance(learner, LearnedCostModel):  # (the hot path: it is one)
+            learner = learner_of(learner, self.name)
         req = context.requests
         b = req.size
         probs = marginals.probs  # rows sorted descending: a row is empty iff its top-1 is 0
@@ -388,7 +390,9 @@ class LearningPolicy:
         # step decides for itself, charging each total what it adds to the chunk's pass, and
         # its decision does not stand for the steps without one (nor does it teach the chain's
         # shadow: the simulator does not learn such steps)
-        riding = req.riding_tokens if _decides_for_chunk(learner, req) else 0
+        riding = req.riding_tokens  # (_decides_for_chunk, inline: every step)
+        if not (b > 1 and riding > 0 and learner.last_decision_kind() != "chain"):
+            riding = 0
         pending, learner.pending_plan = learner.pending_plan, None
         if riding:
             explore, again = False, None
@@ -488,5 +492,5 @@ class LearningPolicy:
             trees = TreeBatch.from_trees([tree_from_arrays(best_first(row.probs, total), row)])
         else:
             trees, learner.merge_hint = forest_and_order(cal, self.n_max, total)
-        why = _why(kind, nan, nan, nan, cycle, None, repeated=True)
-        return _choice(trees, why, kind=kind)
+        why = _why(kind, nan, nan, nan, cycle, None, True)  # (repeated)
+        return _choice(trees, why, kind)

@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from bastion.cycles import CycleKind
 from bastion.errors import BudgetError
+from bastion.fastinit import trusted_init
 from bastion.interfaces import CostCurve, CostModel, StepLoad
 
 __all__: list[str] = []  # a part of bastion.learned's LearnedCostModel, public there
@@ -76,6 +77,9 @@ class Lerp:
         return whole if dtype is None else whole.astype(dtype, copy=False)
 
 
+_lerp = trusted_init(Lerp)  # (a new context step's prior: no __post_init__ to skip)
+
+
 class PricedPrior:
     """The prior :class:`CostModel`'s whole cycles, priced at context anchors and cached.
 
@@ -125,15 +129,14 @@ class PricedPrior:
     def even(self, ctx: IntArray, top: int) -> Lerp:
         """The prior's batch cycle for totals B … ``top`` along an even spread (formed where it
         is read: see :class:`Lerp`)."""
-        b = ctx.shape[0]
-        key, mean = ("even", b, top), mean_context(ctx)
+        key, mean = ("even", ctx.shape[0], top), mean_context(ctx)
         # a hot path (every batched step observes its cycle against it): a cached step is read
-        # without building its price
-        hit = self._lerped_at(key, mean)
+        # without building its price (_lerped_at's lookup, inline)
+        hit = self._lerped.get((key, mean // MODE_CONTEXT_STEP))
         if hit is not None:
             return hit  # type: ignore[return-value]
         return self._anchored(  # type: ignore[return-value]
-            key, b, mean, lambda c: self.cycle(c, None, top).cycle, lazy=True
+            key, ctx.shape[0], mean, lambda c: self.cycle(c, None, top).cycle, lazy=True
         )
 
     def even_at(self, ctx: IntArray, top: int, total: int) -> float:
@@ -244,7 +247,7 @@ class PricedPrior:
             return hit
         lo, w = _anchor_span(step)
         below, above = self._anchor(key, lo, b, price), self._anchor(key, lo + 1, b, price)
-        made: Any = Lerp(below, above, w)
+        made: Any = _lerp(below, above, w)
         if not lazy:  # formed whole (short curves, read whole)
             made = np.asarray(made)
             made.flags.writeable = False
