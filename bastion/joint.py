@@ -466,7 +466,7 @@ def joint_result(
     iv, fv = np.frombuffer(out[4], np.int64), np.frombuffer(out[5], np.float64)
     t, c = iv[b + 1 :], fv[n:]  # the nodes' int64 arrays, the curves
     trees = _kernel_trees(iv[: b + 1], t[:n], t[n : 2 * n], t[2 * n : 3 * n], fv[:n], t[3 * n :])
-    sizes = tuple(trees.sizes.tolist())
+    sizes = tuple((iv[1 : b + 1] - iv[:b]).tolist())  # (TreeBatch.sizes of its offsets)
     capped = n_max in sizes
     diag = _joint_diagnostics(
         sizes, n, "bounded", c[:a], c[a : 2 * a], c[2 * a :], float(ar), bool(exhausted), capped

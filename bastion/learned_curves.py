@@ -293,14 +293,13 @@ class DecisionCurves:
         draft positions per request) for requests with ``contexts``."""
         # a hot path (every step, and every decision): memoised per batch size and mean-context
         # step (what the prior is priced at) until the table's ratio of ``kind`` may move
-        if (  # (batch 1: its context, read as np.asarray would)
-            type(contexts) is np.ndarray and contexts.shape == (1,) and contexts.dtype == np.int64
-        ):
+        # (an int64 ndarray is what np.asarray would give back; mean_context of one request
+        # is its context)
+        if type(contexts) is np.ndarray and contexts.dtype == np.int64:
             ctx = contexts
-            key = (kind, 1, int(contexts[0]) // MODE_CONTEXT_STEP, depth)
         else:
             ctx = np.asarray(contexts, dtype=np.int64)
-            key = (kind, ctx.shape[0], mean_context(ctx) // MODE_CONTEXT_STEP, depth)
+        key = (kind, ctx.shape[0], mean_context(ctx) // MODE_CONTEXT_STEP, depth)
         stamp = self.table.ratio_epoch
         hit = self._mode_memo.get(key)
         if hit is not None:
