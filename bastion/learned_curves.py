@@ -293,13 +293,15 @@ class DecisionCurves:
         draft positions per request) for requests with ``contexts``."""
         # a hot path (every step, and every decision): memoised per batch size and mean-context
         # step (what the prior is priced at) until the table's ratio of ``kind`` may move
-        # (an int64 ndarray is what np.asarray would give back; mean_context of one request
-        # is its context)
+        # (an int64 ndarray is what np.asarray would give back; one request's mean context is
+        # its context, read here without mean_context's call: every batch-1 step)
         if type(contexts) is np.ndarray and contexts.dtype == np.int64:
             ctx = contexts
         else:
             ctx = np.asarray(contexts, dtype=np.int64)
-        key = (kind, ctx.shape[0], mean_context(ctx) // MODE_CONTEXT_STEP, depth)
+        b = ctx.shape[0]
+        mean = int(ctx[0]) if b == 1 else mean_context(ctx)
+        key = (kind, b, mean // MODE_CONTEXT_STEP, depth)
         stamp = self.table.ratio_epoch
         hit = self._mode_memo.get(key)
         if hit is not None:
@@ -308,7 +310,7 @@ class DecisionCurves:
             prior = hit[2]  # the prior's cycle of the key never changes: only the ratio moved
         else:
             prior = self.priced.mode(kind, ctx, depth)
-        value = prior * float(self.table.ratios(kind, ctx.shape[0])[0])
+        value = prior * float(self.table.ratios(kind, b)[0])
         if len(self._mode_memo) > 256:
             self._mode_memo.clear()
         self._mode_memo[key] = (stamp, value, prior)
