@@ -30,9 +30,10 @@
  *   sums of a drafter pass and of a target pass); request(...): the paper's per-request
  *   rule at batch > 1, the same way (_bestfirst_request.c).
  *
- * blocks(...), sums(...), commit(...), gather(...), settle(...): the simulated server's KV-cache
- *   block counts, the ground truth's sums over a step's requests, a verified step's counts and
- *   a serving step's per-request inputs and closing bookkeeping (_bestfirst_kv.c).
+ * blocks(...), sums(...), commit(...), verify(...), gather(...), settle(...): the simulated
+ *   server's KV-cache block counts, the ground truth's sums over a step's requests, a verified
+ *   step's counts (verify: with accept()'s walk first) and a serving step's per-request inputs
+ *   and closing bookkeeping (_bestfirst_kv.c).
  *
  * forest(...), accept(...): the joint budget's merged chain and the simulator's acceptance walk
  *   over a batch of trees (see the comments opening _bestfirst_forest.c and above accept() in
@@ -52,7 +53,7 @@
  * _bestfirst_shaped.c (beam(), eagle()),
  * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words()), _bestfirst_paper.c (paper(),
  * joint_price(), drafter_s(), pass_sums()), _bestfirst_request.c
- * (request()), _bestfirst_kv.c (blocks(), sums(), commit(), gather(), settle()),
+ * (request()), _bestfirst_kv.c (blocks(), sums(), commit(), verify(), gather(), settle()),
  * _bestfirst_chain.c (chain_cut(), shadow()); _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
@@ -96,6 +97,8 @@ static PyMethodDef methods[] = {
     {"sums", bf_sums, METH_VARARGS, "A step's pass sums for the ground truth (_bestfirst_kv.c)."},
     {"commit", bf_commit, METH_VARARGS,
      "A simulated verified step's context and generated counts updated (_bestfirst_kv.c)."},
+    {"verify", bf_verify, METH_VARARGS,
+     "A simulated step's trees walked and its counts committed (_bestfirst_kv.c)."},
     {"gather", bf_gather, METH_VARARGS,
      "A serving step's contexts, wanted tokens, KV room and last sizes (_bestfirst_kv.c)."},
     {"settle", bf_settle, METH_VARARGS,

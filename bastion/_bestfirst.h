@@ -115,6 +115,17 @@ BF_PRIVATE void bf_forest_scatter(Py_ssize_t b, Py_ssize_t m, const int64_t *kee
                                   Py_ssize_t depth, Py_ssize_t k, int64_t *off, int64_t *par,
                                   int64_t *dep, int64_t *rnk, double *sco, int64_t *tok);
 
+/* _bestfirst_learn.c: the acceptance walk of accept() and verify() (see above bf_accept_walk) */
+BF_PRIVATE Py_ssize_t bf_accept_walk(const int64_t *parents, const int64_t *tokens,
+                                     const int64_t *depths, const int64_t *offsets,
+                                     const int64_t *target, Py_ssize_t b, Py_ssize_t n,
+                                     Py_ssize_t width, char *on, int64_t *counts,
+                                     int64_t *lengths);
+BF_PRIVATE void bf_accept_emit(const int64_t *tokens, const int64_t *offsets,
+                               const int64_t *target, Py_ssize_t b, Py_ssize_t width,
+                               const char *on, const int64_t *lengths, int64_t *committed,
+                               int64_t *nodes);
+
 /* _bestfirst_paper.c: numpy's add.reduce of n contiguous doubles (pairwise), bit for bit */
 BF_PRIVATE double bf_pairwise(const double *a, Py_ssize_t n);
 
@@ -146,6 +157,7 @@ BF_PRIVATE PyObject *bf_request(PyObject *self, PyObject *args);   /* _bestfirst
 BF_PRIVATE PyObject *bf_kv_blocks(PyObject *self, PyObject *args); /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_sums(PyObject *self, PyObject *args);      /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_commit(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
+BF_PRIVATE PyObject *bf_verify(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_gather(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_settle(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_chain_cut(PyObject *self, PyObject *args); /* _bestfirst_chain.c */

@@ -2,8 +2,8 @@
  * Sums of whole numbers over a simulated step's requests, several a step, each a handful of
  * numpy calls on a few dozen requests, in one call here: the server's KV-cache block counts
  * (bastion.sim.memory.KVCache.blocks_of), the ground truth's pass sums (bastion.sim.batching),
- * a verified step's counts (commit) and a serving step's gathers and closing bookkeeping
- * (gather, settle: below).
+ * a verified step's counts (commit; verify: with the acceptance walk first) and a serving
+ * step's gathers and closing bookkeeping (gather, settle: below).
  *
  * blocks(tokens, add, block_tokens, sizes, floor) -> int or None
  *   tokens: int64 per request (any buffer; None comes back unless it is C-contiguous int64)
@@ -168,6 +168,90 @@ PyObject *bf_commit(PyObject *self, PyObject *args) {
     }
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return PyBool_FromLong(ok);
+}
+
+/* verify(parents, tokens, depths, offsets, target, context_len, generated, output_len, slots)
+ *     -> (lengths, committed, nodes) or None
+ *
+ * The simulated verifier's step (bastion.sim.backend.SimBatch.verify_batch) in one call:
+ * accept()'s walk of B trees (offsets: B + 1 of them) against target (B rows of width tokens,
+ * width = its length / B) and its lengths, committed tokens and accepted nodes (accept()'s last
+ * three outputs, as bytes), then commit()'s updates of the three count arrays with the lengths.
+ * None, changing nothing, unless all nine are C-contiguous int64, the first three of one
+ * length, target of B rows, slots of B, and commit() would take the lengths (its conditions):
+ * the caller's separate accept() and commit() then run on its converted arrays. Trees whose
+ * offsets do not increase within the nodes raise accept()'s ValueError, changing nothing. */
+PyObject *bf_verify(PyObject *self, PyObject *args) {
+    PyObject *objs[9], *o_len = NULL, *o_com = NULL, *o_nod = NULL, *result = NULL;
+    char stack_on[4096], *on = NULL; /* one byte a node: on the stack up to 4096 nodes */
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
+                          &objs[5], &objs[6], &objs[7], &objs[8]))
+        return NULL;
+    Py_buffer v[9];
+    int got = 0, ok = 1;
+    for (; got < 9; got++)
+        if (!int64_view(objs[got], &v[got])) {
+            ok = 0;
+            break;
+        }
+    Py_ssize_t n = ok ? v[0].len / 8 : 0, b = ok ? v[3].len / 8 - 1 : 0;
+    Py_ssize_t width = b > 0 ? v[4].len / 8 / b : 0, slots_n = ok ? v[5].len / 8 : 0;
+    const int64_t *offsets = ok ? (const int64_t *)v[3].buf : NULL;
+    if (ok && (b < 1 || width < 1 || v[1].len != v[0].len || v[2].len != v[0].len ||
+               v[4].len != b * width * 8 || v[8].len != b * 8 || v[5].readonly ||
+               v[6].readonly || v[6].len != v[5].len || v[7].len != v[5].len))
+        ok = 0;
+    if (ok && (offsets[0] != 0 || offsets[b] != n)) ok = 0; /* accept()'s size error: numpy's */
+    if (ok) {
+        const int64_t *slots = (const int64_t *)v[8].buf;
+        const int64_t *ctx = (const int64_t *)v[5].buf, *gen = (const int64_t *)v[6].buf;
+        for (Py_ssize_t i = 0; i < b && ok; i++) /* commit()'s slot check, before the walk */
+            if (slots[i] < 0 || slots[i] >= slots_n) ok = 0;
+        if (ok) {
+            on = n <= (Py_ssize_t)sizeof(stack_on) ? stack_on : (char *)PyMem_Malloc((size_t)n);
+            o_len = PyBytes_FromStringAndSize(NULL, b * 8);
+            if (on == NULL || o_len == NULL) {
+                if (on == NULL) PyErr_NoMemory();
+                goto done;
+            }
+            int64_t *lengths = (int64_t *)PyBytes_AS_STRING(o_len);
+            Py_ssize_t accepted =
+                bf_accept_walk((const int64_t *)v[0].buf, (const int64_t *)v[1].buf,
+                               (const int64_t *)v[2].buf, offsets, (const int64_t *)v[4].buf, b,
+                               n, width, on, NULL, lengths);
+            if (accepted < 0) goto done;
+            for (Py_ssize_t i = 0; i < b && ok; i++) { /* commit()'s overflow check */
+                int64_t s = slots[i], c = lengths[i];
+                if (ctx[s] > INT64_MAX - c || gen[s] > INT64_MAX - c) ok = 0;
+            }
+            if (ok) {
+                o_com = PyBytes_FromStringAndSize(NULL, (accepted + b) * 8);
+                o_nod = PyBytes_FromStringAndSize(NULL, accepted * 8);
+                if (o_com == NULL || o_nod == NULL) goto done;
+                bf_accept_emit((const int64_t *)v[1].buf, offsets, (const int64_t *)v[4].buf, b,
+                               width, on, lengths, (int64_t *)PyBytes_AS_STRING(o_com),
+                               (int64_t *)PyBytes_AS_STRING(o_nod));
+                int64_t *c_out = (int64_t *)v[5].buf, *g_out = (int64_t *)v[6].buf;
+                const int64_t *out = (const int64_t *)v[7].buf;
+                for (Py_ssize_t i = 0; i < b; i++) {
+                    int64_t s = slots[i], c = lengths[i], g = g_out[s] + c;
+                    c_out[s] += c;
+                    g_out[s] = g < out[s] ? g : out[s];
+                }
+                result = Py_BuildValue("(OOO)", o_len, o_com, o_nod);
+                goto done;
+            }
+        }
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    if (on != stack_on) PyMem_Free(on);
+    Py_XDECREF(o_len);
+    Py_XDECREF(o_com);
+    Py_XDECREF(o_nod);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
 }
 
 /* gather(context_len, output_len, generated, slots, contexts, wanted, left, look, bt,

@@ -10,6 +10,59 @@
 
 #include <string.h>
 
+/* The acceptance walk, shared by accept() below and verify() (_bestfirst_kv.c), over B trees
+ * of n nodes (concatenated, parents local to each tree) against target rows of width tokens.
+ * bf_accept_walk marks on[j] (one byte per node, roots 0) for every node on its request's
+ * accepted path, writes each request's accepted draft tokens to counts (unless NULL) and the
+ * committed tokens, those + 1, to lengths, and returns their total (the accepted nodes), or -1
+ * with a ValueError set where the offsets do not increase within [0, n]. bf_accept_emit then
+ * writes each request's accepted tokens then its bonus token to committed and the accepted
+ * nodes' indices within their trees to nodes. */
+Py_ssize_t bf_accept_walk(const int64_t *parents, const int64_t *tokens, const int64_t *depths,
+                          const int64_t *offsets, const int64_t *target, Py_ssize_t b,
+                          Py_ssize_t n, Py_ssize_t width, char *on, int64_t *counts,
+                          int64_t *lengths) {
+    Py_ssize_t accepted = 0;
+    for (Py_ssize_t i = 0; i < b; i++) {
+        Py_ssize_t a = offsets[i], e = offsets[i + 1];
+        int64_t c = 0;
+        if (a >= e || e > n || a < 0) {
+            PyErr_SetString(PyExc_ValueError, "accept: offsets must increase");
+            return -1;
+        }
+        on[a] = 1; /* the root, while walking; cleared below */
+        for (Py_ssize_t j = a + 1; j < e; j++) {
+            int64_t pj = parents[j], d = depths[j];
+            int ok = pj >= 0 && pj < j - a && d >= 1 && d <= width && on[a + pj] &&
+                     tokens[j] == target[i * width + d - 1];
+            on[j] = (char)ok;
+            c += ok;
+        }
+        on[a] = 0;
+        if (counts != NULL) counts[i] = c;
+        lengths[i] = c + 1;
+        accepted += c;
+    }
+    return accepted;
+}
+
+void bf_accept_emit(const int64_t *tokens, const int64_t *offsets, const int64_t *target,
+                    Py_ssize_t b, Py_ssize_t width, const char *on, const int64_t *lengths,
+                    int64_t *committed, int64_t *nodes) {
+    Py_ssize_t t = 0, v = 0;
+    for (Py_ssize_t i = 0; i < b; i++) {
+        Py_ssize_t a = offsets[i], e = offsets[i + 1];
+        for (Py_ssize_t j = a + 1; j < e; j++) {
+            if (on[j]) {
+                committed[t++] = tokens[j];
+                nodes[v++] = j - a;
+            }
+        }
+        int64_t c = lengths[i] - 1 < width - 1 ? lengths[i] - 1 : width - 1;
+        committed[t++] = target[i * width + c];
+    }
+}
+
 /* accept(parents, tokens, depths, offsets, target, width)
  *     -> (counts, on_path, committed, nodes, lengths)
  *   One batch of trees (concatenated, parents local to each tree, parents before children)
@@ -42,47 +95,19 @@ PyObject *bf_accept(PyObject *self, PyObject *args) {
     o_len = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
     o_on = PyBytes_FromStringAndSize(NULL, n);
     if (!o_cnt || !o_len || !o_on) goto done;
-    Py_ssize_t accepted = 0;
     {
         int64_t *counts = (int64_t *)PyBytes_AS_STRING(o_cnt);
+        int64_t *lengths = (int64_t *)PyBytes_AS_STRING(o_len);
         char *on = PyBytes_AS_STRING(o_on);
-        for (Py_ssize_t i = 0; i < b; i++) {
-            Py_ssize_t a = offsets[i], e = offsets[i + 1];
-            int64_t c = 0;
-            if (a >= e || e > n || a < 0) {
-                PyErr_SetString(PyExc_ValueError, "accept: offsets must increase");
-                goto done;
-            }
-            on[a] = 1; /* the root, while walking; cleared below */
-            for (Py_ssize_t j = a + 1; j < e; j++) {
-                int64_t pj = parents[j], d = depths[j];
-                int ok = pj >= 0 && pj < j - a && d >= 1 && d <= width && on[a + pj] &&
-                         tokens[j] == target[i * width + d - 1];
-                on[j] = (char)ok;
-                c += ok;
-            }
-            on[a] = 0;
-            counts[i] = c;
-            ((int64_t *)PyBytes_AS_STRING(o_len))[i] = c + 1;
-            accepted += c;
-        }
+        Py_ssize_t accepted =
+            bf_accept_walk(parents, tokens, depths, offsets, target, b, n, width, on, counts,
+                           lengths);
+        if (accepted < 0) goto done;
         o_com = PyBytes_FromStringAndSize(NULL, (accepted + b) * (Py_ssize_t)sizeof(int64_t));
         o_nod = PyBytes_FromStringAndSize(NULL, accepted * (Py_ssize_t)sizeof(int64_t));
         if (!o_com || !o_nod) goto done;
-        int64_t *committed = (int64_t *)PyBytes_AS_STRING(o_com);
-        int64_t *nodes = (int64_t *)PyBytes_AS_STRING(o_nod);
-        Py_ssize_t t = 0, v = 0;
-        for (Py_ssize_t i = 0; i < b; i++) {
-            Py_ssize_t a = offsets[i], e = offsets[i + 1];
-            for (Py_ssize_t j = a + 1; j < e; j++) {
-                if (on[j]) {
-                    committed[t++] = tokens[j];
-                    nodes[v++] = j - a;
-                }
-            }
-            int64_t c = counts[i] < width - 1 ? counts[i] : width - 1;
-            committed[t++] = target[i * width + c];
-        }
+        bf_accept_emit(tokens, offsets, target, b, width, on, lengths,
+                       (int64_t *)PyBytes_AS_STRING(o_com), (int64_t *)PyBytes_AS_STRING(o_nod));
     }
     result = Py_BuildValue("(OOOOO)", o_cnt, o_on, o_com, o_nod, o_len);
 done:

@@ -40,6 +40,9 @@ try:  # the optional compiled kernel (setup.py): a verified step's counts in one
 except ImportError:  # pragma: no cover - exercised where no compiler is available
     _kernel = None
 _commit = getattr(_kernel, "commit", None)
+_verify = getattr(_kernel, "verify", None)
+# a dtype as an object: np.frombuffer given one skips converting the scalar type
+_I8 = np.dtype(np.int64)
 
 _verified = trusted_init(BatchVerifyResult)  # a step's result, built without __init__
 
@@ -179,6 +182,25 @@ class SimBatch:
             tokens = target[:, 0].copy()
             nodes = np.zeros(0, np.int64)
         else:
+            if _verify is not None:  # the walk and the counts below in one compiled call; None
+                # (nothing changed) unless every array is C-contiguous int64 (the trees may be
+                # any policy's): then the separate calls below convert them
+                made = _verify(
+                    trees.parents,
+                    trees.tokens,
+                    trees.depths,
+                    trees.offsets,
+                    target,
+                    self.context_len,
+                    self.generated,
+                    self.output_len,
+                    slots,
+                )
+                if made is not None:
+                    frombuffer = np.frombuffer
+                    return _verified(
+                        frombuffer(made[0], _I8), frombuffer(made[1], _I8), frombuffer(made[2], _I8)
+                    )
             walked = verified_paths(
                 trees.parents, trees.tokens, trees.depths, trees.offsets, target
             )
