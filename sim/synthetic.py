@@ -239,7 +239,7 @@ class SyntheticSource:
             _neg_logit(self._top1[slot], z, float(w.step_sd), float(w.position_sd), fall)
             np.exp(fall, out=fall)
             u = rng.random(out=self._u[slot])  # branch: 5 per step; forks: 2 per position
-            self._pick[slot] = bank_rows(rng, self._bank_size, (steps, depth))
+            bank_rows(rng, self._bank_size, (steps, depth), self._pick[slot])
             rng.random(out=self._tu[slot])  # the target's uniforms (used last)
             np.log(u[:, 2], out=self._log_u[slot])
             return
@@ -339,20 +339,34 @@ def _rank_ids(b: int, depth: int, k: int) -> IntArray:
     return ids
 
 
-def bank_rows(rng: np.random.Generator, size: int, shape: tuple[int, int]) -> npt.NDArray[np.int64]:
+def bank_rows(
+    rng: np.random.Generator,
+    size: int,
+    shape: tuple[int, int],
+    out: npt.NDArray[np.int64] | None = None,
+) -> npt.NDArray[np.int64]:
     """``rng.integers(0, size, shape)``: the same values, the generator left in the same
     state. Where ``size`` is a power of two from 2 to 2³², numpy draws each value from one 32-bit
     half of a 64-bit word (low half first, a word per two values) by Lemire's method, which
     for such a size never rejects and keeps the half's top log2(size) bits: taken here from
-    the raw words directly (several × cheaper than ``integers``' argument handling)."""
+    the raw words directly (several × cheaper than ``integers``' argument handling).
+    ``out``: an int64 array of ``shape`` the values are written into (and returned), without
+    an array of their own in between."""
     bits = size.bit_length() - 1
     if size < 2 or size != 1 << bits or bits > 32 or sys.byteorder != "little":
-        return np.asarray(rng.integers(0, size, size=shape), np.int64)
+        drawn = np.asarray(rng.integers(0, size, size=shape), np.int64)
+        if out is None:
+            return drawn
+        out[...] = drawn
+        return out
     n = shape[0] * shape[1]
-    halves = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+    halves = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n].reshape(shape)
+    if out is None:
+        out = np.empty(shape, _I8)
+    out[...] = halves  # each half as an int64 (≥ 0), its top bits then kept in place
     if bits < 32:
-        halves = halves >> np.uint32(32 - bits)
-    return halves.astype(np.int64).reshape(shape)
+        out >>= 32 - bits
+    return out
 
 
 def _refill_numpy(

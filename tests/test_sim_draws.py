@@ -88,17 +88,22 @@ def test_weights_below_zero_turn_the_shortcut_off(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize("shape", [(64, 15), (7, 3), (1, 1)])
 def test_bank_rows_are_the_generators_integers(size: int, shape: tuple[int, int]) -> None:
     """The synthetic source's bank rows drawn from raw words (sizes a power of two from 2 to
-    2^32) are rng.integers' values, and the generator goes on from the same state."""
+    2^32) are rng.integers' values, and the generator goes on from the same state; the same
+    written into a given block (``out``, a slot's of the stored blocks)."""
     from bastion.sim.synthetic import bank_rows
 
     for seed in range(20):
         ours, numpys = np.random.default_rng([seed, 7]), np.random.default_rng([seed, 7])
-        ours.standard_normal(5)
-        numpys.standard_normal(5)
+        into = np.random.default_rng([seed, 7])
+        for rng in (ours, numpys, into):
+            rng.standard_normal(5)
         got, want = bank_rows(ours, size, shape), numpys.integers(0, size, size=shape)
         assert got.dtype == np.int64 and got.shape == shape
         assert np.array_equal(got, want), (seed, size, shape)
-        assert ours.random() == numpys.random()  # the same state after
+        block = np.full((3, *shape), -1, np.int64)
+        assert bank_rows(into, size, shape, block[1]) is not None
+        assert np.array_equal(block[1], want) and (block[::2] == -1).all(), (seed, size, shape)
+        assert ours.random() == numpys.random() == into.random()  # the same state after
 
 
 @pytest.mark.skipif(synthetic._advance is None, reason="compiled kernel not built")
