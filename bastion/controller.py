@@ -359,11 +359,13 @@ class LearningPolicy:
         explore, or repeat a tree decision). :meth:`choose_batch` then carries out the plan."""
         if not isinstance(cost_model, LearnedCostModel):
             return "tree"
-        b = requests.size
-        if not cost_model.wants_draft_for(requests.request_ids):
+        ids = requests.request_ids
+        b = ids.shape[0]  # (requests.size, without the property's call: a step's hot path)
+        if not cost_model.wants_draft_for(ids):
             cost_model.pending_plan = None
             return "ar"
-        if _decides_for_chunk(cost_model, requests):
+        # _decides_for_chunk's rule, inline
+        if b > 1 and requests.riding_tokens > 0 and cost_model.last_decision_kind() != "chain":
             cost_model.pending_plan = (b, False, None)
             return "tree"
         explore, again = _plan(cost_model, b)

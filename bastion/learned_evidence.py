@@ -182,7 +182,9 @@ class StepEvidence(DecisionCurves):
         halving after each that finds speculation faster (down to ``probe_every``)."""
         if self.always_draft:
             return True
-        _evidence_for(self, batch_bucket(batch_size))
+        bucket = batch_bucket(batch_size)
+        if bucket != self._bucket:  # (_evidence_for's own first test, without its call)
+            _evidence_for(self, bucket)
         threshold = 1.0 + self.margin
         if self.speedup_upper > threshold:
             if self._recheck_left:  # measuring AR again
@@ -194,7 +196,7 @@ class StepEvidence(DecisionCurves):
             # the margin is thin, or would be at the table's AR cycle (the last AR steps may
             # have been a slow spell), measure it again
             # (no AR step since the stretch began: the ratio its steps were paired with)
-            paired = self._recent_ar_ratio(batch_size)
+            paired = self._ar.median(bucket)  # the last AR steps' median ratio, or None before any
             level = 1.0
             if paired is not None:  # paired with the last AR steps, not the table
                 level = min(1.0, float(self.table.ratios("ar", batch_size)[0]) / paired)
@@ -214,7 +216,8 @@ class StepEvidence(DecisionCurves):
         which would otherwise get one probe in many steps. :data:`TURNOVER_EVIDENCE` drafted
         steps of the new text then judge it (AR again if their mean is one standard error
         below 1 + margin)."""
-        if request_ids.shape[0] == 1:
+        b = request_ids.shape[0]
+        if b == 1:
             _evidence_for(self, 0)
             rid = int(request_ids[0])
             if (
@@ -232,12 +235,7 @@ class StepEvidence(DecisionCurves):
             if drafts:
                 self._drafted_for = rid
             return drafts
-        return self.wants_draft(int(request_ids.shape[0]))
-
-    def _recent_ar_ratio(self, b: int) -> float | None:
-        """The median measured/prior ratio of the last AR steps of ``b``'s batch bucket, or None
-        before any."""
-        return self._ar.median(batch_bucket(b))
+        return self.wants_draft(b)
 
     def _ar_paired(self, contexts: IntArray, bucket: int) -> float:
         """The AR cycle a drafted step of the contexts' requests is paired with: the prior's AR
