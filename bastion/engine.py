@@ -159,6 +159,8 @@ class BatchStepRecord:
 
 _step_record = trusted_init(BatchStepRecord)  # the engine's per-step records
 _context = trusted_init(BatchPolicyContext)
+# what each plan_step answer prepares (the draft's top-K, its argmax, or no draft)
+_PREPARATION = {"ar": "none", "chain": "argmax", "tree": "topk"}
 
 
 @dataclass
@@ -421,7 +423,7 @@ class SpecEngine:
                     'return "ar", "chain" or "tree"'
                 )
             drafts = plan != "ar"
-            preparation = {"ar": "none", "chain": "argmax", "tree": "topk"}[plan]
+            preparation = _PREPARATION[plan]
         elif drafts and self._wants_draft is not None:
             drafts = bool(self._wants_draft(requests, self.cost_model))
             preparation = preparation if drafts else "none"

@@ -61,10 +61,11 @@ def fit_trees(trees: TreeBatch, kv: KVRoom) -> TreeBatch:
     """``trees`` cut to what ``kv`` holds (see the module doc); ``trees`` itself when they fit.
 
     A :class:`BudgetError` if the room is for another batch size; the roots always fit."""
-    b = trees.size
+    offsets = trees.offsets  # (trees.size and trees.total_nodes, without the properties' calls)
+    b = offsets.shape[0] - 1
     if kv.room.shape[0] != b:
         raise BudgetError(f"the KV room is for {kv.room.shape[0]} requests; the step has {b}")
-    if kv.surely_fits(trees.total_nodes, b) or kv.fits(trees.sizes):
+    if kv.surely_fits(int(offsets[-1]), b) or kv.fits(trees.sizes):
         return trees
     request = _keep_order(trees)
     lo, hi = 0, request.shape[0]  # the roots alone fit (room ≥ 1); the whole does not
