@@ -177,30 +177,31 @@ class SimBatch:
             target = np.full((slots.shape[0], 1), -1, np.int64)
         self._target = self._drafted_for = None
         b = slots.shape[0]
+        if drafted and _verify is not None:  # the walk and the counts below in one compiled
+            # call (root-only trees too: lengths 1, each target's first token); None (nothing
+            # changed) unless every array is C-contiguous int64 (the trees may be any
+            # policy's): then the separate calls below convert them
+            made = _verify(
+                trees.parents,
+                trees.tokens,
+                trees.depths,
+                trees.offsets,
+                target,
+                self.context_len,
+                self.generated,
+                self.output_len,
+                slots,
+            )
+            if made is not None:
+                frombuffer = np.frombuffer
+                return _verified(
+                    frombuffer(made[0], _I8), frombuffer(made[1], _I8), frombuffer(made[2], _I8)
+                )
         if trees.total_nodes == b:  # root-only trees: nothing to walk, one token each
             committed = np.ones(b, np.int64)
             tokens = target[:, 0].copy()
             nodes = np.zeros(0, np.int64)
         else:
-            if _verify is not None:  # the walk and the counts below in one compiled call; None
-                # (nothing changed) unless every array is C-contiguous int64 (the trees may be
-                # any policy's): then the separate calls below convert them
-                made = _verify(
-                    trees.parents,
-                    trees.tokens,
-                    trees.depths,
-                    trees.offsets,
-                    target,
-                    self.context_len,
-                    self.generated,
-                    self.output_len,
-                    slots,
-                )
-                if made is not None:
-                    frombuffer = np.frombuffer
-                    return _verified(
-                        frombuffer(made[0], _I8), frombuffer(made[1], _I8), frombuffer(made[2], _I8)
-                    )
             walked = verified_paths(
                 trees.parents, trees.tokens, trees.depths, trees.offsets, target
             )

@@ -70,6 +70,27 @@ def test_verify_is_the_walk_then_the_numpy_update() -> None:
         assert np.array_equal(ctx, want_ctx) and np.array_equal(gen, want_gen)
 
 
+def test_verify_takes_root_only_trees() -> None:
+    """Root-only trees (what a drafted step may still choose): each request commits its
+    target's first token, one a request, and no accepted node (the root-only path's values)."""
+    verify = _verify()
+    rng = np.random.default_rng(13)
+    for b in (1, 2, 7):
+        minus, zeros = np.full(b, -1, np.int64), np.zeros(b, np.int64)
+        target = rng.integers(0, 3, (b, 3)).astype(np.int64)
+        ctx, gen, out = _pool(rng, b + 2)
+        slots = rng.permutation(b + 2)[:b].astype(np.int64)
+        want_ctx, want_gen = ctx.copy(), gen.copy()
+        want_ctx[slots] += 1
+        want_gen[slots] = np.minimum(want_gen[slots] + 1, out[slots])
+        made = verify(minus, minus, zeros, np.arange(b + 1), target, ctx, gen, out, slots)
+        assert made is not None
+        lengths, committed, nodes = (np.frombuffer(m, np.int64) for m in made)
+        assert np.array_equal(lengths, np.ones(b)) and np.array_equal(committed, target[:, 0])
+        assert nodes.shape == (0,)
+        assert np.array_equal(ctx, want_ctx) and np.array_equal(gen, want_gen)
+
+
 def test_verify_refuses_what_it_does_not_take_and_changes_nothing() -> None:
     """None, the counts untouched, for any array not C-contiguous int64, a read-only count, a
     slot out of range or a count that would overflow, mismatched lengths or a target of another
