@@ -168,7 +168,37 @@ class SyntheticSource:
         self._top1 = np.empty((0, w.depth))
         self._rngs: list[np.random.Generator | None] = []
         self._lengths_rng: np.random.Generator | None = None  # re-seeded per request (lengths)
-        self._id_views: dict[int, IntArray] = {}  # read-only [B, D, K] rank ids (_rank_ids)
+        # per batch size: the read-only [B, D, K] rank ids (_rank_ids), and the shapes of a
+        # step's marginals and target tokens
+        self._per_batch: dict[int, tuple[IntArray, tuple[int, int, int], tuple[int, int]]] = {}
+        self._pin_draws()
+
+    def _pin_draws(self) -> None:
+        """The compiled draws' arguments that stay the same from step to step, as two tuples
+        (the stored blocks, rebuilt when they grow; the workload's constants)."""
+        w = self.workload
+        if not self._compiled:
+            return
+        self._draw_blocks = (
+            self._bank,
+            self._bank_sum,
+            self._pick,
+            self._fall,
+            self._u,
+            self._log_u,
+            self._law_rows,
+            self._law_max,
+            self._tu,
+        )
+        self._draw_consts = (
+            w.depth,
+            w.k,
+            self._bank_size,
+            float(w.branch_rate),
+            float(w.fork_rate),
+            float(w.fork_ratio_min),
+            float(self._log_stay),
+        )
 
     # -- slots ----------------------------------------------------------------------------------
 
@@ -185,6 +215,7 @@ class SyntheticSource:
         self._top1 = np.concatenate((self._top1, np.empty((slots - old, w.depth))))
         self._rngs.extend([None] * (slots - old))
         self._slots = slots
+        self._pin_draws()
 
     def lengths(self, index: int, requested: tuple[int, int] | None = None) -> tuple[int, int]:
         """Request ``index``'s (prompt_len, output_len): ``requested`` (an arrival's) if given,
@@ -261,38 +292,27 @@ class SyntheticSource:
         after them (−1: not drafted, never matched)."""
         del context_lens  # synthetic streams are indexed by step, not by position
         rows = self._advance(slots)
-        w = self.workload
-        if self._compiled:  # every slot's current step computed from its block's draws
-            probs = np.empty((rows.shape[0], w.depth, w.k))
-            target = np.empty((rows.shape[0], w.depth + 1), _I8)
-            assert _draws is not None  # (the compiled path is chosen only with the kernel)
-            _draws(
-                self._bank,
-                self._bank_sum,
-                self._pick,
-                self._fall,
-                self._u,
-                self._log_u,
-                self._law_rows,
-                self._law_max,
-                self._tu,
-                rows,
-                w.depth,
-                w.k,
-                self._bank_size,
-                float(w.branch_rate),
-                float(w.fork_rate),
-                float(w.fork_ratio_min),
-                float(self._log_stay),
-                probs,
-                target,
+        b = rows.shape[0]
+        per = self._per_batch.get(b)
+        if per is None:
+            w = self.workload
+            per = self._per_batch[b] = (
+                _rank_ids(b, w.depth, w.k),
+                (b, w.depth, w.k),
+                (b, w.depth + 1),
             )
+        ids, probs_shape, target_shape = per
+        if self._compiled:  # every slot's current step computed from its block's draws
+            probs = np.empty(probs_shape)
+            target = np.empty(target_shape, _I8)
+            assert _draws is not None  # (the compiled path is chosen only with the kernel)
+            # (the blocks, rows, depth, K, bank size, branch and fork rates, least fork ratio,
+            # log of the branch's stay, then the outputs: see _pin_draws)
+            _draws(*self._draw_blocks, rows, *self._draw_consts, probs, target)
         else:  # gathered from the blocks computed when drawn
+            w = self.workload
             probs = self._probs.reshape(-1, w.depth, w.k).take(rows, axis=0)
             target = self._target.reshape(-1, w.depth + 1).take(rows, axis=0)
-        ids = self._id_views.get(rows.shape[0])
-        if ids is None:
-            ids = self._id_views[rows.shape[0]] = _rank_ids(rows.shape[0], w.depth, w.k)
         return _batch_marginals(ids, probs), target
 
     def _advance(self, slots: IntArray) -> IntArray:
