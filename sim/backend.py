@@ -43,6 +43,8 @@ _commit = getattr(_kernel, "commit", None)
 _verify = getattr(_kernel, "verify", None)
 # a dtype as an object: np.frombuffer given one skips converting the scalar type
 _I8 = np.dtype(np.int64)
+_NONE = np.zeros(0, np.int64)  # the contexts a source that does not read them is handed
+_NONE.flags.writeable = False
 
 _verified = trusted_init(BatchVerifyResult)  # a step's result, built without __init__
 
@@ -52,7 +54,9 @@ IntArray = npt.NDArray[np.int64]
 
 
 class DraftSource(Protocol):
-    """Drafter marginals and target tokens for the requests in flight, by slot."""
+    """Drafter marginals and target tokens for the requests in flight, by slot. A source whose
+    ``reads_context_lens`` is False (a class attribute; absent: True) is handed an empty
+    array for ``context_lens`` (:class:`SimBatch` then skips gathering them)."""
 
     def draft(self, slots: IntArray, context_lens: IntArray) -> tuple[BatchMarginals, IntArray]:
         """Marginals at each slot's root and the target's tokens ``[B, depth + 1]`` (the last
@@ -162,7 +166,9 @@ class SimBatch:
 
     def draft_batch(self, requests: StepRequests) -> BatchMarginals:
         slots = self.slot_of[requests.request_ids]
-        marginals, self._target = self.source.draft(slots, self.context_len[slots])
+        source = self.source
+        contexts = self.context_len[slots] if getattr(source, "reads_context_lens", True) else _NONE
+        marginals, self._target = source.draft(slots, contexts)
         self._drafted_for, self._drafted_slots = requests, slots
         return marginals
 

@@ -99,6 +99,7 @@ class SyntheticSource:
     returns every listed slot's next step and advances it.
     """
 
+    reads_context_lens = False  # streams are indexed by step: draft() ignores the contexts
     # the stored blocks, [slots, block_steps, …]: the compiled path's draws (_fall, _u,
     # _pick, _log_u, _tu) or the numpy path's marginals and target tokens (_probs, _target)
     _fall: npt.NDArray[np.float64]

@@ -159,3 +159,35 @@ def test_a_serve_is_the_same_without_the_fused_verify(
     fused = [run(c) for c in (1, 4)]
     monkeypatch.setattr(backend, "_verify", None)
     assert [run(c) for c in (1, 4)] == fused
+
+
+@pytest.mark.parametrize("reads", [None, True, False])
+def test_draft_batch_hands_contexts_to_a_source_that_reads_them(reads: bool | None) -> None:
+    """A source is handed its slots' contexts unless its ``reads_context_lens`` is False (then
+    an empty array); the synthetic source's is False, and its marginals do not depend on them."""
+    from bastion.batch import StepRequests
+    from bastion.sim.synthetic import SyntheticSource
+    from bastion.sim.workloads import get_workload
+
+    inner = SyntheticSource(get_workload("chat"), seed=2)
+    assert inner.reads_context_lens is False
+    seen: list[np.ndarray] = []
+
+    class Source:
+        def draft(self, slots, context_lens):  # type: ignore[no-untyped-def]
+            seen.append(np.array(context_lens))
+            inner.reserve(8)
+            for s in slots.tolist():
+                if inner._rngs[s] is None:
+                    inner.admit(s, s)
+            return inner.draft(slots, context_lens)
+
+    if reads is not None:
+        Source.reads_context_lens = reads  # type: ignore[attr-defined]
+    sim = backend.SimBatch(Source(), 4)
+    for rid, prompt in enumerate((30, 50, 70)):
+        sim.admit(rid, prompt, 20)
+    ids = np.array([2, 0], np.int64)
+    sim.draft_batch(StepRequests.of(ids, [0, 0], [0, 0]))
+    want = sim.context_len[sim.slot_of[ids]] if reads is not False else np.zeros(0)
+    assert np.array_equal(seen[0], want)
