@@ -500,15 +500,14 @@ def _step_inputs(
     (``gather()``: the same whole numbers), Python ints at batch 1, numpy otherwise."""
     b = slots.shape[0]
     left = last = None
-    if b == 1:  # (batch 1: the same sums on Python ints)
+    if b == 1:  # (batch 1: the gathers numpy's cheapest, the sums on Python ints)
         slot = int(slots[0])
-        c = int(pool.context_len[slot])
-        contexts = np.array([c], np.int64)
+        contexts = pool.context_len[slots]
         wanted = np.array([int(pool.output_len[slot]) - int(pool.generated[slot])], np.int64)
         if need_room:
-            left = np.array([(-look - c) % bt + look], np.int64)
+            left = np.array([(-look - int(contexts[0])) % bt + look], np.int64)
         if prev_size is not None:
-            last = np.array([int(prev_size[int(ids[0])])], np.int64)
+            last = prev_size[ids]
         return contexts, wanted, left, last
     if _gather is not None:
         contexts, wanted = np.empty(b, np.int64), np.empty(b, np.int64)
