@@ -37,6 +37,48 @@ static int int64_view(PyObject *obj, Py_buffer *view) {
     return 1;
 }
 
+/* int64_view() of each of the n objects but those whose bit is set in skip (taken[i] says which
+ * were taken); 1 if every one asked for is a C-contiguous int64 buffer, else 0 with every view
+ * released. The caller releases a success's views with release_views(). */
+static int int64_views(PyObject **objs, int n, unsigned skip, Py_buffer *v, int *taken) {
+    for (int i = 0; i < n; i++) taken[i] = 0;
+    for (int i = 0; i < n; i++) {
+        if (skip >> i & 1u) continue;
+        if (!int64_view(objs[i], &v[i])) {
+            for (int j = 0; j < i; j++)
+                if (taken[j]) PyBuffer_Release(&v[j]);
+            for (int j = 0; j < n; j++) taken[j] = 0;
+            return 0;
+        }
+        taken[i] = 1;
+    }
+    return 1;
+}
+
+static void release_views(Py_buffer *v, const int *taken, int n) {
+    for (int i = 0; i < n; i++)
+        if (taken[i]) PyBuffer_Release(&v[i]);
+}
+
+/* commit()'s updates, in place: for each of the b listed slots s with committed c (c >= 0 where
+ * the caller has not checked it: checked here), ctx[s] += c and gen[s] = min(gen[s] + c, out[s]);
+ * 0, changing nothing, where a slot is out of [0, n) or a count is negative or a sum would pass
+ * int64. Shared by commit() and verify(). */
+static int commit_counts(int64_t *ctx, int64_t *gen, const int64_t *out, Py_ssize_t n,
+                         const int64_t *slots, const int64_t *made, Py_ssize_t b) {
+    for (Py_ssize_t i = 0; i < b; i++) {
+        int64_t s = slots[i], c = made[i];
+        if (s < 0 || s >= n || c < 0 || ctx[s] > INT64_MAX - c || gen[s] > INT64_MAX - c)
+            return 0;
+    }
+    for (Py_ssize_t i = 0; i < b; i++) {
+        int64_t s = slots[i], c = made[i], g = gen[s] + c;
+        ctx[s] += c;
+        gen[s] = g < out[s] ? g : out[s];
+    }
+    return 1;
+}
+
 static inline int64_t floor_div(int64_t a, int64_t b) {
     int64_t q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
@@ -141,32 +183,16 @@ PyObject *bf_commit(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4]))
         return NULL;
     Py_buffer v[5];
-    int got = 0, ok = 1;
-    for (; got < 5; got++)
-        if (!int64_view(objs[got], &v[got])) {
-            ok = 0;
-            break;
-        }
-    Py_ssize_t n = ok ? v[0].len / 8 : 0, b = ok ? v[3].len / 8 : 0;
+    int taken[5];
+    int ok = int64_views(objs, 5, 0u, v, taken);
     if (ok && (v[0].readonly || v[1].readonly || v[1].len != v[0].len || v[2].len != v[0].len ||
                v[4].len != v[3].len))
         ok = 0;
-    if (ok) {
-        int64_t *ctx = (int64_t *)v[0].buf, *gen = (int64_t *)v[1].buf;
-        const int64_t *out = (const int64_t *)v[2].buf, *slots = (const int64_t *)v[3].buf;
-        const int64_t *made = (const int64_t *)v[4].buf;
-        for (Py_ssize_t i = 0; i < b && ok; i++) {
-            int64_t s = slots[i], c = made[i];
-            if (s < 0 || s >= n || c < 0 || ctx[s] > INT64_MAX - c || gen[s] > INT64_MAX - c)
-                ok = 0;
-        }
-        for (Py_ssize_t i = 0; i < b && ok; i++) {
-            int64_t s = slots[i], c = made[i], g = gen[s] + c;
-            ctx[s] += c;
-            gen[s] = g < out[s] ? g : out[s];
-        }
-    }
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    if (ok)
+        ok = commit_counts((int64_t *)v[0].buf, (int64_t *)v[1].buf, (const int64_t *)v[2].buf,
+                           v[0].len / 8, (const int64_t *)v[3].buf, (const int64_t *)v[4].buf,
+                           v[3].len / 8);
+    release_views(v, taken, 5);
     return PyBool_FromLong(ok);
 }
 
@@ -188,12 +214,8 @@ PyObject *bf_verify(PyObject *self, PyObject *args) {
                           &objs[5], &objs[6], &objs[7], &objs[8]))
         return NULL;
     Py_buffer v[9];
-    int got = 0, ok = 1;
-    for (; got < 9; got++)
-        if (!int64_view(objs[got], &v[got])) {
-            ok = 0;
-            break;
-        }
+    int taken[9];
+    int ok = int64_views(objs, 9, 0u, v, taken);
     Py_ssize_t n = ok ? v[0].len / 8 : 0, b = ok ? v[3].len / 8 - 1 : 0;
     Py_ssize_t width = b > 0 ? v[4].len / 8 / b : 0, slots_n = ok ? v[5].len / 8 : 0;
     const int64_t *offsets = ok ? (const int64_t *)v[3].buf : NULL;
@@ -204,7 +226,6 @@ PyObject *bf_verify(PyObject *self, PyObject *args) {
     if (ok && (offsets[0] != 0 || offsets[b] != n)) ok = 0; /* accept()'s size error: numpy's */
     if (ok) {
         const int64_t *slots = (const int64_t *)v[8].buf;
-        const int64_t *ctx = (const int64_t *)v[5].buf, *gen = (const int64_t *)v[6].buf;
         for (Py_ssize_t i = 0; i < b && ok; i++) /* commit()'s slot check, before the walk */
             if (slots[i] < 0 || slots[i] >= slots_n) ok = 0;
         if (ok) {
@@ -220,24 +241,15 @@ PyObject *bf_verify(PyObject *self, PyObject *args) {
                                (const int64_t *)v[2].buf, offsets, (const int64_t *)v[4].buf, b,
                                n, width, on, NULL, lengths);
             if (accepted < 0) goto done;
-            for (Py_ssize_t i = 0; i < b && ok; i++) { /* commit()'s overflow check */
-                int64_t s = slots[i], c = lengths[i];
-                if (ctx[s] > INT64_MAX - c || gen[s] > INT64_MAX - c) ok = 0;
-            }
-            if (ok) {
-                o_com = PyBytes_FromStringAndSize(NULL, (accepted + b) * 8);
-                o_nod = PyBytes_FromStringAndSize(NULL, accepted * 8);
-                if (o_com == NULL || o_nod == NULL) goto done;
-                bf_accept_emit((const int64_t *)v[1].buf, offsets, (const int64_t *)v[4].buf, b,
-                               width, on, lengths, (int64_t *)PyBytes_AS_STRING(o_com),
-                               (int64_t *)PyBytes_AS_STRING(o_nod));
-                int64_t *c_out = (int64_t *)v[5].buf, *g_out = (int64_t *)v[6].buf;
-                const int64_t *out = (const int64_t *)v[7].buf;
-                for (Py_ssize_t i = 0; i < b; i++) {
-                    int64_t s = slots[i], c = lengths[i], g = g_out[s] + c;
-                    c_out[s] += c;
-                    g_out[s] = g < out[s] ? g : out[s];
-                }
+            o_com = PyBytes_FromStringAndSize(NULL, (accepted + b) * 8);
+            o_nod = PyBytes_FromStringAndSize(NULL, accepted * 8);
+            if (o_com == NULL || o_nod == NULL) goto done;
+            bf_accept_emit((const int64_t *)v[1].buf, offsets, (const int64_t *)v[4].buf, b,
+                           width, on, lengths, (int64_t *)PyBytes_AS_STRING(o_com),
+                           (int64_t *)PyBytes_AS_STRING(o_nod));
+            /* commit()'s updates with the lengths (declined, changing nothing, on overflow) */
+            if (commit_counts((int64_t *)v[5].buf, (int64_t *)v[6].buf,
+                              (const int64_t *)v[7].buf, slots_n, slots, lengths, b)) {
                 result = Py_BuildValue("(OOO)", o_len, o_com, o_nod);
                 goto done;
             }
@@ -250,7 +262,7 @@ done:
     Py_XDECREF(o_len);
     Py_XDECREF(o_com);
     Py_XDECREF(o_nod);
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    release_views(v, taken, 9);
     return result;
 }
 
@@ -277,12 +289,10 @@ PyObject *bf_gather(PyObject *self, PyObject *args) {
        7 prev_size, 8 ids, 9 last (6, and 7–9 together, may be None) */
     int with_left = objs[6] != Py_None, with_last = objs[9] != Py_None;
     Py_buffer v[10];
-    int taken[10] = {0};
-    int ok = bt >= 1 && look >= 0 && look < ((long long)1 << 61);
-    for (int i = 0; i < 10 && ok; i++) {
-        if ((i == 6 && !with_left) || (i >= 7 && !with_last)) continue;
-        ok = taken[i] = int64_view(objs[i], &v[i]);
-    }
+    int taken[10] = {0}; /* (none taken where the first checks fail) */
+    unsigned skip = (with_left ? 0u : 1u << 6) | (with_last ? 0u : 7u << 7);
+    int ok = bt >= 1 && look >= 0 && look < ((long long)1 << 61) &&
+             int64_views(objs, 10, skip, v, taken);
     Py_ssize_t n = ok ? v[0].len / 8 : 0, b = ok ? v[3].len / 8 : 0;
     const int64_t lim = (int64_t)1 << 62;
     if (ok)
@@ -322,8 +332,7 @@ PyObject *bf_gather(PyObject *self, PyObject *args) {
             }
         }
     }
-    for (int i = 0; i < 10; i++)
-        if (taken[i]) PyBuffer_Release(&v[i]);
+    release_views(v, taken, 10);
     return PyBool_FromLong(ok);
 }
 
@@ -341,11 +350,8 @@ PyObject *bf_settle(PyObject *self, PyObject *args) {
         return NULL;
     int with_prev = objs[0] != Py_None;
     Py_buffer v[5];
-    int taken[5] = {0}, ok = 1;
-    for (int i = 0; i < 5 && ok; i++) {
-        if (i <= 2 && i != 1 && !with_prev) continue; /* prev_size and sizes */
-        ok = taken[i] = int64_view(objs[i], &v[i]);
-    }
+    int taken[5];
+    int ok = int64_views(objs, 5, with_prev ? 0u : 5u, v, taken); /* prev_size and sizes */
     Py_ssize_t b = ok ? v[1].len / 8 : 0;
     if (ok)
         ok = v[3].len == v[1].len && v[4].len == v[1].len &&
@@ -368,7 +374,6 @@ PyObject *bf_settle(PyObject *self, PyObject *args) {
             for (Py_ssize_t i = 0; i < b; i++) done += committed[i] >= wanted[i];
         }
     }
-    for (int i = 0; i < 5; i++)
-        if (taken[i]) PyBuffer_Release(&v[i]);
+    release_views(v, taken, 5);
     return PyLong_FromLongLong(done);
 }

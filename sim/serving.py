@@ -555,7 +555,8 @@ def _step_settled(
     if count < 0:
         if prev_size is not None:
             prev_size[ids] = sizes
-        count = np.count_nonzero(committed >= wanted)
+        mask = committed >= wanted
+        return ids[mask].tolist() if np.count_nonzero(mask) else []
     return ids[committed >= wanted].tolist() if count else []
 
 
