@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import struct
 from dataclasses import replace
 
 import numpy as np
@@ -48,6 +49,10 @@ except ImportError:  # pragma: no cover - exercised where no compiler is availab
 _pass_sums = getattr(_kernel, "pass_sums", None)
 
 _ATTENTION_OPS = ("attn_scores", "attn_values")
+
+# one pass's seven features written as doubles into a kept buffer (what np.array of their
+# list holds, Python ints and floats converted alike) — a third of np.array's time per pass
+_PACK_ROW = struct.Struct("7d").pack_into
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +194,11 @@ class PassPricer:
         self._half = t.moe_half_occupancy_per_sm * hw.sm_count
         self._layers = float(m.layers)
         self._host = t.host_layer_s > 0 or t.host_expert_s > 0
+        # the [1, 7] feature rows of the pass being priced and of its LM head (price_mixed),
+        # views of bytes rewritten per pass and read at once by _price_one: no row allocated
+        self._row_bytes, self._head_bytes = bytearray(56), bytearray(56)
+        self._row = np.frombuffer(self._row_bytes, dtype=np.float64).reshape(1, 7)
+        self._head = np.frombuffer(self._head_bytes, dtype=np.float64).reshape(1, 7)
         # one pass's operator sums in one compiled call (_price_one) where they need no more
         # than the kernel does: a dense target, no measured shape factors, and an attention
         # selector of at most two ones (its matrix product then sums the same in any order)
@@ -322,10 +332,10 @@ class PassPricer:
         padded = math.ceil(tokens / tile) * tile if tile > 0 else tokens
         masked = tree or (self.truth.causal_reads_mask and tokens > requests)
         p = pairs if masked else causal_pairs
-        draws = routing_draws_one(tokens, requests, self.truth)
+        draws = routing_draws_one(tokens, requests, self.truth) if self._moe else 0.0
         touched = self.touched(draws) if self._moe else 0.0
-        x = np.array([[1.0, tokens, padded, p, kv, p if masked else 0.0, touched]])
-        return _price_one(self, x, tokens, touched, 1.0 if masked else 0.0)
+        _PACK_ROW(self._row_bytes, 0, 1.0, tokens, padded, p, kv, p if masked else 0.0, touched)
+        return _price_one(self, self._row, tokens, touched, 1.0 if masked else 0.0)
 
     def price_mixed(
         self,
@@ -342,20 +352,26 @@ class PassPricer:
         masked = n_decode > 0 and (tree or (self.truth.causal_reads_mask and tokens > n_decode))
         masked_pairs = decode_pairs if masked else 0.0
         all_pairs = decode_pairs if masked else causal_pairs
-        draws = routing_draws_one(tokens, n_decode, self.truth) if n_decode else 0.0
         for n, c in zip(new, ctx, strict=True):
             cq = math.ceil(c / q) * q
             all_pairs += n * cq + n * (n + 1.0) / 2.0  # causal_chunk_pairs
             kv += cq + n
-            draws += routing_draws_one(n, 1, self.truth)
+        touched = 0.0  # experts touched per layer: the routings of every token (MoE only)
+        if self._moe:
+            draws = routing_draws_one(tokens, n_decode, self.truth) if n_decode else 0.0
+            for n in new:
+                draws += routing_draws_one(n, 1, self.truth)
+            touched = self.touched(draws)
         total_tokens = tokens + sum(new)
         logit_rows = tokens + len(new)
         tile = self._tile
         padded = math.ceil(total_tokens / tile) * tile if tile > 0 else total_tokens
-        touched = self.touched(draws)
-        x = np.array([[1.0, total_tokens, padded, all_pairs, kv, masked_pairs, touched]])
+        x, head = self._row, self._head
+        _PACK_ROW(
+            self._row_bytes, 0, 1.0, total_tokens, padded, all_pairs, kv, masked_pairs, touched
+        )
         h_pad = math.ceil(logit_rows / tile) * tile if tile > 0 else logit_rows
-        head = np.array([[1.0, logit_rows, h_pad, 0.0, 0.0, 0.0, 0.0]])
+        _PACK_ROW(self._head_bytes, 0, 1.0, logit_rows, h_pad, 0.0, 0.0, 0.0, 0.0)
         share = masked_pairs / all_pairs if all_pairs > 0 else 0.0
         return _price_one(self, x, total_tokens, touched, share, (head, float(logit_rows)))
 

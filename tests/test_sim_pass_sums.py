@@ -10,6 +10,7 @@ not a few ones), the pricer keeps numpy's route."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -149,3 +150,54 @@ def test_pass_sums_refuses_mismatched_buffers(y: object, phi: object, att: objec
     assert kernel is not None
     with pytest.raises(ValueError, match="pass_sums"):
         kernel(y, phi, att, lm)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(sorted(_TRUTHS)),
+    st.integers(1, 64),
+    st.integers(1, 40),
+    st.integers(0, 40_000),
+    st.booleans(),
+    st.lists(st.tuples(st.integers(1, 600), st.integers(0, 9_000)), min_size=1, max_size=3),
+)
+def test_packed_feature_rows_price_as_fresh_arrays(
+    truth: str,
+    requests: int,
+    per_request: int,
+    context: int,
+    tree: bool,
+    chunks: list[tuple[int, int]],
+) -> None:
+    """price_pass and price_mixed write their features into kept buffers (struct.pack_into):
+    each pass must price as the same features in a fresh np.array do (the reference route
+    they replaced), the LM head's row of a mixed pass included, pass after pass."""
+    p, _ = _pricers(truth)
+    tile = p._tile
+    for r in (requests, 1):  # a second pass rewrites the buffers
+        tokens = float(r * per_request)
+        kv = float(r * context) + tokens
+        pairs = tokens * (context + per_request)
+        causal = tokens * context + r * per_request * (per_request + 1) / 2.0
+        masked = tree or (p.truth.causal_reads_mask and tokens > r)
+        f = pairs if masked else causal
+        padded = math.ceil(tokens / tile) * tile if tile > 0 else tokens
+        x = np.array([[1.0, tokens, padded, f, kv, f if masked else 0.0, 0.0]])
+        ref = pass_pricing._price_one(p, x, tokens, 0.0, 1.0 if masked else 0.0)
+        assert p.price_pass(r, tokens, pairs, kv, tree, causal) == ref
+        new = [float(n) for n, _ in chunks]
+        ctx = [float(c) for _, c in chunks]
+        q = p.truth.context_quantum
+        all_pairs, kv_all = (pairs if masked else causal), kv
+        for n, c in zip(new, ctx, strict=True):
+            cq = math.ceil(c / q) * q
+            all_pairs += n * cq + n * (n + 1.0) / 2.0
+            kv_all += cq + n
+        total, rows = tokens + sum(new), tokens + len(new)
+        pad = math.ceil(total / tile) * tile if tile > 0 else total
+        h_pad = math.ceil(rows / tile) * tile if tile > 0 else rows
+        x = np.array([[1.0, total, pad, all_pairs, kv_all, pairs if masked else 0.0, 0.0]])
+        head = np.array([[1.0, rows, h_pad, 0.0, 0.0, 0.0, 0.0]])
+        share = (pairs if masked else 0.0) / all_pairs if all_pairs > 0 else 0.0
+        ref = pass_pricing._price_one(p, x, total, 0.0, share, (head, float(rows)))
+        assert p.price_mixed((r, tokens, pairs, kv), (new, ctx), tree, causal) == ref
