@@ -47,6 +47,7 @@ environment and charges these durations as timeouts.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -59,12 +60,12 @@ from bastion.cost.hardware import HardwareProfile
 from bastion.cost.models import DrafterSpec, ModelSpec
 from bastion.errors import ConfigError
 from bastion.guard import INT64_LIMIT, integer, public
-from bastion.sim.batching import BatchSums, compiled_sums, decode_terms
+from bastion.sim.batching import BatchSums, compiled_sums
 from bastion.sim.ground_truth import GroundTruth
 from bastion.sim.measured_truth import ints, measured_pass, measured_prep, measured_step
 from bastion.sim.pass_pricing import PassPricer
 from bastion.sim.prefill import DEFAULT_PREFILL_CHUNK, causal_chunk_pairs, checked_chunks
-from bastion.sim.prep import HostPrep, tree_sums_at, tree_sums_of
+from bastion.sim.prep import HostPrep
 from bastion.sim.routing import expected_experts, routing_draws
 
 __all__ = [
@@ -80,6 +81,7 @@ Array = npt.NDArray[np.float64]
 T = TypeVar("T")
 
 _NOISE_BLOCK = 1024  # standard normals drawn per numpy call for the pass noise
+_SEQUENCES: tuple[type, ...] = (list, tuple)  # what prefill chunks the serving loop passes are
 
 
 class _Shared:
@@ -173,8 +175,7 @@ class SimulatedGPU:
         self.pricer, self.prep = shared.pricer, shared.prep
         self.device, self.options = self.pricer.device, self.pricer.options
         self.rng = np.random.default_rng([self.seed, 0x6775])
-        self._noise_block: list[float] = []
-        self._noise_next = 0
+        self._noise: Iterator[float] = iter(())  # the factors exp(noise · z) not yet used
         self.sums = BatchSums(t.context_quantum)
         self._verify_cache, self._causal_cache = shared.verify, shared.causal
         self._ar_cache, self._draft_cache = shared.ar, shared.draft
@@ -353,16 +354,16 @@ class SimulatedGPU:
         """``seconds`` × exp(noise · z), z the next standard normal of this GPU's generator.
 
         The normals are drawn ``_NOISE_BLOCK`` at a time (one numpy call per block, not per
-        pass); the sequence is the generator's, so it is a function of the seed alone."""
-        sigma = self.truth.noise
-        if sigma == 0:
-            return seconds
-        i = self._noise_next
-        if i == len(self._noise_block):
-            self._noise_block = np.exp(sigma * self.rng.standard_normal(_NOISE_BLOCK)).tolist()
-            i = 0
-        self._noise_next = i + 1
-        return seconds * self._noise_block[i]
+        pass) and their factors taken from an iterator over the block; the sequence is the
+        generator's, so it is a function of the seed alone."""
+        factor = next(self._noise, None)
+        if factor is None:  # the block used up (or none drawn yet), or no noise
+            sigma = self.truth.noise
+            if sigma == 0:
+                return seconds
+            self._noise = iter(np.exp(sigma * self.rng.standard_normal(_NOISE_BLOCK)).tolist())
+            factor = next(self._noise)
+        return seconds * factor
 
     def verify_s(
         self,
@@ -454,6 +455,23 @@ class SimulatedGPU:
         )
 
 
+def _noisy_step(
+    gpu: SimulatedGPU, draft: float, prep: float, verify: float
+) -> tuple[float, float, float]:
+    """:meth:`SimulatedGPU._noisy` of a step's three passes, drawn in that order (one call
+    for three: _single_step's and _batch_step's)."""
+    noise = gpu._noise
+    a, b, c = next(noise, None), next(noise, None), next(noise, None)
+    if c is None or b is None or a is None:  # the block ran out among them (its iterator
+        # then stays empty), or no noise
+        return (
+            gpu._noisy(draft) if a is None else draft * a,
+            gpu._noisy(prep) if b is None else prep * b,
+            gpu._noisy(verify),
+        )
+    return draft * a, prep * b, verify * c
+
+
 def _single_step(
     gpu: SimulatedGPU,
     kind: str,
@@ -478,28 +496,31 @@ def _single_step(
         or contexts.shape != (1,)
         or tree_sizes.dtype != np.int64
         or contexts.dtype != np.int64
-        or not isinstance(prefill_tokens, list | tuple)
-        or not isinstance(prefill_contexts, list | tuple)
+        or type(prefill_tokens) not in _SEQUENCES
+        or type(prefill_contexts) not in _SEQUENCES
         or prefill_tokens
         or prefill_contexts
     ):
         return None
     s0, c0 = int(tree_sizes[0]), int(contexts[0])
-    draft = gpu._draft_cache.get(int(gpu.sums.quantise_one(float(c0))))
+    # the context's bucket: BatchSums.quantise_one's whole number (the caches' key)
+    q = gpu.sums.context_quantum
+    key = math.ceil(c0 / q) * q
+    draft = gpu._draft_cache.get(key)
     if draft is None or not 1 <= s0 <= gpu.max_tree_size:
         return None
     tree = kind == "tree"
-    cache = gpu._verify_cache if tree else gpu._causal_cache
-    curve = cache.get(int(gpu.sums.quantise_one(c0)))
+    curve = (gpu._verify_cache if tree else gpu._causal_cache).get(key)
     if curve is None:
         curve = gpu._curve(c0, tree)
-    draft = gpu._noisy(draft)
     path = kind == "chain"
     sums = None
-    if topk and not path:
-        sums = tree_sums_at(float(s0), float(c0), gpu.prep.truth.context_quantum)
-    prep = gpu._noisy(gpu.prep.from_sums(1, sums, topk, controller, path))
-    return draft, prep, gpu._noisy(float(curve[s0 - 1]))
+    if topk and not path:  # prep.tree_sums_at(s0, c0, q) of the one tree
+        n = float(s0)
+        square = n * n
+        sums = n, square, n * float(key) + square
+    prep = gpu.prep.from_sums(1, sums, topk, controller, path)
+    return _noisy_step(gpu, draft, prep, float(curve[s0 - 1]))
 
 
 def _batch_step(
@@ -525,18 +546,30 @@ def _batch_step(
     got = compiled_sums(tree_sizes, contexts, q)
     if got is None:
         return None
-    b = got[0]
-    draft = gpu._noisy(gpu.pricer.price_draft_sum(b, float(got[3])))
-    sums = tree_sums_of(got, q)
-    prep = gpu._noisy(gpu.prep.from_sums(b, sums, topk, controller, kind == "chain"))
-    _, tokens, pairs, kv, causal = decode_terms(got, q)
-    chunks = checked_chunks(prefill_tokens, prefill_contexts)
+    b, s_sum, s_sq, k_sum, s_k = got
+    draft = gpu.pricer.price_draft_sum(b, float(k_sum))
+    square = float(s_sq)  # prep.tree_sums_of(got, q)
+    sums = float(s_sum), square, float(q * s_k) + square
+    prep = gpu.prep.from_sums(b, sums, topk, controller, kind == "chain")
+    # batching.decode_terms(got, q)
+    tokens, s_sq_f, k_sum_f, s_k_f = float(s_sum), square, float(k_sum), float(s_k)
+    pairs, kv = q * s_k_f + s_sq_f, q * k_sum_f + tokens
+    causal = q * s_k_f + (s_sq_f + tokens) / 2.0
     tree = kind == "tree"
-    if chunks[0]:
-        verify = gpu.pricer.price_mixed((b, tokens, pairs, kv), chunks, tree, causal)
-    else:
+    if (
+        type(prefill_tokens) in _SEQUENCES
+        and type(prefill_contexts) in _SEQUENCES
+        and not prefill_tokens
+        and not prefill_contexts
+    ):  # no chunk (checked_chunks' first case, without its call)
         verify = gpu.pricer.price_pass(b, tokens, pairs, kv, tree, causal)
-    return draft, prep, gpu._noisy(verify)
+    else:
+        chunks = checked_chunks(prefill_tokens, prefill_contexts)
+        if chunks[0]:
+            verify = gpu.pricer.price_mixed((b, tokens, pairs, kv), chunks, tree, causal)
+        else:
+            verify = gpu.pricer.price_pass(b, tokens, pairs, kv, tree, causal)
+    return _noisy_step(gpu, draft, prep, verify)
 
 
 def _sim_backend(model: ModelSpec, hw: HardwareProfile, seed: int = 0):  # type: ignore[no-untyped-def]

@@ -221,3 +221,49 @@ def test_single_step_equals_its_passes() -> None:
     assert gpu_module._single_step(one, args[0], s * 1.0, c, *args[1:], (), ()) is None
     assert gpu_module._single_step(one, args[0], s, c, *args[1:], [64], [0]) is None
     assert gpu_module._single_step(one, args[0], s, c.repeat(2), *args[1:], (), ()) is None
+
+
+def test_noisy_step_draws_as_three_noisy_calls() -> None:
+    from bastion.sim import gpu as gpu_module
+
+    """_noisy_step takes a step's three factors from the noise block's iterator at once: the
+    same factors as three _noisy calls, in the same order, where a block runs out before the
+    first, the second or the third of them (1024 = 3·341 + 1), and none without noise."""
+    from dataclasses import replace
+
+    one, other = _gpu(11), _gpu(11)
+    for i in range(1100):  # 3300 draws: every offset of a block's end within a step
+        x = (1e-3 * (i + 1), 2e-4, 5e-3 / (i + 1))
+        assert gpu_module._noisy_step(one, *x) == tuple(other._noisy(v) for v in x)
+    quiet = _gpu(11)
+    quiet.truth = replace(quiet.truth, noise=0.0)
+    assert gpu_module._noisy_step(quiet, 1.0, 2.0, 3.0) == (1.0, 2.0, 3.0)
+
+
+def test_prep_caches_the_controller_host_time_per_batch_and_kind() -> None:
+    """from_sums keeps the controller's host seconds of a tree step per (B, repeated or
+    not): each step priced as by a fresh HostPrep (nothing cached), repeats and decisions of
+    the same B apart, under a truth whose measured repeats differ from its decisions."""
+    from dataclasses import replace
+
+    from bastion.sim.prep import HostPrep
+
+    g = _gpu()
+    truth = replace(
+        g.prep.truth,
+        controller_single_s=3e-4,
+        controller_step_s=5e-4,
+        controller_request_s=2e-5,
+        controller_repeat_single_s=7e-5,
+        controller_repeat_step_s=9e-5,
+        controller_repeat_request_s=3e-6,
+    )
+    args = (truth, g.model, g.drafter, g.prep.device, g.prep.options, g.prep.byte_rate)
+    kept = HostPrep(*args)
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        b = int(rng.integers(1, 6))
+        controller = [True, "repeat", False][int(rng.integers(0, 3))]
+        sums = (8.0 * b, 64.0 * b, 64.0 * b + 8.0 * 4096 * b)
+        want = HostPrep(*args).from_sums(b, sums, True, controller)
+        assert kept.from_sums(b, sums, True, controller) == want
