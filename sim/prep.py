@@ -72,7 +72,8 @@ def tree_sums_at(n: float, context: float, quantum: int) -> tuple[float, float, 
 
 
 class HostPrep:
-    """The truth's preparation time of one step for one target, drafter and device."""
+    """The truth's preparation time of one step for one target, drafter and device (fixed
+    at construction: the terms that depend on them alone are formed once)."""
 
     def __init__(
         self,
@@ -89,6 +90,19 @@ class HostPrep:
         # the KV width one GPU compacts (its share of the KV heads under tensor parallelism);
         # the logits are the whole vocabulary's (gathered before the top-K)
         self.h_kv = tp_shard(model, options.tensor_parallel).h_kv
+        # from_sums' terms that depend on the truth, model and device alone, each formed once
+        # by the operations (and in the order) its formula uses per step
+        t, layers = truth, model.layers
+        self._kv_scale = 4.0 * layers  # the K and V read and written, per layer
+        self._slots = self.depth + 1.0  # a request's tokens compacted, at most
+        self._vocab, self._act_bytes = model.vocab, options.bytes_per_act
+        kernels = t.prep_tree_kernels + t.mask_kernels + t.compaction_kernels_per_layer * layers
+        self._tree_launch_s = kernels * (t.host_kernel_s + device.launch_overhead_s)
+        self._copies_s = t.d2h_latency_s + t.h2d_latency_s
+        # the controller's host seconds of a tree step by B (pure functions of B and the truth;
+        # a B is a batch size, so they stay few): a repeated decision's, a decision's
+        self._repeats: dict[int, float] = {}
+        self._decisions: dict[int, float] = {}
 
     def seconds(
         self,
@@ -130,7 +144,7 @@ class HostPrep:
         chains: ``not topk or path``). The simulated GPU's batched step passes the sums it
         computed for its passes (one compiled call for the three)."""
         t = self.truth
-        logits = b * self.depth * self.model.vocab
+        logits = b * self.depth * self._vocab
         bw = self.byte_rate
         if not topk or path:  # chains: the argmax, or a decision's top-K pass; no tree work
             per_logit, launches = (
@@ -149,19 +163,23 @@ class HostPrep:
             if sums is None:
                 raise ConfigError("a tree step's preparation needs its trees' sums")
             nodes, square, pairs = sums
-            layers = self.model.layers
-            moved = min(self.depth + 1.0, nodes / max(b, 1)) * b  # tokens compacted, at most
+            # tokens compacted, at most: min(slots, nodes / max(b, 1)) · b as min and max pick
+            per = nodes / (1 if b < 1 else b)
+            moved = (per if per < self._slots else self._slots) * b
             # read + write K and V, each element bytes_per_act (2 unless the truth says)
-            kv_bytes = 4.0 * layers * moved * self.h_kv * self.options.bytes_per_act
-            kernels = t.prep_tree_kernels + t.mask_kernels + t.compaction_kernels_per_layer * layers
+            kv_bytes = self._kv_scale * moved * self.h_kv * self._act_bytes
             seconds = (logits * t.prep_topk_bytes + pairs * t.mask_bytes + kv_bytes) / bw
-            seconds += kernels * (t.host_kernel_s + self.device.launch_overhead_s)
-            seconds += t.d2h_latency_s + t.h2d_latency_s + square / t.h2d_bandwidth
+            seconds += self._tree_launch_s  # the tree's, the mask's and the compaction's kernels
+            seconds += self._copies_s + square / t.h2d_bandwidth
             seconds += b * t.mask_host_request_s + square * t.mask_host_element_s
-            if controller == "repeat":  # the path taken: a repeated decision …
-                seconds += self._repeat_s(b)
-            elif controller:  # … a decision; its measured time includes growing the trees
-                seconds += self._decision_s(b)
+            if controller:  # the path taken: a repeated decision, or a decision (whose
+                # measured time includes growing the trees)
+                cache = self._repeats if controller == "repeat" else self._decisions
+                host = cache.get(b)
+                if host is None:
+                    host = self._repeat_s(b) if cache is self._repeats else self._decision_s(b)
+                    cache[b] = host
+                seconds += host
             else:
                 seconds += t.tree_step_s + b * t.tree_request_s + nodes * t.tree_node_s
         return float(seconds)

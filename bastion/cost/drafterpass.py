@@ -189,7 +189,8 @@ class DrafterPricer:
     def total_s(self, requests: int, context_sum: float) -> float:
         """Seconds of one drafter pass over ``requests`` requests holding ``context_sum``
         cached tokens in all."""
-        at0, slope, launch_s = self.line(requests)
+        # the line's cache read here (a call less per pass); a size not seen yet: line()
+        at0, slope, launch_s = self._lines.get(requests) or self.line(requests)
         if _drafter_s is not None:  # the same operations, compiled (tests/test_drafter_lines.py)
             return float(_drafter_s(at0, slope, float(context_sum))) + launch_s
         y = at0 + float(context_sum) * slope
