@@ -144,6 +144,8 @@ class SyntheticSource:
         if not np.all(self._law_rows >= 0):
             self._law_max = np.full(w.depth, math.inf)
         self._bank_size = bank_size
+        self._sds = (float(w.step_sd), float(w.position_sd))  # _neg_logit's, per refill
+        self._z_shape = (block_steps, w.depth + 1)
         self._slots = 0
         # the compiled path keeps each block's draws and computes a step when it is drafted;
         # the numpy path computes the block's marginals and target tokens when it is drawn
@@ -176,7 +178,8 @@ class SyntheticSource:
 
     def _pin_draws(self) -> None:
         """The compiled draws' arguments that stay the same from step to step, as two tuples
-        (the stored blocks, rebuilt when they grow; the workload's constants)."""
+        (the stored blocks, rebuilt when they grow; the workload's constants), and each slot's
+        views of the blocks (rebuilt with them)."""
         w = self.workload
         if not self._compiled:
             return
@@ -200,6 +203,21 @@ class SyntheticSource:
             float(w.fork_ratio_min),
             float(self._log_stay),
         )
+        # every slot's own views of the stored blocks, which _refill writes a block of draws
+        # into (made here, once per growth, not per refill): its head log-odds, fall, uniforms
+        # and their third column (the branch length's), bank rows, target uniforms, log u
+        self._views = [
+            (
+                self._top1[s],
+                self._fall[s],
+                self._u[s],
+                self._u[s, :, 2],
+                self._pick[s],
+                self._tu[s],
+                self._log_u[s],
+            )
+            for s in range(self._slots)
+        ]
 
     # -- slots ----------------------------------------------------------------------------------
 
@@ -228,6 +246,8 @@ class SyntheticSource:
         if sample is None:
             return w.prompt_len, w.output_len
         self._lengths_rng = rng = seeded((self.seed, index, 0x6C656E), self._lengths_rng)
+        if type(w) is Workload:  # sample_lengths(rng, 1)'s, without its arrays
+            return w._lengths_of_one(rng)
         prompt, out = sample(rng, 1)
         return int(prompt[0]), int(out[0])
 
@@ -241,10 +261,13 @@ class SyntheticSource:
         seeded for the request: the slot's next request re-seeds it)."""
         if slot >= self._slots:
             self._grow(max(slot + 1, 2 * self._slots, 8))
-        w = self.workload
+        sd = self.workload.difficulty_sd
         rng = seeded((self.seed, index), self._rngs[slot])  # default_rng([seed, index])'s
-        shift = rng.normal(0.0, w.difficulty_sd) if w.difficulty_sd else 0.0
-        self._top1[slot] = self._base_logit + shift  # the request's head log-odds per position
+        # rng.normal(0.0, sd)'s value (numpy forms it as 0.0 + sd · z: the same double) without
+        # its argument checks (sd is a validated workload's, ≥ 0)
+        shift = sd * rng.standard_normal() if sd else 0.0
+        # the request's head log-odds per position
+        np.add(self._base_logit, shift, out=self._top1[slot])
         self._rngs[slot] = rng
         self._refill(slot)
         return rng
@@ -258,23 +281,24 @@ class SyntheticSource:
         runner-up spread (a bank row) and the target's uniform. Every draw is made whatever the
         parameters, so a request's randomness does not depend on them (common random numbers
         when fitting)."""
-        w, rng = self.workload, self._rngs[slot]
+        rng = self._rngs[slot]
         assert rng is not None
-        steps, depth = self.block_steps, w.depth
-        z = rng.standard_normal((steps, depth + 1))  # column 0: the step's shift
+        z = rng.standard_normal(self._z_shape)  # column 0: the step's shift
         self._cursor[slot] = 0
         if self._compiled:  # kept as drawn: draft() computes each step's rows (_draws)
             # numpy's exp and log of the draws (the kernel takes the rest of the arithmetic
             # below, the same operations, when a step is drafted)
-            fall = self._fall[slot]
+            top1, fall, u, u_length, pick, target_u, log_u = self._views[slot]
             assert _neg_logit is not None
-            _neg_logit(self._top1[slot], z, float(w.step_sd), float(w.position_sd), fall)
+            _neg_logit(top1, z, *self._sds, fall)
             np.exp(fall, out=fall)
-            u = rng.random(out=self._u[slot])  # branch: 5 per step; forks: 2 per position
-            bank_rows(rng, self._bank_size, (steps, depth), self._pick[slot])
-            rng.random(out=self._tu[slot])  # the target's uniforms (used last)
-            np.log(u[:, 2], out=self._log_u[slot])
+            rng.random(out=u)  # branch: 5 per step; forks: 2 per position
+            bank_rows(rng, self._bank_size, pick.shape, pick)
+            rng.random(out=target_u)  # the target's uniforms (used last)
+            np.log(u_length, out=log_u)
             return
+        w = self.workload
+        steps, depth = self.block_steps, w.depth
         logit = self._top1[slot][None, :] + w.step_sd * z[:, :1] + w.position_sd * z[:, 1:]
         # h: the head mass, kept in (0, 1) however large the log-odds
         head = np.minimum(1.0 / (1.0 + np.exp(-logit)), 1.0 - 1e-12)  # [S, D], C-contiguous
@@ -384,9 +408,8 @@ def bank_rows(
     halves = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n].reshape(shape)
     if out is None:
         out = np.empty(shape, _I8)
-    out[...] = halves  # each half as an int64 (≥ 0), its top bits then kept in place
-    if bits < 32:
-        out >>= 32 - bits
+    # each half's top bits, as an int64 (≥ 0): the uint32 shift's values, cast on writing
+    np.right_shift(halves, 32 - bits, out=out)
     return out
 
 

@@ -47,6 +47,7 @@ fit workloads (sim.workload_fit), time anything (sim.gpu) or run policies (the e
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -244,14 +245,10 @@ class Workload:
         """
         if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
             raise ConfigError(f"sample_lengths needs a whole number n ≥ 0 of requests; got {n!r}")
-        z = rng.standard_normal((2, int(n)))
-        if n == 1:  # one request (a call per request admitted): the same values on Python
-            # numbers — numpy's exp of both σ·z at once, Python's round() rounds half to even
-            # as np.rint does
-            e_prompt, e_out = np.exp(z[:, 0] * (self.prompt_len_sigma, self.output_len_sigma))
-            prompt = min(max(round(self.prompt_len * float(e_prompt)), 1), self.prompt_len_max)
-            out = min(max(round(self.output_len * float(e_out)), 1), self.output_len_max)
+        if n == 1:  # one request (a call per request admitted)
+            prompt, out = self._lengths_of_one(rng)
             return np.array([prompt], np.int64), np.array([out], np.int64)
+        z = rng.standard_normal((2, int(n)))
         # both rows in one pass: each entry is its row's round(median · exp(σ·z)), then
         # np.clip(…, 1, max)'s values (never NaN) without its per-call cost
         median, sigma, high = np.array(
@@ -264,6 +261,22 @@ class Workload:
         lengths = np.rint(median * np.exp(sigma * z))
         clipped = np.minimum(np.maximum(lengths, 1), high).astype(np.int64)
         return clipped[0], clipped[1]
+
+    def _lengths_of_one(self, rng: np.random.Generator) -> tuple[int, int]:
+        """``sample_lengths(rng, 1)``'s two lengths as Python ints: the same draws (two
+        standard normals) and values on Python numbers — numpy's exp of both σ·z at once,
+        Python's round() rounds half to even as np.rint does."""
+        e_prompt, e_out = np.exp(rng.standard_normal(2) * self._length_sigmas).tolist()
+        prompt = min(max(round(self.prompt_len * e_prompt), 1), self.prompt_len_max)
+        out = min(max(round(self.output_len * e_out), 1), self.output_len_max)
+        return prompt, out
+
+    @functools.cached_property
+    def _length_sigmas(self) -> npt.NDArray[np.float64]:
+        """(σ of the prompts, σ of the outputs), read-only: made once, not per request."""
+        sigmas = np.array((self.prompt_len_sigma, self.output_len_sigma), np.float64)
+        sigmas.flags.writeable = False
+        return sigmas
 
 
 # -- files ------------------------------------------------------------------------------------

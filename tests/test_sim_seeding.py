@@ -184,3 +184,16 @@ def test_one_request_lengths_round_half_to_even() -> None:
         p, o = w.sample_lengths(_FixedNormals(z), 1)  # type: ignore[arg-type]
         assert (int(p[0]), int(o[0])) == (int(np.rint(a)), int(np.rint(b)))
         assert {int(p[0]) % 2, int(o[0]) % 2} == {0}  # halves went to the even neighbour
+
+
+@pytest.mark.parametrize("name", ["chat", "math", "code"])
+def test_a_sources_lengths_are_the_formulas(name: str) -> None:
+    """SyntheticSource.lengths (the one-request path, Python numbers) gives the formula's
+    lengths from the request's own generator, default_rng([seed, index, 0x6C656E])."""
+    w = get_workload(name)
+    source = SyntheticSource(w, seed=5)
+    for index in range(200):
+        want = _lengths_reference(w, np.random.default_rng([5, index, 0x6C656E]), 1)
+        got = source.lengths(index)
+        assert type(got[0]) is int and type(got[1]) is int
+        assert got == (int(want[0][0]), int(want[1][0]))
