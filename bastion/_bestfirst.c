@@ -18,9 +18,10 @@
  *
  * beam(...), eagle(...): BeamPolicy's and EaglePolicy's trees for a batch (_bestfirst_shaped.c).
  *
- * draws(...), neg_logit(...), seed_words(...): the simulator's synthetic drafter, the drafted
- *   steps' marginals and target tokens from their requests' random draws, a block's log-odds,
- *   and the words a request's generator is seeded from (_bestfirst_draws.c).
+ * draws(...), neg_logit(...), seed_words(...), seed_state(...): the simulator's synthetic
+ *   drafter, the drafted steps' marginals and target tokens from their requests' random draws,
+ *   a block's log-odds, and the words and PCG64 state a request's generator is seeded from
+ *   (_bestfirst_draws.c).
  *
  * joint(...), floor(...): the learning controller's joint budget and the stepped decision floor
  *   it is priced from (_bestfirst_joint.c).
@@ -51,8 +52,8 @@
  * _bestfirst_learn.c (accept(), learn(), gains(), size_factors(), medians(), fill_row()),
  * _bestfirst_calibrate.c (calibrate()),
  * _bestfirst_shaped.c (beam(), eagle()),
- * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words()), _bestfirst_paper.c (paper(),
- * joint_price(), drafter_s(), pass_sums()), _bestfirst_request.c
+ * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words(), seed_state()),
+ * _bestfirst_paper.c (paper(), joint_price(), drafter_s(), pass_sums()), _bestfirst_request.c
  * (request()), _bestfirst_kv.c (blocks(), sums(), commit(), verify(), gather(), settle()),
  * _bestfirst_chain.c (chain_cut(), shadow()); _bestfirst.h declares what they share.
  */
@@ -85,6 +86,8 @@ static PyMethodDef methods[] = {
      "A synthetic block's negated head log-odds (see _bestfirst_draws.c)."},
     {"seed_words", bf_seed_words, METH_VARARGS,
      "numpy SeedSequence words of an entropy (see _bestfirst_draws.c)."},
+    {"seed_state", bf_seed_state, METH_O,
+     "numpy's PCG64 state seeded from an entropy (see _bestfirst_draws.c)."},
     {"paper", bf_paper, METH_VARARGS, "The paper controller's joint budget (_bestfirst_paper.c)."},
     {"drafter_s", bf_drafter_s, METH_VARARGS,
      "A drafter pass's operator seconds, summed (_bestfirst_paper.c)."},

@@ -151,6 +151,7 @@ BF_PRIVATE PyObject *bf_eagle(PyObject *self, PyObject *args);     /* _bestfirst
 BF_PRIVATE PyObject *bf_draws(PyObject *self, PyObject *args);     /* _bestfirst_draws.c */
 BF_PRIVATE PyObject *bf_neg_logit(PyObject *self, PyObject *args); /* _bestfirst_draws.c */
 BF_PRIVATE PyObject *bf_seed_words(PyObject *self, PyObject *args); /* _bestfirst_draws.c */
+BF_PRIVATE PyObject *bf_seed_state(PyObject *self, PyObject *entropy); /* _bestfirst_draws.c */
 BF_PRIVATE PyObject *bf_paper(PyObject *self, PyObject *args);     /* _bestfirst_paper.c */
 BF_PRIVATE PyObject *bf_joint_price(PyObject *self, PyObject *args); /* _bestfirst_paper.c */
 BF_PRIVATE PyObject *bf_request(PyObject *self, PyObject *args);   /* _bestfirst_request.c */

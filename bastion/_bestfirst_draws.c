@@ -403,6 +403,25 @@ static uint32_t seed_mix(uint32_t x, uint32_t y) {
     return r ^ (r >> SEED_XSHIFT);
 }
 
+/* The first n words of the seed sequence of the m entropy words e (see seed_words). */
+static void seed_generate(const uint32_t *e, Py_ssize_t m, uint32_t *out, Py_ssize_t n) {
+    uint32_t pool[SEED_POOL], h = SEED_INIT_A;
+    for (int i = 0; i < SEED_POOL; i++) pool[i] = seed_hashmix(i < m ? e[i] : 0u, &h);
+    for (int src = 0; src < SEED_POOL; src++)
+        for (int dst = 0; dst < SEED_POOL; dst++)
+            if (src != dst) pool[dst] = seed_mix(pool[dst], seed_hashmix(pool[src], &h));
+    for (Py_ssize_t src = SEED_POOL; src < m; src++)
+        for (int dst = 0; dst < SEED_POOL; dst++)
+            pool[dst] = seed_mix(pool[dst], seed_hashmix(e[src], &h));
+    uint32_t hb = SEED_INIT_B;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t v = pool[i % SEED_POOL] ^ hb;
+        hb *= SEED_MULT_B;
+        v *= hb;
+        out[i] = v ^ (v >> SEED_XSHIFT);
+    }
+}
+
 PyObject *bf_seed_words(PyObject *self, PyObject *args) {
     Py_buffer ent;
     Py_ssize_t n;
@@ -413,27 +432,70 @@ PyObject *bf_seed_words(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "seed_words: entropy must be uint32 words, n >= 0");
         goto done;
     }
-    {
-        const uint32_t *e = (const uint32_t *)ent.buf;
-        uint32_t pool[SEED_POOL], h = SEED_INIT_A;
-        for (int i = 0; i < SEED_POOL; i++) pool[i] = seed_hashmix(i < m ? e[i] : 0u, &h);
-        for (int src = 0; src < SEED_POOL; src++)
-            for (int dst = 0; dst < SEED_POOL; dst++)
-                if (src != dst) pool[dst] = seed_mix(pool[dst], seed_hashmix(pool[src], &h));
-        for (Py_ssize_t src = SEED_POOL; src < m; src++)
-            for (int dst = 0; dst < SEED_POOL; dst++)
-                pool[dst] = seed_mix(pool[dst], seed_hashmix(e[src], &h));
-        result = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint32_t));
-        if (!result) goto done;
-        uint32_t *out = (uint32_t *)PyBytes_AS_STRING(result), hb = SEED_INIT_B;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint32_t v = pool[i % SEED_POOL] ^ hb;
-            hb *= SEED_MULT_B;
-            v *= hb;
-            out[i] = v ^ (v >> SEED_XSHIFT);
-        }
-    }
+    result = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint32_t));
+    if (result)
+        seed_generate((const uint32_t *)ent.buf, m, (uint32_t *)PyBytes_AS_STRING(result), n);
 done:
     PyBuffer_Release(&ent);
     return result;
+}
+
+/* seed_state(entropy) -> (state, inc) or None
+ *
+ * The PCG64 state numpy's default_rng(list(entropy)) starts in, as two Python ints (the
+ * 128-bit LCG state and increment), for a tuple or list of at most SEED_MAX_ENTRIES ints each
+ * in [0, 2**64): the words SeedSequence assembles from them (each int little-endian, 0 as one
+ * word), the first 8 words seed_words gives, and numpy's PCG64 seeding of them (four 64-bit
+ * words from 32-bit pairs, little-endian: the first two the initial state, the last two the
+ * stream; state 0, one step, add, one step). None for any other entropy, or where the compiler
+ * has no 128-bit integers: bastion.sim.seeding then forms the same on Python ints. */
+#define SEED_MAX_ENTRIES 16
+#if defined(__SIZEOF_INT128__)
+static PyObject *seed_u128(unsigned __int128 x) { /* a Python int of x */
+    PyObject *hi = PyLong_FromUnsignedLongLong((unsigned long long)(x >> 64));
+    PyObject *lo = PyLong_FromUnsignedLongLong((unsigned long long)x);
+    PyObject *shift = PyLong_FromLong(64), *up = NULL, *both = NULL;
+    if (hi && lo && shift) up = PyNumber_Lshift(hi, shift);
+    if (up) both = PyNumber_Or(up, lo);
+    Py_XDECREF(hi);
+    Py_XDECREF(lo);
+    Py_XDECREF(shift);
+    Py_XDECREF(up);
+    return both;
+}
+#endif
+
+PyObject *bf_seed_state(PyObject *self, PyObject *entropy) {
+#if defined(__SIZEOF_INT128__)
+    if (!PyTuple_Check(entropy) && !PyList_Check(entropy)) Py_RETURN_NONE;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(entropy), m = 0;
+    if (count > SEED_MAX_ENTRIES) Py_RETURN_NONE;
+    PyObject **items = PySequence_Fast_ITEMS(entropy);
+    uint32_t e[2 * SEED_MAX_ENTRIES], w[8];
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!PyLong_CheckExact(items[i])) Py_RETURN_NONE;
+        unsigned long long v = PyLong_AsUnsignedLongLong(items[i]);
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) { /* negative or >= 2**64 */
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        e[m++] = (uint32_t)v;
+        if (v >> 32) e[m++] = (uint32_t)(v >> 32);
+    }
+    seed_generate(e, m, w, 8);
+    uint64_t q[4];
+    for (int i = 0; i < 4; i++) q[i] = (uint64_t)w[2 * i] | ((uint64_t)w[2 * i + 1] << 32);
+    const unsigned __int128 mult =
+        ((unsigned __int128)0x2360ED051FC65DA4ull << 64) | 0x4385DF649FCCF645ull;
+    unsigned __int128 inc = ((((unsigned __int128)q[2] << 64) | q[3]) << 1) | 1u;
+    unsigned __int128 state = ((((unsigned __int128)q[0] << 64) | q[1]) + inc) * mult + inc;
+    PyObject *s = seed_u128(state), *i = s ? seed_u128(inc) : NULL;
+    if (!s || !i) {
+        Py_XDECREF(s);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", s, i);
+#else
+    Py_RETURN_NONE;
+#endif
 }

@@ -197,3 +197,41 @@ def test_a_sources_lengths_are_the_formulas(name: str) -> None:
         got = source.lengths(index)
         assert type(got[0]) is int and type(got[1]) is int
         assert got == (int(want[0][0]), int(want[1][0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.integers(0, 2**32 - 1), st.sampled_from(_EDGES), st.integers(0, 2**64 - 1)),
+        max_size=17,  # past the kernel's 16 entries too
+    ),
+    st.booleans(),
+)
+def test_the_compiled_seed_state_is_numpys(entropy: list[int], as_tuple: bool) -> None:
+    """seed_state gives numpy's PCG64 state and increment for ints below 2**64, and None (the
+    Python path) for anything else."""
+    kernel = seeding._seed_state
+    if kernel is None:
+        pytest.skip("built without the compiled kernel")
+    made = kernel(tuple(entropy) if as_tuple else list(entropy))
+    if len(entropy) > 16 or any(v >= 2**64 for v in entropy):
+        assert made is None
+        return
+    want = np.random.default_rng(list(entropy)).bit_generator.state["state"]
+    assert made == (want["state"], want["inc"])
+
+
+def test_the_compiled_seed_state_declines_others() -> None:
+    kernel = seeding._seed_state
+    if kernel is None:
+        pytest.skip("built without the compiled kernel")
+    for entropy in ((-1, 3), (1.5,), (np.int64(3),), (True,), "ab", 7, (2**64,)):
+        assert kernel(entropy) is None
+
+
+def test_without_the_compiled_state_python_seeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(seeding, "_seed_state", None)
+    kept = np.random.default_rng(1)
+    for entropy in ([4, 2], [0], [2**40, 2**63, 5]):
+        ours = seeded(entropy, kept)
+        assert ours.bit_generator.state == np.random.default_rng(entropy).bit_generator.state
