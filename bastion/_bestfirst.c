@@ -80,6 +80,8 @@ static PyMethodDef methods[] = {
     {"beam", bf_beam, METH_VARARGS, "Beam trees for B requests (see _bestfirst_shaped.c)."},
     {"eagle", bf_eagle, METH_VARARGS, "EAGLE trees for B requests (see _bestfirst_shaped.c)."},
     {"draws", bf_draws, METH_VARARGS, "Synthetic steps from their draws (see _bestfirst_draws.c)."},
+    {"draws_pin", bf_draws_pin, METH_VARARGS,
+     "A synthetic source's stored draws, pinned for draws() (see _bestfirst_draws.c)."},
     {"advance", bf_advance, METH_VARARGS,
      "The synthetic source's rows of a step, cursors moved on (_bestfirst_draws.c)."},
     {"neg_logit", bf_neg_logit, METH_VARARGS,

@@ -149,6 +149,7 @@ BF_PRIVATE PyObject *bf_size_factors(PyObject *self, PyObject *args); /* _bestfi
 BF_PRIVATE PyObject *bf_beam(PyObject *self, PyObject *args);      /* _bestfirst_shaped.c */
 BF_PRIVATE PyObject *bf_eagle(PyObject *self, PyObject *args);     /* _bestfirst_shaped.c */
 BF_PRIVATE PyObject *bf_draws(PyObject *self, PyObject *args);     /* _bestfirst_draws.c */
+BF_PRIVATE PyObject *bf_draws_pin(PyObject *self, PyObject *args);     /* _bestfirst_draws.c */
 BF_PRIVATE PyObject *bf_neg_logit(PyObject *self, PyObject *args); /* _bestfirst_draws.c */
 BF_PRIVATE PyObject *bf_seed_words(PyObject *self, PyObject *args); /* _bestfirst_draws.c */
 BF_PRIVATE PyObject *bf_seed_state(PyObject *self, PyObject *entropy); /* _bestfirst_draws.c */

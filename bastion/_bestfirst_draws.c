@@ -9,8 +9,13 @@
  * a step's marginals are computed here when the step is drafted, for the steps drafted only
  * (a request that finishes mid-block leaves the rest of its block undrawn into marginals).
  *
- * draws(bank, bank_sum, pick, fall, u, log_u, law, law_max, target_u, rows, depth, k,
- *       bank_size, branch_rate, fork_rate, fork_ratio_min, log_stay, probs, target) -> None
+ * draws_pin(bank, bank_sum, pick, fall, u, log_u, law, law_max, target_u, depth, k, bank_size,
+ *           branch_rate, fork_rate, fork_ratio_min, log_stay) -> pin
+ * draws(pin, rows, probs, target) -> None
+ *   draws_pin checks the stored arrays against depth and k and holds their buffers (the arrays
+ *   stay alive and their memory in place) until the pin is freed; draws reads them through it,
+ *   each step taking only its rows and outputs (a source's arrays change only when it grows,
+ *   and it pins them again then; their contents may change between steps: read when called)
  *   bank:     [2 * bank_size, k] runner-up spreads (the second half shifted for forks), ≥ 0;
  *             only the first half is read (a fork's row is its first-half row one rank down,
  *             what the second half holds: half the memory a step touches)
@@ -140,29 +145,73 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
     return below;
 }
 
-PyObject *bf_draws(PyObject *self, PyObject *args) {
-    Py_buffer bank, bank_sum, pick, fall, u, log_u, law, law_max, tu, rowsb, probs, target;
+/* A source's pinned draws (draws_pin): its nine stored arrays' buffers, held until the capsule
+   is freed, and the constants they were checked against. */
+#define DRAWS_PIN "bastion._bestfirst.draws_pin"
+typedef struct {
+    Py_buffer bufs[9]; /* bank, bank_sum, pick, fall, u, log_u, law, law_max, target_u */
     Py_ssize_t depth, k, bank_size;
     double branch_rate, fork_rate, ratio_min, log_stay;
-    PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*y*nnnddddw*w*", &bank, &bank_sum, &pick,
-                          &fall, &u, &log_u, &law, &law_max, &tu, &rowsb, &depth, &k,
-                          &bank_size, &branch_rate, &fork_rate, &ratio_min, &log_stay, &probs,
-                          &target))
+} draws_pinned;
+
+static void draws_unpin(PyObject *capsule) {
+    draws_pinned *pin = (draws_pinned *)PyCapsule_GetPointer(capsule, DRAWS_PIN);
+    if (pin == NULL) return;
+    for (int i = 0; i < 9; i++) PyBuffer_Release(&pin->bufs[i]);
+    PyMem_Free(pin);
+}
+
+PyObject *bf_draws_pin(PyObject *self, PyObject *args) {
+    draws_pinned *pin = (draws_pinned *)PyMem_Calloc(1, sizeof(draws_pinned));
+    if (pin == NULL) return PyErr_NoMemory();
+    Py_buffer *bf = pin->bufs;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*nnndddd", &bf[0], &bf[1], &bf[2], &bf[3],
+                          &bf[4], &bf[5], &bf[6], &bf[7], &bf[8], &pin->depth, &pin->k,
+                          &pin->bank_size, &pin->branch_rate, &pin->fork_rate, &pin->ratio_min,
+                          &pin->log_stay)) {
+        PyMem_Free(pin); /* (the parser releases what it took) */
         return NULL;
+    }
+    Py_ssize_t dsz = (Py_ssize_t)sizeof(double), isz = (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t n = bf[5].len / dsz, depth = pin->depth, k = pin->k, bank_size = pin->bank_size;
+    if (n < 1 || depth < 1 || k < 1 || k > DRAWS_MAX_K || bank_size < 1 ||
+        !bf_holds_exactly(bf[0].len, dsz, 2 * bank_size, k, 1) ||
+        !bf_holds_exactly(bf[1].len, dsz, 2 * bank_size, 1, 1) ||
+        !bf_holds_exactly(bf[2].len, isz, n, depth, 1) ||
+        !bf_holds_exactly(bf[3].len, dsz, n, depth, 1) ||
+        !bf_holds_exactly(bf[4].len, dsz, n, 2 * depth + 5, 1) ||
+        !bf_holds_exactly(bf[5].len, dsz, n, 1, 1) ||
+        !bf_holds_exactly(bf[6].len, dsz, depth, k, 1) ||
+        !bf_holds_exactly(bf[7].len, dsz, depth, 1, 1) ||
+        !bf_holds_exactly(bf[8].len, dsz, n, depth, 1)) {
+        PyErr_SetString(PyExc_ValueError, "draws_pin: buffers do not match depth and k");
+        for (int i = 0; i < 9; i++) PyBuffer_Release(&bf[i]);
+        PyMem_Free(pin);
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(pin, DRAWS_PIN, draws_unpin);
+    if (capsule == NULL) {
+        for (int i = 0; i < 9; i++) PyBuffer_Release(&bf[i]);
+        PyMem_Free(pin);
+    }
+    return capsule;
+}
+
+PyObject *bf_draws(PyObject *self, PyObject *args) {
+    Py_buffer rowsb, probs, target;
+    PyObject *capsule, *result = NULL;
+    if (!PyArg_ParseTuple(args, "Oy*w*w*", &capsule, &rowsb, &probs, &target)) return NULL;
+    draws_pinned *pin = (draws_pinned *)PyCapsule_GetPointer(capsule, DRAWS_PIN);
+    if (pin == NULL) goto done; /* (not a pinned capsule: its TypeError/ValueError set) */
+    Py_buffer bank = pin->bufs[0], bank_sum = pin->bufs[1], pick = pin->bufs[2];
+    Py_buffer fall = pin->bufs[3], u = pin->bufs[4], log_u = pin->bufs[5], law = pin->bufs[6];
+    Py_buffer law_max = pin->bufs[7], tu = pin->bufs[8];
+    Py_ssize_t depth = pin->depth, k = pin->k, bank_size = pin->bank_size;
+    double branch_rate = pin->branch_rate, fork_rate = pin->fork_rate;
+    double ratio_min = pin->ratio_min, log_stay = pin->log_stay;
     Py_ssize_t dsz = (Py_ssize_t)sizeof(double), isz = (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t n = log_u.len / dsz, b = rowsb.len / isz;
-    if (n < 1 || b < 1 || depth < 1 || k < 1 || k > DRAWS_MAX_K || bank_size < 1 ||
-        !bf_holds_exactly(bank.len, dsz, 2 * bank_size, k, 1) ||
-        !bf_holds_exactly(bank_sum.len, dsz, 2 * bank_size, 1, 1) ||
-        !bf_holds_exactly(pick.len, isz, n, depth, 1) ||
-        !bf_holds_exactly(fall.len, dsz, n, depth, 1) ||
-        !bf_holds_exactly(u.len, dsz, n, 2 * depth + 5, 1) ||
-        !bf_holds_exactly(log_u.len, dsz, n, 1, 1) ||
-        !bf_holds_exactly(law.len, dsz, depth, k, 1) ||
-        !bf_holds_exactly(law_max.len, dsz, depth, 1, 1) ||
-        !bf_holds_exactly(tu.len, dsz, n, depth, 1) ||
-        !bf_holds_exactly(rowsb.len, isz, b, 1, 1) ||
+    if (b < 1 || !bf_holds_exactly(rowsb.len, isz, b, 1, 1) ||
         !bf_holds_exactly(probs.len, dsz, b, depth, k) ||
         !bf_holds_exactly(target.len, isz, b, depth + 1, 1)) {
         PyErr_SetString(PyExc_ValueError, "draws: buffers do not match rows, depth and k");
@@ -267,15 +316,6 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
         Py_INCREF(result);
     }
 done:
-    PyBuffer_Release(&bank);
-    PyBuffer_Release(&bank_sum);
-    PyBuffer_Release(&pick);
-    PyBuffer_Release(&fall);
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&log_u);
-    PyBuffer_Release(&law);
-    PyBuffer_Release(&law_max);
-    PyBuffer_Release(&tu);
     PyBuffer_Release(&rowsb);
     PyBuffer_Release(&probs);
     PyBuffer_Release(&target);

@@ -54,6 +54,7 @@ try:  # the optional compiled kernel (setup.py): a block's arithmetic in one cal
 except ImportError:  # pragma: no cover - exercised where no compiler is available
     _kernel = None
 _draws = getattr(_kernel, "draws", None)
+_draws_pin = getattr(_kernel, "draws_pin", None)
 _neg_logit = getattr(_kernel, "neg_logit", None)
 _advance = getattr(_kernel, "advance", None)
 
@@ -149,7 +150,12 @@ class SyntheticSource:
         self._slots = 0
         # the compiled path keeps each block's draws and computes a step when it is drafted;
         # the numpy path computes the block's marginals and target tokens when it is drawn
-        self._compiled = _draws is not None and _neg_logit is not None and w.k <= _DRAWS_MAX_K
+        self._compiled = (
+            _draws is not None
+            and _draws_pin is not None
+            and _neg_logit is not None
+            and w.k <= _DRAWS_MAX_K
+        )
         per_step = {  # what one stored step holds, per path: (name, shape of one step, dtype)
             True: [
                 ("_fall", (w.depth,), np.float64),  # exp(−logit) of the head masses
@@ -177,13 +183,15 @@ class SyntheticSource:
         self._pin_draws()
 
     def _pin_draws(self) -> None:
-        """The compiled draws' arguments that stay the same from step to step, as two tuples
-        (the stored blocks, rebuilt when they grow; the workload's constants), and each slot's
-        views of the blocks (rebuilt with them)."""
+        """The compiled draws' arguments that stay the same from step to step, pinned in one
+        object (the stored blocks' buffers, re-pinned when they grow, and the workload's
+        constants: each step hands draws() the pin, not nine arrays whose buffers it takes and
+        gives back), and each slot's views of the blocks (rebuilt with them)."""
         w = self.workload
+        self._draw_pin: object = None  # (no slots yet: nothing to pin)
         if not self._compiled:
             return
-        self._draw_blocks = (
+        blocks = (
             self._bank,
             self._bank_sum,
             self._pick,
@@ -194,7 +202,7 @@ class SyntheticSource:
             self._law_max,
             self._tu,
         )
-        self._draw_consts = (
+        consts = (
             w.depth,
             w.k,
             self._bank_size,
@@ -203,6 +211,9 @@ class SyntheticSource:
             float(w.fork_ratio_min),
             float(self._log_stay),
         )
+        if self._slots:
+            assert _draws_pin is not None
+            self._draw_pin = _draws_pin(*blocks, *consts)
         # every slot's own views of the stored blocks, which _refill writes a block of draws
         # into (made here, once per growth, not per refill): its head log-odds, fall, uniforms
         # and their third column (the branch length's), bank rows, target uniforms, log u
@@ -331,9 +342,8 @@ class SyntheticSource:
             probs = np.empty(probs_shape)
             target = np.empty(target_shape, _I8)
             assert _draws is not None  # (the compiled path is chosen only with the kernel)
-            # (the blocks, rows, depth, K, bank size, branch and fork rates, least fork ratio,
-            # log of the branch's stay, then the outputs: see _pin_draws)
-            _draws(*self._draw_blocks, rows, *self._draw_consts, probs, target)
+            # (the pinned blocks and constants, see _pin_draws; the rows; the outputs)
+            _draws(self._draw_pin, rows, probs, target)
         else:  # gathered from the blocks computed when drawn
             w = self.workload
             probs = self._probs.reshape(-1, w.depth, w.k).take(rows, axis=0)

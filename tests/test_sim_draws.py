@@ -141,3 +141,66 @@ def test_rank_ids_are_shared_read_only_ranks() -> None:
     a, b = ids
     assert a is b and not a.flags.writeable and a.flags.c_contiguous
     assert np.array_equal(a, np.broadcast_to(np.arange(w.k), (3, w.depth, w.k)))
+
+
+@needs_kernel
+def test_a_source_that_grows_draws_from_its_new_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """draws() reads the blocks pinned when the source last grew: a slot admitted past the
+    room (the blocks reallocated, the kept slots copied) gives the numpy path's steps."""
+    w = get_workload("math").with_(fork_rate=0.3, branch_rate=0.5)
+    compiled = synthetic.SyntheticSource(w, 9, block_steps=8)
+    with monkeypatch.context() as patch:
+        patch.setattr(synthetic, "_draws", None)
+        reference = synthetic.SyntheticSource(w, 9, block_steps=8)
+    ctx = np.zeros(0, np.int64)
+    for source in (compiled, reference):
+        for slot in range(3):
+            source.admit(slot, slot)
+    slots = np.arange(3)
+    for grown in (11, 40, None):  # room for 8 slots first, then 22, then 44
+        for _ in range(12):  # past a block's end
+            (got, got_target), (want, want_target) = (
+                compiled.draft(slots, ctx),
+                reference.draft(slots, ctx),
+            )
+            assert np.array_equal(got.probs, want.probs)
+            assert np.array_equal(got_target, want_target)
+        if grown is not None:
+            room = compiled._slots
+            for source in (compiled, reference):
+                source.admit(grown, grown + 100)
+            assert compiled._slots > room
+            slots = np.append(slots, grown)
+
+
+@needs_kernel
+def test_the_pin_checks_its_arrays() -> None:
+    source = synthetic.SyntheticSource(get_workload("math"), 1)
+    source.admit(0, 0)
+    w = source.workload
+    blocks = [
+        source._bank,
+        source._bank_sum,
+        source._pick,
+        source._fall,
+        source._u,
+        source._log_u,
+        source._law_rows,
+        source._law_max,
+        source._tu,
+    ]
+    consts = (w.depth, w.k, source._bank_size, 0.1, 0.1, 0.5, -1.0)
+    kernel = synthetic._kernel
+    assert kernel.draws_pin(*blocks, *consts) is not None
+    with pytest.raises(ValueError):
+        kernel.draws_pin(*blocks[:8], blocks[8][:1], *consts)  # target uniforms of one slot
+    with pytest.raises(ValueError):
+        kernel.draws_pin(*blocks, w.depth + 1, *consts[1:])
+    probs, target = np.empty((1, w.depth, w.k)), np.empty((1, w.depth + 1), np.int64)
+    rows = np.zeros(1, np.int64)
+    with pytest.raises((ValueError, TypeError)):
+        kernel.draws(object(), rows, probs, target)  # not a pin
+    with pytest.raises(ValueError):
+        kernel.draws(source._draw_pin, rows, probs[:, :1], target)  # outputs of another shape
+    with pytest.raises(ValueError):
+        kernel.draws(source._draw_pin, np.array([10**6]), probs, target)  # a step out of range
