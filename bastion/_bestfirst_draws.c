@@ -9,13 +9,18 @@
  * a step's marginals are computed here when the step is drafted, for the steps drafted only
  * (a request that finishes mid-block leaves the rest of its block undrawn into marginals).
  *
- * draws_pin(bank, bank_sum, pick, fall, u, log_u, law, law_max, target_u, depth, k, bank_size,
- *           branch_rate, fork_rate, fork_ratio_min, log_stay) -> pin
- * draws(pin, rows, probs, target) -> None
- *   draws_pin checks the stored arrays against depth and k and holds their buffers (the arrays
- *   stay alive and their memory in place) until the pin is freed; draws reads them through it,
- *   each step taking only its rows and outputs (a source's arrays change only when it grows,
- *   and it pins them again then; their contents may change between steps: read when called)
+ * draws_pin(bank, bank_sum, pick, fall, u, log_u, law, law_max, target_u, cursor, depth, k,
+ *           bank_size, block, branch_rate, fork_rate, fork_ratio_min, log_stay) -> pin
+ * draws(pin, rows, probs, target, advance=False) -> None or spent (tuple of ints)
+ *   draws_pin checks the stored arrays against depth, k and block and holds their buffers (the
+ *   arrays stay alive and their memory in place) until the pin is freed; draws reads them
+ *   through it, each step taking only its rows and outputs (a source's arrays change only when
+ *   it grows, and it pins them again then; their contents may change between steps: read when
+ *   called). With advance, rows are slots and each slot's row is advance()'s (below), formed
+ *   here: slot * block + cursor[slot], its cursor moved on by one once the step is computed;
+ *   where a listed slot's block is spent (cursor >= block) nothing is computed or changed and
+ *   the spent slots are returned (the caller draws their blocks and calls again).
+ *   cursor:   [n / block] int64, writable: each slot's next step in its block
  *   bank:     [2 * bank_size, k] runner-up spreads (the second half shifted for forks), ≥ 0;
  *             only the first half is read (a fork's row is its first-half row one rank down,
  *             what the second half holds: half the memory a step touches)
@@ -149,15 +154,16 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
    is freed, and the constants they were checked against. */
 #define DRAWS_PIN "bastion._bestfirst.draws_pin"
 typedef struct {
-    Py_buffer bufs[9]; /* bank, bank_sum, pick, fall, u, log_u, law, law_max, target_u */
-    Py_ssize_t depth, k, bank_size;
+    Py_buffer bufs[10]; /* bank, bank_sum, pick, fall, u, log_u, law, law_max, target_u,
+                           cursor (writable) */
+    Py_ssize_t depth, k, bank_size, block;
     double branch_rate, fork_rate, ratio_min, log_stay;
 } draws_pinned;
 
 static void draws_unpin(PyObject *capsule) {
     draws_pinned *pin = (draws_pinned *)PyCapsule_GetPointer(capsule, DRAWS_PIN);
     if (pin == NULL) return;
-    for (int i = 0; i < 9; i++) PyBuffer_Release(&pin->bufs[i]);
+    for (int i = 0; i < 10; i++) PyBuffer_Release(&pin->bufs[i]);
     PyMem_Free(pin);
 }
 
@@ -165,16 +171,18 @@ PyObject *bf_draws_pin(PyObject *self, PyObject *args) {
     draws_pinned *pin = (draws_pinned *)PyMem_Calloc(1, sizeof(draws_pinned));
     if (pin == NULL) return PyErr_NoMemory();
     Py_buffer *bf = pin->bufs;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*nnndddd", &bf[0], &bf[1], &bf[2], &bf[3],
-                          &bf[4], &bf[5], &bf[6], &bf[7], &bf[8], &pin->depth, &pin->k,
-                          &pin->bank_size, &pin->branch_rate, &pin->fork_rate, &pin->ratio_min,
-                          &pin->log_stay)) {
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*w*nnnndddd", &bf[0], &bf[1], &bf[2], &bf[3],
+                          &bf[4], &bf[5], &bf[6], &bf[7], &bf[8], &bf[9], &pin->depth, &pin->k,
+                          &pin->bank_size, &pin->block, &pin->branch_rate, &pin->fork_rate,
+                          &pin->ratio_min, &pin->log_stay)) {
         PyMem_Free(pin); /* (the parser releases what it took) */
         return NULL;
     }
     Py_ssize_t dsz = (Py_ssize_t)sizeof(double), isz = (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t n = bf[5].len / dsz, depth = pin->depth, k = pin->k, bank_size = pin->bank_size;
-    if (n < 1 || depth < 1 || k < 1 || k > DRAWS_MAX_K || bank_size < 1 ||
+    Py_ssize_t block = pin->block;
+    if (n < 1 || depth < 1 || k < 1 || k > DRAWS_MAX_K || bank_size < 1 || block < 1 ||
+        n % block != 0 || !bf_holds_exactly(bf[9].len, isz, n / block, 1, 1) ||
         !bf_holds_exactly(bf[0].len, dsz, 2 * bank_size, k, 1) ||
         !bf_holds_exactly(bf[1].len, dsz, 2 * bank_size, 1, 1) ||
         !bf_holds_exactly(bf[2].len, isz, n, depth, 1) ||
@@ -184,14 +192,14 @@ PyObject *bf_draws_pin(PyObject *self, PyObject *args) {
         !bf_holds_exactly(bf[6].len, dsz, depth, k, 1) ||
         !bf_holds_exactly(bf[7].len, dsz, depth, 1, 1) ||
         !bf_holds_exactly(bf[8].len, dsz, n, depth, 1)) {
-        PyErr_SetString(PyExc_ValueError, "draws_pin: buffers do not match depth and k");
-        for (int i = 0; i < 9; i++) PyBuffer_Release(&bf[i]);
+        PyErr_SetString(PyExc_ValueError, "draws_pin: buffers do not match depth, k and block");
+        for (int i = 0; i < 10; i++) PyBuffer_Release(&bf[i]);
         PyMem_Free(pin);
         return NULL;
     }
     PyObject *capsule = PyCapsule_New(pin, DRAWS_PIN, draws_unpin);
     if (capsule == NULL) {
-        for (int i = 0; i < 9; i++) PyBuffer_Release(&bf[i]);
+        for (int i = 0; i < 10; i++) PyBuffer_Release(&bf[i]);
         PyMem_Free(pin);
     }
     return capsule;
@@ -200,7 +208,10 @@ PyObject *bf_draws_pin(PyObject *self, PyObject *args) {
 PyObject *bf_draws(PyObject *self, PyObject *args) {
     Py_buffer rowsb, probs, target;
     PyObject *capsule, *result = NULL;
-    if (!PyArg_ParseTuple(args, "Oy*w*w*", &capsule, &rowsb, &probs, &target)) return NULL;
+    int advance = 0;
+    int64_t *steps = NULL; /* with advance: the slots' rows, formed here */
+    if (!PyArg_ParseTuple(args, "Oy*w*w*|p", &capsule, &rowsb, &probs, &target, &advance))
+        return NULL;
     draws_pinned *pin = (draws_pinned *)PyCapsule_GetPointer(capsule, DRAWS_PIN);
     if (pin == NULL) goto done; /* (not a pinned capsule: its TypeError/ValueError set) */
     Py_buffer bank = pin->bufs[0], bank_sum = pin->bufs[1], pick = pin->bufs[2];
@@ -217,8 +228,40 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "draws: buffers do not match rows, depth and k");
         goto done;
     }
+    int64_t *cursor = (int64_t *)pin->bufs[9].buf;
+    const int64_t *slots = (const int64_t *)rowsb.buf;
+    if (advance) { /* advance()'s rows of the slots, or its spent slots (nothing changed) */
+        Py_ssize_t n_cur = pin->bufs[9].len / isz, block = pin->block, spent = 0;
+        for (Py_ssize_t i = 0; i < b; i++) {
+            if (slots[i] < 0 || slots[i] >= n_cur) {
+                PyErr_SetString(PyExc_ValueError, "draws: a slot out of range");
+                goto done;
+            }
+            spent += cursor[slots[i]] >= block;
+        }
+        if (spent) {
+            result = PyTuple_New(spent);
+            for (Py_ssize_t i = 0, j = 0; result != NULL && i < b; i++) {
+                if (cursor[slots[i]] < block) continue;
+                PyObject *v = PyLong_FromLongLong((long long)slots[i]);
+                if (v == NULL) {
+                    Py_CLEAR(result);
+                    break;
+                }
+                PyTuple_SET_ITEM(result, j++, v);
+            }
+            goto done;
+        }
+        steps = (int64_t *)malloc((size_t)b * sizeof(int64_t));
+        if (steps == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t i = 0; i < b; i++) steps[i] = slots[i] * block + cursor[slots[i]];
+    }
     {
-        const int64_t *pk = (const int64_t *)pick.buf, *want = (const int64_t *)rowsb.buf;
+        const int64_t *pk = (const int64_t *)pick.buf;
+        const int64_t *want = advance ? steps : (const int64_t *)rowsb.buf;
 #if defined(__GNUC__) || defined(__clang__)
         /* First of all, every line of each step's stored draws (its pick, fall, uniforms and
            target uniforms rows and its log u), which the rest of a simulated step evicts too:
@@ -312,10 +355,13 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
         }
         free(rows);
         free(flags);
+        if (advance) /* every slot moved on a step (slots are distinct: the caller's) */
+            for (Py_ssize_t i = 0; i < b; i++) cursor[slots[i]] += 1;
         result = Py_None;
         Py_INCREF(result);
     }
 done:
+    free(steps);
     PyBuffer_Release(&rowsb);
     PyBuffer_Release(&probs);
     PyBuffer_Release(&target);

@@ -201,11 +201,13 @@ class SyntheticSource:
             self._law_rows,
             self._law_max,
             self._tu,
+            self._cursor,  # (draws() moves the drafted slots' cursors on)
         )
         consts = (
             w.depth,
             w.k,
             self._bank_size,
+            self.block_steps,
             float(w.branch_rate),
             float(w.fork_rate),
             float(w.fork_ratio_min),
@@ -327,8 +329,11 @@ class SyntheticSource:
         The second array is ``[B, depth + 1]``: the target's token at positions 1 … depth and
         after them (−1: not drafted, never matched)."""
         del context_lens  # synthetic streams are indexed by step, not by position
-        rows = self._advance(slots)
-        b = rows.shape[0]
+        if self._compiled:  # the slots' rows formed and their cursors moved on by draws()
+            slots = np.ascontiguousarray(slots, _I8)
+        else:
+            rows = self._advance(slots)
+        b = slots.shape[0]
         per = self._per_batch.get(b)
         if per is None:
             w = self.workload
@@ -342,8 +347,14 @@ class SyntheticSource:
             probs = np.empty(probs_shape)
             target = np.empty(target_shape, _I8)
             assert _draws is not None  # (the compiled path is chosen only with the kernel)
-            # (the pinned blocks and constants, see _pin_draws; the rows; the outputs)
-            _draws(self._draw_pin, rows, probs, target)
+            # (the pinned blocks, cursors and constants, see _pin_draws; the slots; the
+            # outputs; advance: the slots' current steps, as _advance forms them): the spent
+            # slots, where a block is spent (nothing changed), drawn anew before the step
+            spent = _draws(self._draw_pin, slots, probs, target, True)
+            if spent is not None:
+                for slot in spent:
+                    self._refill(slot)
+                _draws(self._draw_pin, slots, probs, target, True)
         else:  # gathered from the blocks computed when drawn
             w = self.workload
             probs = self._probs.reshape(-1, w.depth, w.k).take(rows, axis=0)
@@ -352,7 +363,8 @@ class SyntheticSource:
 
     def _advance(self, slots: IntArray) -> IntArray:
         """Each slot's current step as one index into the stored blocks (slot · block_steps +
-        step), every slot moved on a step; a slot whose block is spent draws the next first."""
+        step), every slot moved on a step; a slot whose block is spent draws the next first.
+        (The numpy path's; the compiled path's draws() forms the rows itself, the same way.)"""
         block = self.block_steps
         if slots.shape[0] == 1:  # batch 1: without index arrays
             slot = int(slots[0])

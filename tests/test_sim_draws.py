@@ -175,7 +175,7 @@ def test_a_source_that_grows_draws_from_its_new_blocks(monkeypatch: pytest.Monke
 
 @needs_kernel
 def test_the_pin_checks_its_arrays() -> None:
-    source = synthetic.SyntheticSource(get_workload("math"), 1)
+    source = synthetic.SyntheticSource(get_workload("math"), 1, block_steps=4)
     source.admit(0, 0)
     w = source.workload
     blocks = [
@@ -188,12 +188,17 @@ def test_the_pin_checks_its_arrays() -> None:
         source._law_rows,
         source._law_max,
         source._tu,
+        source._cursor,
     ]
-    consts = (w.depth, w.k, source._bank_size, 0.1, 0.1, 0.5, -1.0)
+    consts = (w.depth, w.k, source._bank_size, 4, 0.1, 0.1, 0.5, -1.0)
     kernel = synthetic._kernel
     assert kernel.draws_pin(*blocks, *consts) is not None
     with pytest.raises(ValueError):
-        kernel.draws_pin(*blocks[:8], blocks[8][:1], *consts)  # target uniforms of one slot
+        kernel.draws_pin(*blocks[:8], blocks[8][:1], blocks[9], *consts)  # one slot's uniforms
+    with pytest.raises(ValueError):
+        kernel.draws_pin(*blocks[:9], blocks[9][:1], *consts)  # a cursor for one slot
+    with pytest.raises(ValueError):
+        kernel.draws_pin(*blocks, *consts[:3], 5, *consts[4:])  # another block length
     with pytest.raises(ValueError):
         kernel.draws_pin(*blocks, w.depth + 1, *consts[1:])
     probs, target = np.empty((1, w.depth, w.k)), np.empty((1, w.depth + 1), np.int64)
@@ -204,3 +209,11 @@ def test_the_pin_checks_its_arrays() -> None:
         kernel.draws(source._draw_pin, rows, probs[:, :1], target)  # outputs of another shape
     with pytest.raises(ValueError):
         kernel.draws(source._draw_pin, np.array([10**6]), probs, target)  # a step out of range
+    with pytest.raises(ValueError):  # advancing: a slot out of range
+        kernel.draws(source._draw_pin, np.array([source._slots]), probs, target, True)
+    # advancing: slot 0's cursor moves on, until its block is spent (returned, nothing changed)
+    for step in range(4):
+        assert kernel.draws(source._draw_pin, rows, probs, target, True) is None
+        assert source._cursor[0] == step + 1
+    assert kernel.draws(source._draw_pin, rows, probs, target, True) == (0,)
+    assert source._cursor[0] == 4
