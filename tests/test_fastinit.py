@@ -84,3 +84,27 @@ def test_a_normalising_post_init_may_be_skipped_when_asked() -> None:
 
     with pytest.raises(ArgumentError):
         trusted_init(Slots, normalised=True)
+
+
+def test_field_names_cannot_collide_with_the_generated_constructors_own_names() -> None:
+    """The generated ``make`` names the new object and its globals (the class, ``object.__new__``,
+    the defaults); fields named like any of them — ``o``, ``d``, ``_new``, ``_cls``, ``_d0``, or
+    the generator's own prefix — are still stored as given, and defaults still apply."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Clash:
+        o: int
+        d: int
+        _new: int
+        _cls: int
+        _ti: int
+        _tinew: int
+        _ti_cls: int
+        _d0: int = 7
+        _d7: int = 8
+
+    values = tuple(range(1, 10))
+    _same(trusted_init(Clash)(*values), Clash(*values))
+    _same(trusted_init(Clash)(*values[:7]), Clash(*values[:7]))
+    made = trusted_init(Clash)(**{f.name: f.name for f in dataclasses.fields(Clash)})
+    assert vars(made) == {f.name: f.name for f in dataclasses.fields(Clash)}
