@@ -48,9 +48,9 @@ static inline int calibrated_row(const double *p, const double *g, double *q, Py
  *   g one [D, k] factor matrix shared by the requests), each row then sorted descending with
  *   ties in their original order (numpy's stable argsort of -q). When every row is still
  *   sorted, only q comes back (the order is the identity and the ids are unchanged). Each
- *   row's q is formed and its order checked in one pass (calibrated_row, above); the identity
- *   order is written for all rows at once, the unsorted rows' over it. Where every row's ids
- *   are its ranks 0 … k − 1 (the ids equal that identity order: the simulator's drafters,
+ *   row's q is formed and its order checked in one pass (calibrated_row, above); a sorted
+ *   row's order is the identity, an unsorted row's its insertion sort's. Where every row's ids
+ *   are its ranks 0 … k − 1 (each row's ids equal the identity order: the simulator's drafters,
  *   sim/synthetic.py's _rank_ids) the sorted ids are the order itself, and the one bytes
  *   object comes back as both; otherwise the ids are copied, the unsorted rows' gathered over
  *   them. (The 249 calls of a bastion C = 32 serve replayed, p freshly written before each,
@@ -61,6 +61,7 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
     Py_ssize_t rows, k;
     PyObject *result = NULL, *o_q = NULL, *o_ids = NULL, *o_ord = NULL;
     unsigned char *unsorted = NULL;
+    int64_t *iota = NULL;
     if (!PyArg_ParseTuple(args, "y*y*y*nn", &pb, &ib, &gb, &rows, &k)) return NULL;
     Py_ssize_t cells = pb.len / (Py_ssize_t)sizeof(double);
     Py_ssize_t gcells = gb.len / (Py_ssize_t)sizeof(double);
@@ -96,13 +97,20 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
         o_ord = PyBytes_FromStringAndSize(NULL, cells * (Py_ssize_t)sizeof(int64_t));
         if (!o_ord) goto done;
         int64_t *order = (int64_t *)PyBytes_AS_STRING(o_ord), *out_ids = NULL;
-        /* what the sort leaves a sorted row: the identity order (written for every row at
-           once; the unsorted rows' are written over below) and the same ids */
-        for (Py_ssize_t j = 0; j < k; j++) order[j] = j;
-        for (Py_ssize_t done_ = k; done_ < cells; done_ *= 2) /* the rows so far, doubled */
-            memcpy(order + done_, order,
-                   (size_t)(done_ < cells - done_ ? done_ : cells - done_) * sizeof(int64_t));
-        if (memcmp(ids, order, (size_t)cells * sizeof(int64_t)) == 0) { /* ids: the ranks */
+        /* iota: the identity order of one row, what the sort leaves a sorted row; the ids
+           are the ranks where every row's equal it (compared row by row, stopping at the
+           first that differs, against this one row, not a whole identity order: that read
+           and wrote the order twice more) */
+        iota = (int64_t *)malloc((size_t)k * sizeof(int64_t));
+        if (!iota) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t j = 0; j < k; j++) iota[j] = j;
+        size_t row_bytes = (size_t)k * sizeof(int64_t);
+        int ranks = 1;
+        for (Py_ssize_t r = 0; r < rows && ranks; r++) ranks = !memcmp(ids + r * k, iota, row_bytes);
+        if (ranks) { /* ids: the ranks */
             o_ids = o_ord;
             Py_INCREF(o_ids);
         } else {
@@ -114,8 +122,12 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
         for (Py_ssize_t r = 0; r < rows; r++) {
             double *qr = q + r * k;
             int64_t *o = order + r * k;
-            if (!unsorted[r]) continue;
-            for (Py_ssize_t j = 0; j < k; j++) { /* insertion sort: stable, descending */
+            if (!unsorted[r]) {
+                memcpy(o, iota, row_bytes);
+                continue;
+            }
+            for (Py_ssize_t j = 0; j < k; j++) { /* insertion sort: stable, descending (it
+                                                    writes o[0 .. j] before reading them) */
                 double v = qr[j];
                 Py_ssize_t i = j;
                 while (i > 0 && qr[i - 1] < v) {
@@ -133,6 +145,7 @@ PyObject *bf_calibrate(PyObject *self, PyObject *args) {
     }
 done:
     free(unsorted);
+    free(iota);
     Py_XDECREF(o_q);
     Py_XDECREF(o_ids);
     Py_XDECREF(o_ord);
