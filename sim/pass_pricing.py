@@ -195,10 +195,10 @@ class PassPricer:
         self._layers = float(m.layers)
         self._host = t.host_layer_s > 0 or t.host_expert_s > 0
         # the [1, 7] feature rows of the pass being priced and of its LM head (price_mixed),
-        # views of bytes rewritten per pass and read at once by _price_one: no row allocated
-        self._row_bytes, self._head_bytes = bytearray(56), bytearray(56)
-        self._row = np.frombuffer(self._row_bytes, dtype=np.float64).reshape(1, 7)
-        self._head = np.frombuffer(self._head_bytes, dtype=np.float64).reshape(1, 7)
+        # rewritten per pass through a memoryview and read at once by _price_one: no row
+        # allocated (numpy's own aligned memory, which BLAS takes as it takes a fresh row)
+        self._row, self._head = np.zeros((1, 7)), np.zeros((1, 7))
+        self._row_bytes, self._head_bytes = self._row.data, self._head.data
         # one pass's operator sums in one compiled call (_price_one) where they need no more
         # than the kernel does: a dense target, no measured shape factors, and an attention
         # selector of at most two ones (its matrix product then sums the same in any order)
