@@ -92,6 +92,20 @@ def _spread_bank(
     return bank, sums
 
 
+def _source_state(source: SyntheticSource) -> dict[str, object]:
+    """A source's state to copy or pickle: without its pin and its slots' views (a pin cannot be
+    copied, and a copied view would no longer be its block's), made anew on restoring."""
+    state = source.__dict__.copy()
+    del state["_draw_pin"]
+    state.pop("_views", None)
+    return state
+
+
+def _restore_source(source: SyntheticSource, state: dict[str, object]) -> None:
+    source.__dict__.update(state)
+    source._pin_draws()
+
+
 @public
 class SyntheticSource:
     """Marginals and target tokens for the requests in flight, indexed by slot.
@@ -232,6 +246,8 @@ class SyntheticSource:
             for s in range(self._slots)
         ]
 
+    __getstate__, __setstate__ = _source_state, _restore_source  # (copies: without the pin)
+
     # -- slots ----------------------------------------------------------------------------------
 
     def _grow(self, slots: int) -> None:
@@ -347,9 +363,8 @@ class SyntheticSource:
             probs = np.empty(probs_shape)
             target = np.empty(target_shape, _I8)
             assert _draws is not None  # (the compiled path is chosen only with the kernel)
-            # (the pinned blocks, cursors and constants, see _pin_draws; the slots; the
-            # outputs; advance: the slots' current steps, as _advance forms them): the spent
-            # slots, where a block is spent (nothing changed), drawn anew before the step
+            # (the pin, see _pin_draws; the slots; the outputs; advance: as _advance does): the
+            # spent slots, where a block is spent (nothing changed), drawn anew before the step
             spent = _draws(self._draw_pin, slots, probs, target, True)
             if spent is not None:
                 for slot in spent:

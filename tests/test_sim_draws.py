@@ -217,3 +217,23 @@ def test_the_pin_checks_its_arrays() -> None:
         assert source._cursor[0] == step + 1
     assert kernel.draws(source._draw_pin, rows, probs, target, True) == (0,)
     assert source._cursor[0] == 4
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_source_draws_on_as_the_original(how: str) -> None:
+    """A source copied mid-run (its pin and views made anew for the copy's own blocks) and the
+    original draw the same steps from there on, each from its own blocks."""
+    import copy
+    import pickle
+
+    w = get_workload("math").with_(fork_rate=0.3, branch_rate=0.5)
+    source = synthetic.SyntheticSource(w, 4, block_steps=8)
+    for slot in range(3):
+        source.admit(slot, slot)
+    slots, ctx = np.arange(3), np.zeros(0, np.int64)
+    for _ in range(5):
+        source.draft(slots, ctx)
+    twin = copy.deepcopy(source) if how == "deepcopy" else pickle.loads(pickle.dumps(source))
+    for _ in range(20):  # past the blocks' ends: refilled through each one's own views
+        (a, ta), (b, tb) = source.draft(slots, ctx), twin.draft(slots, ctx)
+        assert np.array_equal(a.probs, b.probs) and np.array_equal(ta, tb)
