@@ -126,7 +126,10 @@ done:
 
 /* learn(offsets, parents, depths, ranks, scores, accepted, committed, order, raw, k,
  *       pred, real, ranks_tracked, a_decay, da, dt, weight, s_decay, lattice[, hint])
- *     -> (run, deepest)
+ *     -> (run, deepest), or None
+ *   None, having changed nothing, where one of the eight arrays (offsets … committed, raw) is
+ *   not a C-contiguous buffer of its type (int64; scores and raw float64): the caller converts
+ *   them and calls again (the controller's own arrays are, so its hot path converts nothing).
  *   One verified tree step of B requests folded into the learning controller's two
  *   calibrations, in place (bastion.observed: AcceptanceCalibration.observe and
  *   SizeCalibration.observe — the same operations in the same order, so the results are
@@ -204,6 +207,21 @@ static int learn_hinted(const int64_t *offsets, const double *scores, Py_ssize_t
     return ok;
 }
 
+/* learn()'s view of one of its arrays: 1 where obj is a C-contiguous buffer of 8-byte items of
+   the kind ('i': signed integers, 'd': doubles) in native order; 0, no error set, else */
+static int learn_view(PyObject *obj, Py_buffer *view, char kind) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *f = view->format;
+    if (f != NULL && (f[0] == '=' || f[0] == '@' || (PY_LITTLE_ENDIAN && f[0] == '<'))) f++;
+    int ok = view->itemsize == 8 && f != NULL && f[0] != '\0' && f[1] == '\0' &&
+             (kind == 'd' ? f[0] == 'd' : f[0] == 'l' || f[0] == 'q');
+    if (!ok) PyBuffer_Release(view);
+    return ok;
+}
+
 PyObject *bf_learn(PyObject *self, PyObject *args) {
     Py_buffer off, par, dep, rnk, sco, acc, cnt, ord, raw, prd, rea, da, dt, wt, lat;
     Py_buffer hnt = {0};
@@ -217,10 +235,24 @@ PyObject *bf_learn(PyObject *self, PyObject *args) {
     int64_t *taken = NULL;
     merged *items = NULL;
     PyObject *o_run = NULL, *o_deep = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*nw*w*ndw*w*w*dy*|y*", &off, &par, &dep,
-                          &rnk, &sco, &acc, &cnt, &ord, &raw, &k, &prd, &rea, &ranks_tr,
-                          &a_decay, &da, &dt, &wt, &s_decay, &lat, &hnt))
+    PyObject *arrays[8]; /* offsets … committed, raw: taken below (learn_view) */
+    Py_buffer *views[8] = {&off, &par, &dep, &rnk, &sco, &acc, &cnt, &raw};
+    if (!PyArg_ParseTuple(args, "OOOOOOOy*Onw*w*ndw*w*w*dy*|y*", &arrays[0], &arrays[1],
+                          &arrays[2], &arrays[3], &arrays[4], &arrays[5], &arrays[6], &ord,
+                          &arrays[7], &k, &prd, &rea, &ranks_tr, &a_decay, &da, &dt, &wt,
+                          &s_decay, &lat, &hnt))
         return NULL;
+    {
+        int taken = 0;
+        while (taken < 8 && learn_view(arrays[taken], views[taken], "iiiidiid"[taken])) taken++;
+        if (taken < 8) { /* not the kernel's layout: None, nothing changed (see above) */
+            while (taken > 0) PyBuffer_Release(views[--taken]);
+            Py_buffer *held[7] = {&ord, &prd, &rea, &da, &dt, &wt, &lat};
+            for (int i = 0; i < 7; i++) PyBuffer_Release(held[i]);
+            if (hnt.obj) PyBuffer_Release(&hnt);
+            Py_RETURN_NONE;
+        }
+    }
     Py_ssize_t b = off.len / (Py_ssize_t)sizeof(int64_t) - 1;
     Py_ssize_t n = par.len / (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t na = acc.len / (Py_ssize_t)sizeof(int64_t);

@@ -79,6 +79,8 @@ _LATTICE_POINTS = tuple(LATTICE.tolist())  # for bisect: one cell lookup per obs
 # the bucket of every batch size below this (batch_bucket's fast path)
 _BUCKETS_UP_TO = 4097
 _BUCKETS = (0, *(min(10, round(math.log2(b))) for b in range(1, _BUCKETS_UP_TO)))
+_ONE = np.ones(1)  # the typical tree ratio where no tree cell is measured (read-only)
+_ONE.flags.writeable = False
 # per batch bucket, every bucket nearest first (ties: the smaller)
 _NEAREST = tuple(tuple(sorted(range(11), key=lambda x: (abs(x - b), x))) for b in range(11))
 
@@ -289,14 +291,15 @@ class CycleTable:
         hit = self._typical
         if hit is not None and hit[0] == key:
             return hit[1]
-        out = np.ones(1)
+        out = _ONE  # (none measured: read-only, shared)
         tree = self._medians("tree")
         for bb in order:
             if ("tree", bb) not in first:
                 continue
-            vals = tree[bb][np.isfinite(tree[bb])]
+            row = tree[bb]
+            vals = row[np.isfinite(row)]
             if vals.size:  # np.median's value: the middle one, or the middle two's mean
-                out = np.full(1, small_median(vals.tolist()))
+                out = np.array([small_median(vals.tolist())])
                 break
         out.flags.writeable = False
         self._typical = (key, out)

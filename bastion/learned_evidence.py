@@ -305,23 +305,12 @@ class StepEvidence(DecisionCurves):
         self._since_draft = 0
         self._since_ar += 1
         if kind == "tree":
-            hint, self.merge_hint = self.merge_hint, b""
-            learned = learn_step(
-                self.acceptance, self.sizes, trees, accepted_nodes, committed, hint
-            )
-            if learned is None:
-                self.acceptance.observe(trees, accepted_nodes, committed)
-                self.sizes.observe(trees, accepted_nodes, committed)
-            top1, self.last_top1 = self.last_top1, None
-            chain, self.last_chain = self.last_chain, None
-            if top1 is not None and top1.shape[0] == b and top1.shape[1] > 0:
-                # what the chain would have committed (it is rarely run once trees win)
-                if learned is not None and chain is not None:
-                    self._observe_chain(*shadow_of(*learned, chain))
-                else:
-                    self._observe_chain(*chain_shadow(trees, accepted_nodes, committed, top1))
+            _learn_tree(self, trees, accepted_nodes, committed, b)
         elif kind == "chain":  # what the chain's Â realised, as the size calibration does
-            if learn_step(self.acceptance, None, trees, accepted_nodes, committed) is None:
+            if (
+                learn_step(self.acceptance, None, trees, accepted_nodes, committed, shadow=False)
+                is None
+            ):
                 self.acceptance.observe(trees, accepted_nodes, committed)
             self._observe_chain(float(np.add.reduce(committed)), float(np.add.reduce(trees.scores)))
         ar_s = self._ar_paired(contexts, bucket)
@@ -390,6 +379,36 @@ class ARRatios:
                 return None
             hit = self._medians[bucket] = small_median(ring)
         return hit
+
+
+def _learn_tree(
+    evidence: StepEvidence, trees: TreeBatch, accepted_nodes: IntArray, committed: IntArray, b: int
+) -> None:
+    """A tree step's accepted paths into the acceptance and size calibrations, and what the
+    chain would have committed on it (its shadow: the chain is rarely run once trees win)."""
+    hint, evidence.merge_hint = evidence.merge_hint, b""
+    top1, evidence.last_top1 = evidence.last_top1, None
+    chain, evidence.last_chain = evidence.last_chain, None
+    shadow = top1 is not None and top1.shape[0] == b and top1.shape[1] > 0
+    # (the shadow's arrays are formed only where shadow_of reads them)
+    learned = learn_step(
+        evidence.acceptance,
+        evidence.sizes,
+        trees,
+        accepted_nodes,
+        committed,
+        hint,
+        shadow and chain is not None,
+    )
+    if learned is None:
+        evidence.acceptance.observe(trees, accepted_nodes, committed)
+        evidence.sizes.observe(trees, accepted_nodes, committed)
+    if top1 is None or not shadow:
+        return
+    if learned and chain is not None:  # (learned holds the two arrays: shadow was asked)
+        evidence._observe_chain(*shadow_of(*learned, chain))
+    else:
+        evidence._observe_chain(*chain_shadow(trees, accepted_nodes, committed, top1))
 
 
 def _space_probes(evidence: StepEvidence, probing: bool, faster: bool) -> None:

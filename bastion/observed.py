@@ -413,7 +413,7 @@ def observe_tree_step(
     time. Returns False, having done nothing, where it does not apply (no compiled kernel,
     root-only trees, marginals not from ``acceptance.calibrate``): the caller then runs the
     two ``observe`` methods."""
-    return learn_step(acceptance, sizes, trees, accepted_nodes, committed) is not None
+    return learn_step(acceptance, sizes, trees, accepted_nodes, committed, shadow=False) is not None
 
 
 def learn_step(
@@ -423,12 +423,16 @@ def learn_step(
     accepted_nodes: IntArray,
     committed: IntArray,
     hint: bytes = b"",
-) -> tuple[IntArray, IntArray] | None:
+    shadow: bool = True,
+) -> tuple[IntArray, IntArray] | tuple[()] | None:
     """:func:`observe_tree_step` (``sizes`` None: the acceptance calibration only, what a
     chain step teaches), returning per request the leading run of rank-0 nodes on the accepted
     path and the tree's depth — :func:`chain_shadow`'s inputs, see :func:`shadow_of` — or
     None, having done nothing, where the compiled call does not apply. The engine's hot path:
     its arguments are trusted (the controller's own trees and the verifier's paths).
+
+    ``shadow`` False: () instead of the two arrays (a caller that takes no shadow this step
+    is spared forming them).
 
     ``hint``: the batch's merged order as the compiled forest gave it (int64 bytes, the request
     of each added node in turn), which spares the kernel its merge where it is that order
@@ -449,19 +453,17 @@ def learn_step(
         bucket = batch_bucket(b)
         da, dt, weight = sizes._da[bucket], sizes._dt[bucket], sizes._weight[bucket]
         s_decay = float(sizes.decay)
-    contiguous = np.ascontiguousarray
-    probs = contiguous(raw.probs, _F8)
-    run, deepest = _kernel.learn(
-        contiguous(trees.offsets, _I8),
-        contiguous(trees.parents, _I8),
-        contiguous(trees.depths, _I8),
-        contiguous(trees.ranks, _I8),
-        contiguous(trees.scores, _F8),
-        contiguous(accepted_nodes, _I8),
-        contiguous(committed, _I8),
+    args = (
+        trees.offsets,
+        trees.parents,
+        trees.depths,
+        trees.ranks,
+        trees.scores,
+        accepted_nodes,
+        committed,
         b"" if order is None else order,  # calibrate()'s own: an array over its kernel's int64
-        probs,
-        int(probs.shape[2]),
+        raw.probs,
+        int(raw.probs.shape[2]),
         acceptance._pred,
         acceptance._real,
         acceptance.ranks,
@@ -473,9 +475,23 @@ def learn_step(
         lattice,
         hint,
     )
+    # the kernel takes the arrays as they are where each is C-contiguous int64 (float64 scores
+    # and probabilities) — the controller's own always are — and answers None, having changed
+    # nothing, where one is not: converted, they are then
+    learned = _kernel.learn(*args)
+    if learned is None:
+        contiguous = np.ascontiguousarray
+        head = args[: len(_LAYOUT)]
+        converted = [
+            a if t is None else contiguous(a, t) for a, t in zip(head, _LAYOUT, strict=True)
+        ]
+        learned = _kernel.learn(*converted, *args[len(_LAYOUT) :])
+    run, deepest = learned
     acceptance._refresh()
     if sizes is not None:
         sizes.version += 1
+    if not shadow:
+        return ()
     return np.frombuffer(run, _I8), np.frombuffer(deepest, _I8)
 
 
@@ -501,4 +517,6 @@ def shadow_of(run: IntArray, deepest: IntArray, chain: FloatArray) -> tuple[floa
 
 
 _EMPTY = np.zeros(0, np.float64)
+# learn()'s arrays' types, in learn_step's order (the order's bytes as they are)
+_LAYOUT = (_I8, _I8, _I8, _I8, _F8, _I8, _I8, None, _F8)
 _batch_marginals = trusted_init(BatchMarginals)  # the calibrated marginals, every step
