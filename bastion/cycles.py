@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -79,6 +79,7 @@ _LATTICE_POINTS = tuple(LATTICE.tolist())  # for bisect: one cell lookup per obs
 # the bucket of every batch size below this (batch_bucket's fast path)
 _BUCKETS_UP_TO = 4097
 _BUCKETS = (0, *(min(10, round(math.log2(b))) for b in range(1, _BUCKETS_UP_TO)))
+_CELLS = LATTICE.shape[0]  # a tree row's cells
 _ONE = np.ones(1)  # the typical tree ratio where no tree cell is measured (read-only)
 _ONE.flags.writeable = False
 # per batch bucket, every bucket nearest first (ties: the smaller)
@@ -139,6 +140,7 @@ class CycleTable:
         self._ring = {k: np.full((11, n if k == "tree" else 1, window), np.nan) for k in _KINDS}
         self._count = {k: np.zeros((11, n if k == "tree" else 1), np.int64) for k in _KINDS}
         self._median = {k: np.full((11, n if k == "tree" else 1), np.nan) for k in _KINDS}
+        self._flat = _flat_views(self._ring, self._count)  # (see observe)
         # the cells observed since their medians were last taken (see _medians): a cell's
         # median is read at a refresh, not after every observation
         self._stale: set[tuple[CycleKind, int, int]] = set()
@@ -157,12 +159,21 @@ class CycleTable:
         """One measured/predicted ratio of a ``kind`` cycle of ``tokens`` total tree tokens."""
         if not (math.isfinite(ratio) and ratio > 0):
             return  # a failed or degenerate measurement teaches nothing
-        b = batch_bucket(batch_size)
+        if type(batch_size) is int and 0 < batch_size < _BUCKETS_UP_TO:
+            b = _BUCKETS[batch_size]  # (batch_bucket's fast path, without its call)
+        else:
+            b = batch_bucket(batch_size)
         cell = bisect_left(_LATTICE_POINTS, tokens) if kind == "tree" else 0
-        count = self._count[kind]
-        seen = int(count[b, cell])
-        self._ring[kind][b, cell, seen % self.window] = ratio
-        count[b, cell] = seen + 1
+        if cell >= _CELLS:
+            raise IndexError(f"tokens beyond the lattice: {tokens!r:.80}")
+        # one slot and one count per step, through flat views of the arrays: a memoryview's
+        # item costs a fraction of a numpy scalar index
+        rings, counts = self._flat[kind]
+        at = b * (_CELLS if kind == "tree" else 1) + cell
+        seen = counts[at]
+        window = self.window
+        rings[at * window + seen % window] = ratio
+        counts[at] = seen + 1
         self._stale.add((kind, b, cell))
         version = self._kind_version[kind] = self._kind_version[kind] + 1
         if not version & _REFRESH_MASK:  # its ratios refresh (see _stamp)
@@ -172,6 +183,15 @@ class CycleTable:
             self._first.add((kind, b))
             self._filled.clear()
             self.ratio_epoch += 1
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)  # (a copy: the views are of this table's arrays)
+        del state["_flat"]
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._flat = _flat_views(self._ring, self._count)
 
     def _medians(self, kind: CycleKind) -> FloatArray:
         """[bucket, cell] the median of each cell's ring of ``kind`` (NaN: never measured),
@@ -304,3 +324,19 @@ class CycleTable:
         out.flags.writeable = False
         self._typical = (key, out)
         return out
+
+
+def _flat_views(
+    rings: dict[CycleKind, FloatArray], counts: dict[CycleKind, IntArray]
+) -> dict[CycleKind, tuple[Any, Any]]:
+    """Per kind, 1-D views (memoryviews) of its [bucket, cell, slot] rings and [bucket, cell]
+    counts."""
+    out: dict[CycleKind, tuple[Any, Any]] = {}
+    for k in _KINDS:
+        ring: Any = rings[k].data
+        count: Any = counts[k].data
+        out[k] = (
+            ring.cast("B").cast(rings[k].dtype.char),
+            count.cast("B").cast(counts[k].dtype.char),
+        )
+    return out

@@ -487,7 +487,10 @@ def learn_step(
         ]
         learned = _kernel.learn(*converted, *args[len(_LAYOUT) :])
     run, deepest = learned
-    acceptance._refresh()
+    if acceptance.steps & _REFRESH_MASK:  # (_refresh's own test: most steps, without its call)
+        acceptance.steps += 1
+    else:
+        acceptance._refresh()
     if sizes is not None:
         sizes.version += 1
     if not shadow:
@@ -518,5 +521,6 @@ def shadow_of(run: IntArray, deepest: IntArray, chain: FloatArray) -> tuple[floa
 
 _EMPTY = np.zeros(0, np.float64)
 # learn()'s arrays' types, in learn_step's order (the order's bytes as they are)
+_REFRESH_MASK = (1 << REFRESH_SHIFT) - 1
 _LAYOUT = (_I8, _I8, _I8, _I8, _F8, _I8, _I8, None, _F8)
 _batch_marginals = trusted_init(BatchMarginals)  # the calibrated marginals, every step
