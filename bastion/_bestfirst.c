@@ -34,7 +34,8 @@
  * blocks(...), sums(...), commit(...), verify(...), gather(...), settle(...): the simulated
  *   server's KV-cache block counts, the ground truth's sums over a step's requests, a verified
  *   step's counts (verify: with accept()'s walk first) and a serving step's per-request inputs
- *   and closing bookkeeping (_bestfirst_kv.c).
+ *   and closing bookkeeping (_bestfirst_kv.c); mean_floor(...): a step's mean context, rounded
+ *   down (the learning controller's prior is priced per step of it).
  *
  * forest(...), accept(...): the joint budget's merged chain and the simulator's acceptance walk
  *   over a batch of trees (see the comments opening _bestfirst_forest.c and above accept() in
@@ -54,7 +55,8 @@
  * _bestfirst_shaped.c (beam(), eagle()),
  * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words(), seed_state()),
  * _bestfirst_paper.c (paper(), joint_price(), drafter_s(), pass_sums()), _bestfirst_request.c
- * (request()), _bestfirst_kv.c (blocks(), sums(), commit(), verify(), gather(), settle()),
+ * (request()), _bestfirst_kv.c (blocks(), sums(), commit(), verify(), gather(), settle(),
+ * mean_floor()),
  * _bestfirst_chain.c (chain_cut(), shadow()); _bestfirst.h declares what they share.
  */
 #include "_bestfirst.h"
@@ -108,6 +110,8 @@ static PyMethodDef methods[] = {
      "A serving step's contexts, wanted tokens, KV room and last sizes (_bestfirst_kv.c)."},
     {"settle", bf_settle, METH_VARARGS,
      "A served step's last sizes kept and its finished requests counted (_bestfirst_kv.c)."},
+    {"mean_floor", bf_mean_floor, METH_O,
+     "floor(sum / n) of a non-empty int64 buffer, or None (_bestfirst_kv.c)."},
     {"chain_cut", bf_chain_cut, METH_VARARGS,
      "The chain's Â less its root, cut at every depth (_bestfirst_chain.c)."},
     {"shadow", bf_shadow, METH_VARARGS,

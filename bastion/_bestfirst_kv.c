@@ -377,3 +377,23 @@ PyObject *bf_settle(PyObject *self, PyObject *args) {
     release_views(v, taken, 5);
     return PyLong_FromLongLong(done);
 }
+
+/* mean_floor(values) -> int | None
+ *
+ * floor(sum(values) / n) of a non-empty C-contiguous int64 buffer (a step's contexts), the
+ * whole number Python's sum(values.tolist()) // n gives; None where values is not such a
+ * buffer or the sum leaves int64 (the caller then sums on Python ints). */
+PyObject *bf_mean_floor(PyObject *self, PyObject *arg) {
+    Py_buffer v;
+    if (!int64_view(arg, &v)) Py_RETURN_NONE;
+    Py_ssize_t n = v.len / 8;
+    const int64_t *x = (const int64_t *)v.buf;
+    int64_t s = 0;
+    int ok = n > 0;
+    for (Py_ssize_t i = 0; i < n && ok; i++) ok = !__builtin_add_overflow(s, x[i], &s);
+    PyBuffer_Release(&v);
+    if (!ok) Py_RETURN_NONE;
+    int64_t q = s / (int64_t)n; /* C truncates; Python's // floors */
+    if (s % (int64_t)n != 0 && s < 0) q -= 1;
+    return PyLong_FromLongLong(q);
+}

@@ -324,6 +324,12 @@ def takes_growth(joint: Callable[..., Any]) -> bool:
     return parameter is not None and parameter.kind is inspect.Parameter.KEYWORD_ONLY
 
 
+try:  # mean_context's sum (bastion._bestfirst.mean_floor); Python ints without it
+    from bastion import _bestfirst as _kernel  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - the build without the extension
+    _kernel = None
+_mean_floor = getattr(_kernel, "mean_floor", None)
+
 # mean_context's last read-only array and its mean (one tuple, so a reader never sees the
 # array of one call with the mean of another)
 _LAST_MEAN: tuple[IntArray | None, int] = (None, 0)  # the array, its mean
@@ -342,7 +348,10 @@ def mean_context(ctx: IntArray) -> int:
     last_ctx, last_mean = _LAST_MEAN
     if ctx is last_ctx:
         return last_mean
-    mean: int = sum(ctx.tolist()) // int(ctx.shape[0])  # (Python ints: exact, and faster)
+    # the compiled exact floor (int64, None where the sum would leave it), else Python ints
+    mean: int | None = None if _mean_floor is None else _mean_floor(ctx)
+    if mean is None:
+        mean = sum(ctx.tolist()) // int(ctx.shape[0])  # (Python ints: exact)
     if ctx.base is None and not ctx.flags.writeable:
         _LAST_MEAN = (ctx, mean)
     return mean

@@ -996,3 +996,31 @@ def test_mean_context_is_the_floor_of_the_mean_and_never_stale() -> None:
         assert mean_context(frozen) == mean_context(frozen) == int(ctx.sum()) // b
         ctx[0] += 1 << 20  # (the writable one, changed in place)
         assert mean_context(ctx) == int(ctx.sum()) // b
+
+
+def test_mean_floor_kernel_is_python_floor_of_the_exact_sum() -> None:
+    """The compiled mean (``mean_floor``) is ``sum(values) // n`` on Python ints for any int64
+    values, negatives included (Python floors, C truncates), and declines (None) what it cannot
+    sum exactly — an int64 overflow, an empty or non-int64 buffer — where mean_context then
+    sums on Python ints: its answer is the exact floor either way."""
+    from bastion import learned_prior
+
+    kernel = learned_prior._mean_floor
+    if kernel is None:
+        pytest.skip("built without the C extension")
+    rng = np.random.default_rng(11)
+    for b in (1, 2, 3, 7, 32, 301):
+        for high in (1 << 10, 1 << 40, 1 << 55):
+            values = rng.integers(-high, high, b)
+            exact = sum(values.tolist()) // b
+            assert kernel(values) == exact
+            assert learned_prior.mean_context(values) == exact
+    big = np.array([(1 << 62) + 5, (1 << 62) + 6], np.int64)  # the sum leaves int64
+    assert kernel(big) is None
+    assert learned_prior.mean_context(big) == (1 << 62) + 5
+    low = np.array([-(1 << 62) - 5, -(1 << 62) - 6], np.int64)
+    assert kernel(low) is None
+    assert learned_prior.mean_context(low) == -(1 << 62) - 6
+    for other in (np.zeros(0, np.int64), np.arange(4.0), np.arange(4, dtype=np.int32), [1, 2]):
+        assert kernel(other) is None
+    assert kernel(np.arange(10, dtype=np.int64)[::2]) is None  # not contiguous
