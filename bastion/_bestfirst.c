@@ -50,7 +50,8 @@
  *
  * The sources: _bestfirst_tree.c (the heap, one request's tree, build()), _bestfirst_size.c
  * (chunk() and choose()), _bestfirst_forest.c (forest()), _bestfirst_joint.c (joint(), floor()),
- * _bestfirst_learn.c (accept(), learn(), gains(), size_factors(), medians(), fill_row()),
+ * _bestfirst_learn.c (accept(), learn(), gains(), size_factors(), medians(), fill_row(),
+ * finite_median()),
  * _bestfirst_calibrate.c (calibrate()),
  * _bestfirst_shaped.c (beam(), eagle()),
  * _bestfirst_draws.c (draws(), neg_logit(), advance(), seed_words(), seed_state()),
@@ -77,6 +78,8 @@ static PyMethodDef methods[] = {
     {"medians", bf_medians, METH_VARARGS, "The cycle table's cell medians (_bestfirst_learn.c)."},
     {"fill_row", bf_fill_row, METH_VARARGS,
      "A cycle-table row's gaps filled as np.interp fills them (_bestfirst_learn.c)."},
+    {"finite_median", bf_finite_median, METH_VARARGS,
+     "The median of a cycle-table row's finite cells (_bestfirst_learn.c)."},
     {"size_factors", bf_size_factors, METH_VARARGS,
      "The size calibration's factors per lattice cell (_bestfirst_learn.c)."},
     {"beam", bf_beam, METH_VARARGS, "Beam trees for B requests (see _bestfirst_shaped.c)."},

@@ -145,6 +145,7 @@ BF_PRIVATE PyObject *bf_pass_sums(PyObject *self, PyObject *args); /* _bestfirst
 BF_PRIVATE PyObject *bf_advance(PyObject *self, PyObject *args);   /* _bestfirst_draws.c */
 BF_PRIVATE PyObject *bf_medians(PyObject *self, PyObject *args);   /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_fill_row(PyObject *self, PyObject *args);  /* _bestfirst_learn.c */
+BF_PRIVATE PyObject *bf_finite_median(PyObject *self, PyObject *args); /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_size_factors(PyObject *self, PyObject *args); /* _bestfirst_learn.c */
 BF_PRIVATE PyObject *bf_beam(PyObject *self, PyObject *args);      /* _bestfirst_shaped.c */
 BF_PRIVATE PyObject *bf_eagle(PyObject *self, PyObject *args);     /* _bestfirst_shaped.c */

@@ -727,3 +727,42 @@ done:
     PyBuffer_Release(&rb);
     return result;
 }
+
+/* finite_median(row) -> float or None
+ *   The median of a cycle-table row's finite cells as bastion.cycles.small_median takes it
+ *   (sorted; the middle one, or 0.5 * the middle two's sum): None where none is finite. The
+ *   values are positive ratios, so qsort's order of equal values cannot show. row: float64 [n]. */
+static int double_before(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+PyObject *bf_finite_median(PyObject *self, PyObject *args) {
+    Py_buffer rb;
+    PyObject *result = NULL;
+    double *v = NULL;
+    if (!PyArg_ParseTuple(args, "y*", &rb)) return NULL;
+    Py_ssize_t n = rb.len / (Py_ssize_t)sizeof(double), m = 0;
+    if (rb.len != n * (Py_ssize_t)sizeof(double)) {
+        PyErr_SetString(PyExc_ValueError, "finite_median: row must be float64");
+        goto done;
+    }
+    v = malloc((size_t)(n ? n : 1) * sizeof(double));
+    if (!v) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (isfinite(((const double *)rb.buf)[i])) v[m++] = ((const double *)rb.buf)[i];
+    if (!m) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
+    qsort(v, (size_t)m, sizeof(double), double_before);
+    result = PyFloat_FromDouble(m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]));
+done:
+    free(v);
+    PyBuffer_Release(&rb);
+    return result;
+}

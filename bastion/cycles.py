@@ -12,6 +12,7 @@ What this module does not do: time anything, or know the prior (:mod:`bastion.le
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ except ImportError:  # pragma: no cover - the extension is optional
     _compiled = None
 _medians_kernel = getattr(_compiled, "medians", None)
 _fill_row = getattr(_compiled, "fill_row", None)
+_finite_median = getattr(_compiled, "finite_median", None)
 
 __all__ = [
     "LATTICE",
@@ -141,9 +143,9 @@ class CycleTable:
         self._count = {k: np.zeros((11, n if k == "tree" else 1), np.int64) for k in _KINDS}
         self._median = {k: np.full((11, n if k == "tree" else 1), np.nan) for k in _KINDS}
         self._flat = _flat_views(self._ring, self._count)  # (see observe)
-        # the cells observed since their medians were last taken (see _medians): a cell's
-        # median is read at a refresh, not after every observation
-        self._stale: set[tuple[CycleKind, int, int]] = set()
+        # per kind, the flat [bucket, cell] indices observed since their medians were last
+        # taken (see _medians): a cell's median is read at a refresh, not after every observation
+        self._stale: dict[CycleKind, set[int]] = {k: set() for k in _KINDS}
         self._filled: dict[tuple[str, int], tuple[tuple[int, int], FloatArray]] = {}
         self._first: set[tuple[str, int]] = set()  # (kind, bucket) measured at least once
         self._noise: dict[tuple[str, int], tuple[int, float]] = {}
@@ -174,7 +176,7 @@ class CycleTable:
         window = self.window
         rings[at * window + seen % window] = ratio
         counts[at] = seen + 1
-        self._stale.add((kind, b, cell))
+        self._stale[kind].add(at)
         version = self._kind_version[kind] = self._kind_version[kind] + 1
         if not version & _REFRESH_MASK:  # its ratios refresh (see _stamp)
             self.ratio_epoch += 1
@@ -195,25 +197,26 @@ class CycleTable:
 
     def _medians(self, kind: CycleKind) -> FloatArray:
         """[bucket, cell] the median of each cell's ring of ``kind`` (NaN: never measured),
-        the cells observed since the last read taken now."""
-        if self._stale:
-            if _medians_kernel is not None:  # all of a kind's in one compiled call
-                for k in _KINDS:
-                    cells = [b * self._count[k].shape[1] + c for kk, b, c in self._stale if kk == k]
-                    if cells:
-                        _medians_kernel(
-                            self._ring[k],
-                            self._count[k],
-                            self.window,
-                            np.array(cells, np.int64),
-                            self._median[k],
-                        )
+        the cells of ``kind`` observed since the last read taken now (another kind's wait for
+        its own read: a median is its ring's as of the read either way)."""
+        cells = self._stale[kind]
+        if cells:
+            if _medians_kernel is not None:  # all of them in one compiled call
+                _medians_kernel(
+                    self._ring[kind],
+                    self._count[kind],
+                    self.window,
+                    array("q", cells),  # (int64 for the kernel, cheaper than np.array)
+                    self._median[kind],
+                )
             else:
-                for k, b, cell in self._stale:
-                    seen = min(int(self._count[k][b, cell]), self.window)
-                    ring = self._ring[k][b, cell, :seen].tolist()
-                    self._median[k][b, cell] = small_median(ring)
-            self._stale.clear()
+                width = self._count[kind].shape[1]
+                for at in cells:
+                    b, cell = divmod(at, width)
+                    seen = min(int(self._count[kind][b, cell]), self.window)
+                    ring = self._ring[kind][b, cell, :seen].tolist()
+                    self._median[kind][b, cell] = small_median(ring)
+            cells.clear()
         return self._median[kind]
 
     def noise(self, kind: CycleKind, batch_size: int) -> float:
@@ -317,6 +320,12 @@ class CycleTable:
             if ("tree", bb) not in first:
                 continue
             row = tree[bb]
+            if _finite_median is not None:  # small_median's value, compiled (test_cycle_fill)
+                typical = _finite_median(row)
+                if typical is not None:
+                    out = np.array([typical])
+                    break
+                continue
             vals = row[np.isfinite(row)]
             if vals.size:  # np.median's value: the middle one, or the middle two's mean
                 out = np.array([small_median(vals.tolist())])
