@@ -267,16 +267,19 @@ done:
 }
 
 /* gather(context_len, output_len, generated, slots, contexts, wanted, left, look, bt,
- *        prev_size, ids, last) -> bool
+ *        prev_size, ids, last) -> int
  *
  * A serving step's per-request inputs (bastion.sim.serving's server, batch > 1), written into
  * the caller's arrays: contexts[i] = context_len[s], wanted[i] = output_len[s] - generated[s]
  * for s = slots[i]; left (None: skipped) left[i] = ((-look - contexts[i]) mod bt) + look, the
  * modulo a floor modulo (numpy's and Python's %: in [0, bt) for bt > 0); last (None: skipped,
- * prev_size and ids then ignored) last[i] = prev_size[ids[i]]. The same whole numbers the
- * numpy expressions give. False, writing nothing, unless every array is C-contiguous int64,
- * the four outputs writable and as long as slots (and ids), every slot and id in range, every
- * context in [0, 2^62) and look in [0, 2^61), bt >= 1, every count in (-2^62, 2^62): the
+ * prev_size and ids then ignored) last[i] = prev_size[ids[i]]. Returns the step's lookahead
+ * block count, sum over i of ceil((contexts[i] + look) / bt) (KVCache.blocks_of(contexts,
+ * look): the server's next count, here while the contexts are at hand, saving it a call and
+ * a buffer request of contexts). The same whole numbers the numpy expressions give. -1,
+ * writing nothing, unless every array is C-contiguous int64, the four outputs writable and as
+ * long as slots (and ids), every slot and id in range, every context in [0, 2^62) and look in
+ * [0, 2^61), bt in [1, 2^61), every count in (-2^62, 2^62), the block count below 2^63: the
  * caller's numpy path then runs. */
 PyObject *bf_gather(PyObject *self, PyObject *args) {
     PyObject *objs[11];
@@ -291,8 +294,9 @@ PyObject *bf_gather(PyObject *self, PyObject *args) {
     Py_buffer v[10];
     int taken[10] = {0}; /* (none taken where the first checks fail) */
     unsigned skip = (with_left ? 0u : 1u << 6) | (with_last ? 0u : 7u << 7);
-    int ok = bt >= 1 && look >= 0 && look < ((long long)1 << 61) &&
-             int64_views(objs, 10, skip, v, taken);
+    int ok = bt >= 1 && bt < ((long long)1 << 61) && look >= 0 &&
+             look < ((long long)1 << 61) && int64_views(objs, 10, skip, v, taken);
+    int64_t blocks = 0; /* (each numerator below 2^62 + 2^62: no overflow before the sum's) */
     Py_ssize_t n = ok ? v[0].len / 8 : 0, b = ok ? v[3].len / 8 : 0;
     const int64_t lim = (int64_t)1 << 62;
     if (ok)
@@ -311,6 +315,8 @@ PyObject *bf_gather(PyObject *self, PyObject *args) {
                  out[s] < lim && gen[s] > -lim && gen[s] < lim &&
                  (!with_last || (ids[i] >= 0 && ids[i] < m));
         }
+        for (Py_ssize_t i = 0; i < b && ok; i++) /* contexts >= 0: C's / is a floor here */
+            ok = !__builtin_add_overflow(blocks, (ctx[slots[i]] + look + bt - 1) / bt, &blocks);
         if (ok) {
             int64_t *contexts = (int64_t *)v[4].buf, *wanted = (int64_t *)v[5].buf;
             for (Py_ssize_t i = 0; i < b; i++) {
@@ -333,7 +339,7 @@ PyObject *bf_gather(PyObject *self, PyObject *args) {
         }
     }
     release_views(v, taken, 10);
-    return PyBool_FromLong(ok);
+    return PyLong_FromLongLong(ok ? (long long)blocks : -1);
 }
 
 /* settle(prev_size, ids, sizes, committed, wanted) -> int

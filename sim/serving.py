@@ -379,7 +379,7 @@ def serve(
                 held = -1
             b = ids.shape[0]
             need_room = limited and roomy
-            contexts, wanted, left, last_n = _step_inputs(
+            contexts, wanted, left, last_n, want = _step_inputs(
                 pool, slots, ids, look, kv.block_tokens, need_room, prev_size if history else None
             )
             contexts.setflags(write=False)  # the step's contexts (its own array): read-only, so
@@ -388,7 +388,8 @@ def serve(
             # blocks the batch holds are last step's count while the batch is the same
             if held < 0:
                 held = kv.blocks_of(contexts)
-            want = kv.blocks_of(contexts, look)
+            if want is None:  # (gather() counts them at batch > 1)
+                want = kv.blocks_of(contexts, look)
             kv.hold(want - held)
             room = None
             if need_room:
@@ -492,12 +493,14 @@ def _step_inputs(
     bt: int,
     need_room: bool,
     prev_size: IntArray | None,
-) -> tuple[IntArray, IntArray, IntArray | None, IntArray | None]:
+) -> tuple[IntArray, IntArray, IntArray | None, IntArray | None, int | None]:
     """A decode step's per-request inputs, each a new array: the contexts, the tokens each
     request still wants (≥ 1 while decoding), with ``need_room`` its KV room — its lookahead
     and the rest of its last block, ⌈(c + look) / bt⌉ · bt − c = (−(c + look) mod bt) + look —
-    and with ``prev_size`` its last tree size (by request id). One compiled call at batch > 1
-    (``gather()``: the same whole numbers), Python ints at batch 1, numpy otherwise."""
+    and with ``prev_size`` its last tree size (by request id); last, the step's lookahead
+    blocks Σ ⌈(c + look) / bt⌉ (``KVCache.blocks_of(contexts, look)``) where the compiled call
+    counted them, else None. One compiled call at batch > 1 (``gather()``: the same whole
+    numbers), Python ints at batch 1, numpy otherwise."""
     b = slots.shape[0]
     left = last = None
     if b == 1:  # (batch 1: the gathers numpy's cheapest, the sums on Python ints)
@@ -508,12 +511,12 @@ def _step_inputs(
             left = np.array([(-look - int(contexts[0])) % bt + look], np.int64)
         if prev_size is not None:
             last = prev_size[ids]
-        return contexts, wanted, left, last
+        return contexts, wanted, left, last, None
     if _gather is not None:
         contexts, wanted = np.empty(b, np.int64), np.empty(b, np.int64)
         left = np.empty(b, np.int64) if need_room else None
         last = np.empty(b, np.int64) if prev_size is not None else None
-        if _gather(
+        want = _gather(
             pool.context_len,
             pool.output_len,
             pool.generated,
@@ -526,15 +529,16 @@ def _step_inputs(
             prev_size if last is not None else None,
             ids,
             last,
-        ):
-            return contexts, wanted, left, last
+        )
+        if want >= 0:
+            return contexts, wanted, left, last, want
     contexts = pool.context_len[slots]
     wanted = pool.output_len[slots] - pool.generated[slots]
     if need_room:
         left = (-look - contexts) % bt + look
     if prev_size is not None:
         last = prev_size[ids]
-    return contexts, wanted, left, last
+    return contexts, wanted, left, last, None
 
 
 def _step_settled(
