@@ -5,10 +5,12 @@
  * a verified step's counts (commit; verify: with the acceptance walk first) and a serving
  * step's gathers and closing bookkeeping (gather, settle: below).
  *
- * blocks(tokens, add, block_tokens, sizes, floor) -> int or None
+ * blocks(tokens, add, block_tokens, sizes, floor[, sizes2, floor2]) -> int, tuple or None
  *   tokens: int64 per request (any buffer; None comes back unless it is C-contiguous int64)
  *   sizes None: the sum over requests of ceil((tokens[i] + add) / block_tokens);
  *   sizes (int64, one per request): of ceil((tokens[i] + max(sizes[i], floor)) / block_tokens).
+ *   With sizes2 (int64, one per request; sizes then not None): (that sum, the same sum with
+ *   sizes2 and floor2), two counts of one tokens array in one call (KVCache.blocks_two).
  * The divisions are floor divisions of the numerator plus block_tokens - 1, as Python's and
  * numpy's // are, so the count is the one the numpy expression gives (int64 arithmetic).
  *
@@ -84,41 +86,60 @@ static inline int64_t floor_div(int64_t a, int64_t b) {
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
+/* sum over i of ceil((t[i] + max(s[i], floor)) / bt), floor division as numpy's */
+static int64_t blocks_sized(const int64_t *t, const int64_t *s, Py_ssize_t n, int64_t floor,
+                            int64_t bt) {
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t extra = s[i] > floor ? s[i] : floor;
+        total += floor_div(t[i] + extra + bt - 1, bt);
+    }
+    return total;
+}
+
 PyObject *bf_kv_blocks(PyObject *self, PyObject *args) {
-    PyObject *tokens_obj, *sizes_obj;
-    long long add, bt, floor;
-    if (!PyArg_ParseTuple(args, "OLLOL", &tokens_obj, &add, &bt, &sizes_obj, &floor)) return NULL;
+    PyObject *tokens_obj, *sizes_obj, *sizes2_obj = Py_None;
+    long long add, bt, floor, floor2 = 0;
+    if (!PyArg_ParseTuple(args, "OLLOL|OL", &tokens_obj, &add, &bt, &sizes_obj, &floor,
+                          &sizes2_obj, &floor2))
+        return NULL;
     if (bt < 1) {
         PyErr_SetString(PyExc_ValueError, "blocks: block_tokens must be >= 1");
         return NULL;
     }
-    Py_buffer tv, sv;
+    if (sizes2_obj != Py_None && sizes_obj == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "blocks: sizes2 needs sizes");
+        return NULL;
+    }
+    Py_buffer tv, sv[2];
     if (!int64_view(tokens_obj, &tv)) Py_RETURN_NONE;
     const int64_t *t = (const int64_t *)tv.buf;
     Py_ssize_t n = tv.len / 8;
     int64_t total = 0, up = (int64_t)bt - 1;
+    PyObject *result = NULL;
     if (sizes_obj == Py_None) {
         for (Py_ssize_t i = 0; i < n; i++) total += floor_div(t[i] + (int64_t)add + up, bt);
+        result = PyLong_FromLongLong((long long)total);
     } else {
-        if (!int64_view(sizes_obj, &sv)) {
+        PyObject *objs[2] = {sizes_obj, sizes2_obj};
+        int taken[2];
+        if (!int64_views(objs, 2, sizes2_obj == Py_None ? 2u : 0u, sv, taken)) {
             PyBuffer_Release(&tv);
             Py_RETURN_NONE;
         }
-        if (sv.len != tv.len) {
-            PyBuffer_Release(&sv);
-            PyBuffer_Release(&tv);
+        if (sv[0].len != tv.len || (taken[1] && sv[1].len != tv.len))
             PyErr_SetString(PyExc_ValueError, "blocks: one size per request");
-            return NULL;
-        }
-        const int64_t *s = (const int64_t *)sv.buf;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            int64_t extra = s[i] > (int64_t)floor ? s[i] : (int64_t)floor;
-            total += floor_div(t[i] + extra + up, bt);
-        }
-        PyBuffer_Release(&sv);
+        else if (!taken[1])
+            result = PyLong_FromLongLong(
+                (long long)blocks_sized(t, (const int64_t *)sv[0].buf, n, floor, bt));
+        else
+            result = Py_BuildValue(
+                "(LL)", (long long)blocks_sized(t, (const int64_t *)sv[0].buf, n, floor, bt),
+                (long long)blocks_sized(t, (const int64_t *)sv[1].buf, n, floor2, bt));
+        release_views(sv, taken, 2);
     }
     PyBuffer_Release(&tv);
-    return PyLong_FromLongLong((long long)total);
+    return result;
 }
 
 #define SUMS_EXACT ((int64_t)1 << 53)

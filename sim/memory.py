@@ -351,6 +351,18 @@ class KVCache:
             return sum([(t + (bt - 1)) // bt for t in tokens.tolist()])
         return int(np.add.reduce((tokens + (bt - 1)) // bt))
 
+    def blocks_two(
+        self, tokens: IntArray, add: int, sizes: IntArray, sizes2: IntArray
+    ) -> tuple[int, int]:
+        """(:meth:`blocks_of` ``(tokens, add, sizes)``, :meth:`blocks_of` ``(tokens, 0,
+        sizes2)``): a step's trees and its committed tokens counted in one compiled call (the
+        server's two counts of one step's contexts), else as those two calls."""
+        if _blocks is not None and tokens.shape[0] > 1:
+            counts = _blocks(tokens, add, self.block_tokens, sizes, add, sizes2, 0)
+            if counts is not None:
+                return int(counts[0]), int(counts[1])
+        return self.blocks_of(tokens, add, sizes), self.blocks_of(tokens, 0, sizes2)
+
     def free(self) -> int | None:
         return None if self.capacity is None else self.capacity - self.used
 

@@ -409,8 +409,16 @@ def serve(
             )
             rec = engine.step(requests)
             sizes = rec.trees.sizes
+            committed = rec.result.committed_lens
+            # the accepted tokens stay in the cache, the rest of the trees' slots are freed
+            # (an AR step commits one token per request, its lookahead: nothing to count); the
+            # pool's contexts are now contexts + committed (≥ 1 each): Σ ⌈(c + max(n, 0)) / bt⌉
+            # counts them without gathering them again (with the trees' count: one call)
             if roomy:  # the trees' slots beyond the lookahead, held while they are verified
-                kv.touch(kv.blocks_of(contexts, look, sizes) - want)
+                tree_blocks, held = kv.blocks_two(contexts, look, sizes, committed)
+                kv.touch(tree_blocks - want)
+            else:
+                held = want if is_ar else kv.blocks_of(contexts, 0, committed)
             charge: bool | str = controller
             if controller and getattr(rec.diagnostics, "repeated", False):
                 charge = "repeat"  # the learning controller repeated its last decision
@@ -451,13 +459,7 @@ def serve(
             if observe:
                 assert cost_model is not None
                 cost_model.observe(*observed_load(requests, rec.trees), t_verify)
-            committed = rec.result.committed_lens
-            # the accepted tokens stay in the cache, the rest of the trees' slots are freed
-            # (an AR step commits one token per request, its lookahead: nothing to count); the
-            # pool's contexts are now contexts + committed (≥ 1 each): Σ ⌈(c + max(n, 0)) / bt⌉
-            # counts them without gathering them again
-            held = want if is_ar else kv.blocks_of(contexts, 0, committed)
-            kv.hold(held - want)
+            kv.hold(held - want)  # (held: counted above)
             # what the step delivered (nothing past the output length counts) and accepted
             # are formed from these at the end, for every step at once (_attach_steps)
             logs.append((ids, committed, wanted, sizes))

@@ -50,6 +50,12 @@ def test_blocks_kernel_equals_numpy(tokens: list[int], add: int, bt: int, data) 
     assert kv.blocks_of(t, add) == _numpy(t, add, bt, None)
     assert kv.blocks_of(t, add, sizes) == _numpy(t, add, bt, sizes)
     assert memory._blocks(t, add, bt, None, add) == _numpy(t, add, bt, None)
+    committed = np.array(data.draw(st.lists(st.integers(0, 64), min_size=len(t), max_size=len(t))))
+    committed = committed.astype(np.int64)  # blocks_two: both counts of one call
+    both = (_numpy(t, add, bt, sizes), _numpy(t, 0, bt, committed))
+    assert kv.blocks_two(t, add, sizes, committed) == both
+    if len(t):
+        assert memory._blocks(t, add, bt, sizes, add, committed, 0) == both
 
 
 @needs_kernel
@@ -61,8 +67,18 @@ def test_blocks_kernel_declines_other_arrays() -> None:
     kv = KVCache(None)
     for arr in (t.astype(np.int32), t[::2]):  # the numpy path answers instead
         assert kv.blocks_of(arr, 3) == _numpy(arr.astype(np.int64), 3, kv.block_tokens, None)
+    assert memory._blocks(t, 0, 16, t, 0, t.astype(np.int32), 0) is None
+    wide = np.repeat(t % 5, 2)[::2]  # not contiguous: the two numpy counts answer
+    assert kv.blocks_two(t, 3, t, wide) == (
+        _numpy(t, 3, kv.block_tokens, t),
+        _numpy(t, 0, kv.block_tokens, wide),
+    )
     with pytest.raises(ValueError):
         memory._blocks(t, 0, 16, t[:5].copy(), 0)
+    with pytest.raises(ValueError):
+        memory._blocks(t, 0, 16, t, 0, t[:5].copy(), 0)
+    with pytest.raises(ValueError):
+        memory._blocks(t, 0, 16, None, 0, t, 0)
 
 
 def test_blocks_without_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,6 +89,10 @@ def test_blocks_without_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
         s = (np.arange(n, dtype=np.int64) % 9) + 1
         assert kv.blocks_of(t, 4) == _numpy(t, 4, kv.block_tokens, None)
         assert kv.blocks_of(t, 4, s) == _numpy(t, 4, kv.block_tokens, s)
+        assert kv.blocks_two(t, 4, s, s - 1) == (
+            _numpy(t, 4, kv.block_tokens, s),
+            _numpy(t, 0, kv.block_tokens, s - 1),
+        )
 
 
 # -- the ground truth's pass sums (bastion._bestfirst.sums) ----------------------------------
