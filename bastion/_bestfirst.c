@@ -109,6 +109,8 @@ static PyMethodDef methods[] = {
      "A simulated verified step's context and generated counts updated (_bestfirst_kv.c)."},
     {"verify", bf_verify, METH_VARARGS,
      "A simulated step's trees walked and its counts committed (_bestfirst_kv.c)."},
+    {"pool_pin", bf_pool_pin, METH_VARARGS,
+     "A simulated pool's count arrays' buffers held for verify() and gather() (_bestfirst_kv.c)."},
     {"gather", bf_gather, METH_VARARGS,
      "A serving step's contexts, wanted tokens, KV room and last sizes (_bestfirst_kv.c)."},
     {"settle", bf_settle, METH_VARARGS,

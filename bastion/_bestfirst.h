@@ -162,6 +162,7 @@ BF_PRIVATE PyObject *bf_sums(PyObject *self, PyObject *args);      /* _bestfirst
 BF_PRIVATE PyObject *bf_commit(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_verify(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_gather(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
+BF_PRIVATE PyObject *bf_pool_pin(PyObject *self, PyObject *args);  /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_settle(PyObject *self, PyObject *args);    /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_mean_floor(PyObject *self, PyObject *arg); /* _bestfirst_kv.c */
 BF_PRIVATE PyObject *bf_chain_cut(PyObject *self, PyObject *args); /* _bestfirst_chain.c */

@@ -62,6 +62,63 @@ static void release_views(Py_buffer *v, const int *taken, int n) {
         if (taken[i]) PyBuffer_Release(&v[i]);
 }
 
+/* pool_pin(context_len, generated, output_len) -> pin or None
+ *
+ * A simulated pool's three count arrays (bastion.sim.backend.SimBatch: they live all run,
+ * replaced only when the pool grows, and are read or written by verify() and gather() every
+ * step) with their buffers taken once and held until the capsule is freed. verify() and
+ * gather() take the pin as an optional last argument and use its buffer for an argument that
+ * is the very object pinned (its buffer held: the object alive, its memory in place), asking
+ * for the buffer as usual otherwise (a stale pin changes nothing but the cost). None where an
+ * array is not C-contiguous int64. */
+#define POOL_PIN "bastion._bestfirst.pool_pin"
+
+typedef struct {
+    Py_buffer v[3];
+} pool_pinned;
+
+static void pool_unpin(PyObject *capsule) {
+    pool_pinned *pin = (pool_pinned *)PyCapsule_GetPointer(capsule, POOL_PIN);
+    if (pin == NULL) return;
+    for (int i = 0; i < 3; i++) PyBuffer_Release(&pin->v[i]);
+    PyMem_Free(pin);
+}
+
+PyObject *bf_pool_pin(PyObject *self, PyObject *args) {
+    PyObject *objs[3];
+    if (!PyArg_ParseTuple(args, "OOO", &objs[0], &objs[1], &objs[2])) return NULL;
+    pool_pinned *pin = (pool_pinned *)PyMem_Calloc(1, sizeof(pool_pinned));
+    if (pin == NULL) return PyErr_NoMemory();
+    int taken[3];
+    if (!int64_views(objs, 3, 0u, pin->v, taken)) {
+        PyMem_Free(pin);
+        Py_RETURN_NONE;
+    }
+    PyObject *capsule = PyCapsule_New(pin, POOL_PIN, pool_unpin);
+    if (capsule == NULL) {
+        release_views(pin->v, taken, 3);
+        PyMem_Free(pin);
+    }
+    return capsule;
+}
+
+/* The pinned buffers (pin None or not a pool pin: none) put in v[i] for each of the three
+ * objs[first .. first + 2] that is one of the arrays pinned; the caller skips those in
+ * int64_views() (the returned mask), so taken[] stays 0 there: the pin keeps them. */
+static unsigned pinned_views(PyObject *pin_obj, PyObject **objs, int first, Py_buffer *v) {
+    if (pin_obj == Py_None || !PyCapsule_IsValid(pin_obj, POOL_PIN)) return 0u;
+    pool_pinned *pin = (pool_pinned *)PyCapsule_GetPointer(pin_obj, POOL_PIN);
+    unsigned mask = 0u;
+    for (int i = first; i < first + 3; i++)
+        for (int k = 0; k < 3; k++)
+            if (pin->v[k].obj == objs[i]) {
+                v[i] = pin->v[k];
+                mask |= 1u << i;
+                break;
+            }
+    return mask;
+}
+
 /* commit()'s updates, in place: for each of the b listed slots s with committed c (c >= 0 where
  * the caller has not checked it: checked here), ctx[s] += c and gen[s] = min(gen[s] + c, out[s]);
  * 0, changing nothing, where a slot is out of [0, n) or a count is negative or a sum would pass
@@ -230,13 +287,14 @@ PyObject *bf_commit(PyObject *self, PyObject *args) {
  * offsets do not increase within the nodes raise accept()'s ValueError, changing nothing. */
 PyObject *bf_verify(PyObject *self, PyObject *args) {
     PyObject *objs[9], *o_len = NULL, *o_com = NULL, *o_nod = NULL, *result = NULL;
+    PyObject *pin = Py_None;
     char stack_on[4096], *on = NULL; /* one byte a node: on the stack up to 4096 nodes */
-    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
-                          &objs[5], &objs[6], &objs[7], &objs[8]))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO|O", &objs[0], &objs[1], &objs[2], &objs[3],
+                          &objs[4], &objs[5], &objs[6], &objs[7], &objs[8], &pin))
         return NULL;
     Py_buffer v[9];
     int taken[9];
-    int ok = int64_views(objs, 9, 0u, v, taken);
+    int ok = int64_views(objs, 9, pinned_views(pin, objs, 5, v), v, taken);
     Py_ssize_t n = ok ? v[0].len / 8 : 0, b = ok ? v[3].len / 8 - 1 : 0;
     Py_ssize_t width = b > 0 ? v[4].len / 8 / b : 0, slots_n = ok ? v[5].len / 8 : 0;
     const int64_t *offsets = ok ? (const int64_t *)v[3].buf : NULL;
@@ -303,11 +361,11 @@ done:
  * [0, 2^61), bt in [1, 2^61), every count in (-2^62, 2^62), the block count below 2^63: the
  * caller's numpy path then runs. */
 PyObject *bf_gather(PyObject *self, PyObject *args) {
-    PyObject *objs[11];
+    PyObject *objs[11], *pin = Py_None;
     long long look, bt;
-    if (!PyArg_ParseTuple(args, "OOOOOOOLLOOO", &objs[0], &objs[1], &objs[2], &objs[3],
+    if (!PyArg_ParseTuple(args, "OOOOOOOLLOOO|O", &objs[0], &objs[1], &objs[2], &objs[3],
                           &objs[4], &objs[5], &objs[6], &look, &bt, &objs[7], &objs[8],
-                          &objs[9]))
+                          &objs[9], &pin))
         return NULL;
     /* objs: 0 context_len, 1 output_len, 2 generated, 3 slots, 4 contexts, 5 wanted, 6 left,
        7 prev_size, 8 ids, 9 last (6, and 7–9 together, may be None) */
@@ -316,7 +374,8 @@ PyObject *bf_gather(PyObject *self, PyObject *args) {
     int taken[10] = {0}; /* (none taken where the first checks fail) */
     unsigned skip = (with_left ? 0u : 1u << 6) | (with_last ? 0u : 7u << 7);
     int ok = bt >= 1 && bt < ((long long)1 << 61) && look >= 0 &&
-             look < ((long long)1 << 61) && int64_views(objs, 10, skip, v, taken);
+             look < ((long long)1 << 61) &&
+             int64_views(objs, 10, skip | pinned_views(pin, objs, 0, v), v, taken);
     int64_t blocks = 0; /* (each numerator below 2^62 + 2^62: no overflow before the sum's) */
     Py_ssize_t n = ok ? v[0].len / 8 : 0, b = ok ? v[3].len / 8 : 0;
     const int64_t lim = (int64_t)1 << 62;

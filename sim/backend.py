@@ -41,6 +41,7 @@ except ImportError:  # pragma: no cover - exercised where no compiler is availab
     _kernel = None
 _commit = getattr(_kernel, "commit", None)
 _verify = getattr(_kernel, "verify", None)
+_pool_pin = getattr(_kernel, "pool_pin", None)
 # a dtype as an object: np.frombuffer given one skips converting the scalar type
 _I8 = np.dtype(np.int64)
 _NONE = np.zeros(0, np.int64)  # the contexts a source that does not read them is handed
@@ -136,6 +137,27 @@ class SimBatch:
         self._target: IntArray | None = None  # target tokens of the open step
         self._drafted_for: StepRequests | None = None  # the step they belong to
         self._drafted_slots: IntArray = np.zeros(0, np.int64)  # … and its slots
+        self._pin_counts()
+
+    def _pin_counts(self) -> None:
+        """The three count arrays' buffers taken once and held (``pool_pin``), re-pinned
+        whenever the arrays are replaced (the pool grows): verify() and gather() then use the
+        held buffers each step instead of asking numpy for them (a pin of arrays since replaced
+        is only not used)."""
+        self.pin: object = (
+            None
+            if _pool_pin is None
+            else _pool_pin(self.context_len, self.generated, self.output_len)
+        )
+
+    def __getstate__(self) -> dict[str, object]:  # (copies and pickles: without the pin)
+        state = self.__dict__.copy()
+        state["pin"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._pin_counts()
 
     def admit(self, request_id: int, prompt_len: int, output_len: int) -> int:
         """Start a request whose prompt is prefilled (its first token generated); its slot."""
@@ -149,6 +171,7 @@ class SimBatch:
             self.output_len = np.concatenate((self.output_len, np.zeros(grow, np.int64)))
             self.request_id = np.concatenate((self.request_id, np.full(grow, -1, np.int64)))
             self._free.extend(range(slot + grow - 1, slot, -1))
+            self._pin_counts()
         self.slot_of[request_id] = slot
         self.request_id[slot] = request_id
         self.context_len[slot] = prompt_len
@@ -197,6 +220,7 @@ class SimBatch:
                 self.generated,
                 self.output_len,
                 slots,
+                self.pin,
             )
             if made is not None:
                 frombuffer = np.frombuffer

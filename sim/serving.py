@@ -531,6 +531,7 @@ def _step_inputs(
             prev_size if last is not None else None,
             ids,
             last,
+            pool.pin,  # (the three count arrays' held buffers)
         )
         if want >= 0:
             return contexts, wanted, left, last, want
