@@ -18,6 +18,7 @@ from bastion.batch import BatchMarginals, TreeBatch
 from bastion.bestfirst import best_first
 from bastion.observed import AcceptanceCalibration, SizeCalibration, learn_step
 from bastion.tree import tree_from_arrays
+from tests.test_learned_kernels import accepted_path
 
 needs_kernel = pytest.mark.skipif(observed._kernel is None, reason="no compiled kernel")
 
@@ -74,11 +75,7 @@ def _step(rng: np.random.Generator, acc: AcceptanceCalibration, how: int | None)
     for i in range(b):
         row = cal.row(i)
         tree = tree_from_arrays(best_first(row.probs, int(rng.integers(1, 30))), row)
-        on = np.zeros(tree.size, bool)
-        on[0] = True
-        for j in range(1, tree.size):
-            on[j] = on[tree.parents[j]] and tree.tokens[j] == target[i, tree.depths[j] - 1]
-        path = np.flatnonzero(on[1:]) + 1
+        path = accepted_path(tree, target[i])
         trees.append(tree)
         nodes.append(path)
         committed.append(path.size + 1)

@@ -21,7 +21,7 @@ from bastion.interfaces import StepLoad
 from bastion.learned import LearnedCostModel
 from bastion.observed import AcceptanceCalibration, SizeCalibration, observe_tree_step
 from bastion.testing import marginals
-from bastion.tree import DraftMarginals, tree_from_arrays
+from bastion.tree import DraftMarginals, DraftTree, tree_from_arrays
 
 needs_kernel = pytest.mark.skipif(observed._kernel is None, reason="no compiled kernel")
 
@@ -255,6 +255,16 @@ def _fold(acc, sizes, trees, nodes, committed, compiled: bool) -> None:  # type:
         sizes.observe(batch, flat, done)
 
 
+def accepted_path(tree: DraftTree, target: np.ndarray) -> np.ndarray:
+    """The nodes (root excluded) of ``tree`` on the path the target's tokens ``target``
+    (position d + 1 at index d) accept, in node order."""
+    on = np.zeros(tree.size, bool)
+    on[0] = True
+    for j in range(1, tree.size):
+        on[j] = on[tree.parents[j]] and tree.tokens[j] == target[tree.depths[j] - 1]
+    return np.flatnonzero(on[1:]) + 1
+
+
 def _run_batched(steps, compiled: bool):  # type: ignore[no-untyped-def]
     acc, sizes = AcceptanceCalibration(depth=3, ranks=3), SizeCalibration()
     for ids, p, budgets, target in steps:
@@ -263,11 +273,7 @@ def _run_batched(steps, compiled: bool):  # type: ignore[no-untyped-def]
         for i, budget in enumerate(budgets):
             row = cal.row(i)
             tree = tree_from_arrays(best_first(row.probs, int(budget)), row)
-            on = np.zeros(tree.size, bool)
-            on[0] = True
-            for j in range(1, tree.size):
-                on[j] = on[tree.parents[j]] and tree.tokens[j] == target[i, tree.depths[j] - 1]
-            path = np.flatnonzero(on[1:]) + 1
+            path = accepted_path(tree, target[i])
             trees.append(tree)
             nodes.append(path)
             committed.append(path.size + 1)
