@@ -150,6 +150,39 @@ static int64_t draws_one(const double *row, double h, int fork, int branch, int 
     return below;
 }
 
+/* The listed slots whose block is spent (cursor >= block) as a tuple of ints, or NULL where
+   none is (*failed 0) or on an error (*failed 1: a slot out of [0, n_cur), reported with
+   ``range_error``, or no memory). advance() and draws(…, advance=True) both start here: with
+   a spent slot they change nothing and return these. */
+static PyObject *spent_slots(const int64_t *cursor, Py_ssize_t n_cur, const int64_t *slots,
+                             Py_ssize_t b, Py_ssize_t block, const char *range_error,
+                             int *failed) {
+    Py_ssize_t spent = 0;
+    *failed = 1;
+    for (Py_ssize_t i = 0; i < b; i++) {
+        if (slots[i] < 0 || slots[i] >= n_cur) {
+            PyErr_SetString(PyExc_ValueError, range_error);
+            return NULL;
+        }
+        spent += cursor[slots[i]] >= block;
+    }
+    if (!spent) {
+        *failed = 0;
+        return NULL;
+    }
+    PyObject *result = PyTuple_New(spent);
+    for (Py_ssize_t i = 0, j = 0; result != NULL && i < b; i++) {
+        if (cursor[slots[i]] < block) continue;
+        PyObject *v = PyLong_FromLongLong((long long)slots[i]);
+        if (v == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyTuple_SET_ITEM(result, j++, v);
+    }
+    return result;
+}
+
 /* A source's pinned draws (draws_pin): its nine stored arrays' buffers, held until the capsule
    is freed, and the constants they were checked against. */
 #define DRAWS_PIN "bastion._bestfirst.draws_pin"
@@ -231,27 +264,11 @@ PyObject *bf_draws(PyObject *self, PyObject *args) {
     int64_t *cursor = (int64_t *)pin->bufs[9].buf;
     const int64_t *slots = (const int64_t *)rowsb.buf;
     if (advance) { /* advance()'s rows of the slots, or its spent slots (nothing changed) */
-        Py_ssize_t n_cur = pin->bufs[9].len / isz, block = pin->block, spent = 0;
-        for (Py_ssize_t i = 0; i < b; i++) {
-            if (slots[i] < 0 || slots[i] >= n_cur) {
-                PyErr_SetString(PyExc_ValueError, "draws: a slot out of range");
-                goto done;
-            }
-            spent += cursor[slots[i]] >= block;
-        }
-        if (spent) {
-            result = PyTuple_New(spent);
-            for (Py_ssize_t i = 0, j = 0; result != NULL && i < b; i++) {
-                if (cursor[slots[i]] < block) continue;
-                PyObject *v = PyLong_FromLongLong((long long)slots[i]);
-                if (v == NULL) {
-                    Py_CLEAR(result);
-                    break;
-                }
-                PyTuple_SET_ITEM(result, j++, v);
-            }
-            goto done;
-        }
+        Py_ssize_t n_cur = pin->bufs[9].len / isz, block = pin->block;
+        int failed = 0;
+        result = spent_slots(cursor, n_cur, slots, b, block, "draws: a slot out of range",
+                             &failed);
+        if (result != NULL || failed) goto done;
         steps = (int64_t *)malloc((size_t)b * sizeof(int64_t));
         if (steps == NULL) {
             PyErr_NoMemory();
@@ -422,28 +439,9 @@ PyObject *bf_advance(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "advance: cursor and slots must be int64, block >= 1");
         goto done;
     }
-    Py_ssize_t spent = 0;
-    for (Py_ssize_t i = 0; i < b; i++) {
-        if (slots[i] < 0 || slots[i] >= n_cur) {
-            PyErr_SetString(PyExc_ValueError, "advance: a slot out of range");
-            goto done;
-        }
-        spent += cursor[slots[i]] >= block;
-    }
-    if (spent) {
-        result = PyTuple_New(spent);
-        if (!result) goto done;
-        for (Py_ssize_t i = 0, j = 0; i < b; i++) {
-            if (cursor[slots[i]] < block) continue;
-            PyObject *v = PyLong_FromLongLong((long long)slots[i]);
-            if (!v) {
-                Py_CLEAR(result);
-                goto done;
-            }
-            PyTuple_SET_ITEM(result, j++, v);
-        }
-        goto done;
-    }
+    int failed = 0;
+    result = spent_slots(cursor, n_cur, slots, b, block, "advance: a slot out of range", &failed);
+    if (result != NULL || failed) goto done;
     result = PyBytes_FromStringAndSize(NULL, b * (Py_ssize_t)sizeof(int64_t));
     if (!result) goto done;
     {
